@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv when absent and
+# install with the tested pins in constraints.txt (torch 2.13.0 resolves to the CPU wheel here).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rayload-installed
+
+.PHONY: demo test test-unit test-integration bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rayload demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit tests/test_specs.py
+
+test-integration: $(STAMP)
+	$(BIN)/python -m pytest -q tests/integration
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_preprocess.py
+
+clean:
+	rm -rf runs .pytest_cache

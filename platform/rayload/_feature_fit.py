@@ -1,0 +1,300 @@
+"""Fitting the preprocessor in one pass: partial statistics per batch, merged on the driver.
+
+Why not Ray's own preprocessors (StandardScaler, MinMaxScaler, OrdinalEncoder, ...): each one
+fits with its own aggregation pass over the dataset, their state is pickled rather than JSON,
+and they have no single-request transform for serving. Here one `map_batches` pass computes
+every column's partial statistics at once (moments with Chan's parallel merge, min/max, a
+mergeable quantile sketch, value counts), and the driver merges them.
+
+Exactness: counts, mean, min/max and vocabularies are exact. Quantiles (median imputation,
+quantile clipping, quantile buckets) come from a sketch of SKETCH order statistics per batch,
+exact when a batch holds at most SKETCH values and within about 1/SKETCH in rank otherwise.
+The z-score of a quantile-clipped column is computed from the same sketch, because its clip
+bounds are only known after the pass; every other scale statistic is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import DataError
+from .features import (
+    CategoricalState,
+    CrossState,
+    FittedFeatures,
+    LabelState,
+    NumericState,
+    signed_log1p,
+    split_bag,
+)
+from .spec import CategoricalFeature, NumericFeature
+
+SKETCH = 2048
+_DECILES = np.linspace(0.0, 1.0, 11)
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    numeric: tuple[tuple[str, NumericFeature], ...]
+    categorical: tuple[tuple[str, CategoricalFeature, bool, str], ...]  # name, cfg, multi, separator
+    crosses: tuple[CrossState, ...]
+    columns: tuple[dict, ...]
+    label: dict
+
+    @classmethod
+    def from_spec(cls, features, schema) -> "FitPlan":
+        numeric, categorical = [], []
+        for col in schema.columns:
+            name, role = col["name"], col["role"]
+            if role == "numeric":
+                numeric.append((name, features.numeric.get(name, NumericFeature())))
+            elif role in ("categorical", "multi_categorical"):
+                cfg = features.categorical.get(name, CategoricalFeature())
+                categorical.append((name, cfg, role == "multi_categorical", col["separator"]))
+        crosses = tuple(CrossState(list(x.columns), x.buckets) for x in features.crosses)
+        return cls(tuple(numeric), tuple(categorical), crosses, schema.columns, schema.label)
+
+
+# ---------------------------------------------------------------- per batch
+
+
+def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
+    """Statistics of one batch of validated training rows; `merge_stats` combines them."""
+    y = table.column(plan.label["column"]).to_numpy()
+    out = {"rows": table.num_rows, "label_sum": float(y.sum()), "label_pos": int((y == 1).sum())}
+    for name, cfg in plan.numeric:
+        out["num:" + name] = _numeric_partial(table.column(name), cfg)
+    for name, cfg, multi, sep in plan.categorical:
+        if cfg.encode != "hash":
+            out["cat:" + name] = _value_counts(table.column(name), multi, sep)
+        else:
+            out["cat:" + name] = {"nulls": table.column(name).null_count, "counts": None}
+    return out
+
+
+def _numeric_partial(column, cfg: NumericFeature) -> dict:
+    x = column.to_numpy(zero_copy_only=False).astype(np.float64)
+    valid = np.sort(x[~np.isnan(x)])
+    n = len(valid)
+    if n > SKETCH:
+        idx = ((np.arange(SKETCH) + 0.5) * n / SKETCH).astype(np.int64)
+        sketch, weights = valid[idx], np.full(SKETCH, n / SKETCH)
+    else:
+        sketch, weights = valid, np.ones(n)
+    part = {"n": n, "nulls": len(x) - n, "sketch": sketch, "weights": weights}
+    part["min"], part["max"] = (float(valid[0]), float(valid[-1])) if n else (np.inf, -np.inf)
+    part["raw"] = _moments(valid)
+    if cfg.clip is None or cfg.clip.quantiles is None:
+        part["g"] = _moments(_g(valid, cfg, cfg.clip.min if cfg.clip else None, cfg.clip.max if cfg.clip else None))
+    if cfg.impute == "most_frequent":
+        part["mode"] = np.unique(valid, return_counts=True)
+    return part
+
+
+def _g(x: np.ndarray, cfg: NumericFeature, low, high) -> np.ndarray:
+    """The value transform before scaling: clip, then the optional log."""
+    if low is not None or high is not None:
+        x = np.clip(x, low, high)
+    return signed_log1p(x) if cfg.log else x
+
+
+def _moments(x: np.ndarray) -> tuple[float, float, float]:
+    if len(x) == 0:
+        return (0.0, 0.0, 0.0)
+    mean = float(x.mean())
+    return (float(len(x)), mean, float(((x - mean) ** 2).sum()))
+
+
+def _merge_moments(a, b):
+    """Chan et al.'s parallel merge of (count, mean, M2): stable where sum of squares is not."""
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    if n == 0:
+        return (0.0, 0.0, 0.0)
+    delta = mb - ma
+    return (n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n)
+
+
+def _value_counts(column, multi: bool, sep: str) -> dict:
+    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    nulls = values.null_count
+    if multi:
+        values = split_bag(CategoricalState(name="", encode="vocab", separator=sep), values).values
+    counts = pc.value_counts(values.drop_null())
+    return {"nulls": nulls, "counts": pa.table({"value": counts.field("values"), "count": counts.field("counts")})}
+
+
+# ---------------------------------------------------------------- merge
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    merged: dict = {"rows": 0, "label_sum": 0.0, "label_pos": 0}
+    for part in parts:
+        for key, value in part.items():
+            if not key.startswith(("num:", "cat:")):
+                merged[key] += value
+            elif key not in merged:
+                merged[key] = _copy_part(value)
+            elif key.startswith("num:"):
+                _merge_numeric(merged[key], value)
+            else:
+                _merge_categorical(merged[key], value)
+    return merged
+
+
+def _copy_part(part: dict) -> dict:
+    out = dict(part)
+    for key in ("sketch", "weights"):
+        if key in out:
+            out[key] = [out[key]]
+    if out.get("counts") is not None:
+        out["counts"] = [out["counts"]]
+    if "mode" in out:
+        out["mode"] = [out["mode"]]
+    return out
+
+
+def _merge_numeric(acc: dict, part: dict) -> None:
+    acc["n"] += part["n"]
+    acc["nulls"] += part["nulls"]
+    acc["min"], acc["max"] = min(acc["min"], part["min"]), max(acc["max"], part["max"])
+    acc["sketch"].append(part["sketch"])
+    acc["weights"].append(part["weights"])
+    acc["raw"] = _merge_moments(acc["raw"], part["raw"])
+    if "g" in acc:
+        acc["g"] = _merge_moments(acc["g"], part["g"])
+    if "mode" in acc:
+        acc["mode"].append(part["mode"])
+
+
+def _merge_categorical(acc: dict, part: dict) -> None:
+    acc["nulls"] += part["nulls"]
+    if acc.get("counts") is not None:
+        acc["counts"].append(part["counts"])
+
+
+# ---------------------------------------------------------------- finalize
+
+
+def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None = None) -> FittedFeatures:
+    numeric = [_final_numeric(name, cfg, merged["num:" + name]) for name, cfg in plan.numeric]
+    categorical = [_final_categorical(name, cfg, multi, sep, merged["cat:" + name], merged["rows"]) for name, cfg, multi, sep in plan.categorical]
+    rows = max(merged["rows"], 1)
+    label = LabelState(
+        column=plan.label["column"], task=plan.label["task"], threshold=plan.label.get("threshold"),
+        domain=list(plan.label["domain"]) if plan.label.get("domain") else None,
+        class_weights=class_weights,
+        positive_rate=merged["label_pos"] / rows if plan.label["task"] == "binary" else None,
+    )
+    return FittedFeatures(numeric, categorical, list(plan.crosses), label, [dict(c) for c in plan.columns])
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray:
+    """Inverse-CDF quantiles of a weighted sample (numpy's method="inverted_cdf" for unit weights)."""
+    order = np.argsort(values, kind="stable")
+    v, cw = values[order], np.cumsum(weights[order])
+    idx = np.searchsorted(cw, np.asarray(q) * cw[-1] - 1e-9 * cw[-1], side="left")
+    return v[np.minimum(idx, len(v) - 1)]
+
+
+def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
+    sketch, weights = np.concatenate(acc["sketch"]), np.concatenate(acc["weights"])
+    n, nulls = acc["n"], acc["nulls"]
+    impute = _impute_value(cfg, acc, sketch, weights)
+    low, high = _clip_bounds(cfg, sketch, weights)
+    gv = float(_g(np.array([impute]), cfg, low, high)[0])
+    if "g" in acc:
+        moments = _merge_moments(acc["g"], (float(nulls), gv, 0.0))
+    else:  # quantile clip: bounds known only now, so use the sketch (see module docstring)
+        gs = _g(sketch, cfg, low, high)
+        moments = _merge_moments(_weighted_moments(gs, weights), (float(nulls), gv, 0.0))
+    g_ends = _g(np.array([acc["min"], acc["max"]]), cfg, low, high) if n else np.array([gv, gv])
+    state = NumericState(name, impute, low, high, cfg.log, cfg.scale)
+    if cfg.buckets is not None:
+        state.boundaries = _boundaries(cfg, sketch, weights, low, high)
+    elif cfg.scale == "zscore":
+        std = float(np.sqrt(max(moments[2] / max(moments[0], 1.0), 0.0)))
+        state.offset, state.divisor = moments[1], std if std > 0 else 1.0
+    elif cfg.scale == "minmax":
+        lo, hi = min(g_ends[0], gv) if nulls else g_ends[0], max(g_ends[1], gv) if nulls else g_ends[1]
+        state.offset, state.divisor = float(lo), float(hi - lo) if hi > lo else 1.0
+    raw_std = float(np.sqrt(acc["raw"][2] / acc["raw"][0])) if n else 0.0
+    state.stats = {
+        "count": n + nulls, "null_rate": nulls / max(n + nulls, 1), "mean": acc["raw"][1] if n else None,
+        "std": raw_std if n else None, "min": acc["min"] if n else None, "max": acc["max"] if n else None,
+        "quantiles": [float(v) for v in weighted_quantile(sketch, weights, _DECILES)] if n else [],
+    }
+    return state
+
+
+def _weighted_moments(x: np.ndarray, w: np.ndarray):
+    total = float(w.sum())
+    if total == 0:
+        return (0.0, 0.0, 0.0)
+    mean = float((x * w).sum() / total)
+    return (total, mean, float((w * (x - mean) ** 2).sum()))
+
+
+def _impute_value(cfg: NumericFeature, acc: dict, sketch, weights) -> float:
+    if cfg.impute == "constant" or acc["n"] == 0:
+        return float(cfg.fill_value)
+    if cfg.impute == "mean":
+        return float(acc["raw"][1])
+    if cfg.impute == "median":
+        return float(weighted_quantile(sketch, weights, 0.5))
+    values = np.concatenate([v for v, _ in acc["mode"]])
+    counts = np.concatenate([c for _, c in acc["mode"]])
+    uniq, inverse = np.unique(values, return_inverse=True)
+    totals = np.bincount(inverse, weights=counts)
+    return float(uniq[int(np.argmax(totals))])  # ties: the smallest value
+
+
+def _clip_bounds(cfg: NumericFeature, sketch, weights):
+    if cfg.clip is None:
+        return None, None
+    if cfg.clip.quantiles is None:
+        return cfg.clip.min, cfg.clip.max
+    if len(sketch) == 0:
+        return None, None
+    low, high = weighted_quantile(sketch, weights, list(cfg.clip.quantiles))
+    return float(low), float(high)
+
+
+def _boundaries(cfg: NumericFeature, sketch, weights, low, high) -> list[float]:
+    if cfg.buckets.boundaries is not None:
+        return [float(b) for b in cfg.buckets.boundaries]
+    if len(sketch) == 0:
+        return []
+    qs = np.arange(1, cfg.buckets.quantiles) / cfg.buckets.quantiles
+    edges = weighted_quantile(_g(sketch, cfg, low, high), weights, qs)
+    return [float(e) for e in np.unique(edges)]
+
+
+def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str, acc: dict, rows: int) -> CategoricalState:
+    state = CategoricalState(name, cfg.encode, multi, sep, max_bag=cfg.max_bag)
+    stats = {"count": rows, "null_rate": acc["nulls"] / max(rows, 1)}
+    if cfg.encode == "hash":
+        state.buckets, state.stats = cfg.buckets, stats
+        return state
+    counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
+    values = counts.column("value").to_numpy(zero_copy_only=False)
+    freq = counts.column("count_sum").to_numpy()
+    order = np.lexsort((values.astype(str), -freq))  # most frequent first, ties by value
+    keep = order[freq[order] >= cfg.min_count]
+    if cfg.top_k is not None:
+        keep = keep[: cfg.top_k]
+    if cfg.encode == "onehot" and len(keep) > cfg.max_onehot:
+        raise DataError(
+            f"features.categorical.{name}: encode=onehot allows at most max_onehot={cfg.max_onehot} values, "
+            f"the training split has {len(keep)}; use encode: vocab or hash, set top_k, or raise max_onehot"
+        )
+    state.vocab = [str(v) for v in values[keep]]
+    total = float(freq.sum())
+    stats.update({"distinct": int(len(values)), "vocab_size": len(state.vocab), "coverage": float(freq[keep].sum() / total) if total else 0.0})
+    state.stats = stats
+    return state

@@ -1,0 +1,38 @@
+"""The one place that connects to Ray: an embedded local Ray by default, or a cluster address."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Connect once per process. `address` (or $RAY_ADDRESS) joins a running cluster.
+
+    A job started by `ray job submit` already runs inside its cluster; `ray.init()` with no
+    address joins it there, and starts an embedded local Ray everywhere else.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        _token_env()
+        ray.init(address=address, log_to_driver=True)
+        log.info("connected to Ray at %s", address)
+        return
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    ctx = ray.data.DataContext.get_current()
+    # The cluster is ours alone: keep Ray Data's console output to one progress bar per pass.
+    ctx.enable_operator_progress_bars = False
+    log.info("started an embedded local Ray")
+
+
+def _token_env() -> None:
+    """Ray 2.60 clusters require token auth; use ~/.ray/auth_token when the env has none."""
+    token_file = os.path.expanduser("~/.ray/auth_token")
+    if "RAY_AUTH_TOKEN" not in os.environ and os.path.exists(token_file):
+        os.environ.setdefault("RAY_AUTH_MODE", "token")

@@ -1,0 +1,83 @@
+"""Checks across spec sections that pydantic field validation cannot see."""
+
+from __future__ import annotations
+
+from .errors import SpecIssue
+from .spec import FileSource, JobSpec
+
+_CATEGORICAL = ("categorical", "multi_categorical")
+
+
+def check_job(spec: JobSpec) -> list[SpecIssue]:
+    issues = _check_schema(spec)
+    if issues:
+        return issues  # the other checks need a usable schema
+    roles = {c.name: c.role for c in spec.data.resolved_columns()}
+    return _check_label(spec, roles) + _check_features(spec, roles) + _check_split(spec, roles)
+
+
+def _check_schema(spec: JobSpec) -> list[SpecIssue]:
+    issues = []
+    if isinstance(spec.data.source, FileSource):
+        if spec.data.columns is None:
+            issues.append(SpecIssue("data.columns", "a file source must declare its columns (name and role)"))
+        if spec.data.label is None:
+            issues.append(SpecIssue("data.label", "a file source must name its label column: label: {column: ...}"))
+    names = [c.name for c in spec.data.columns or []]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        issues.append(SpecIssue("data.columns", f"column '{dup}' is declared more than once"))
+    return issues
+
+
+def _check_label(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
+    label = spec.data.resolved_label()
+    issues = []
+    role = roles.get(label.column)
+    if role not in (None, "label"):
+        issues.append(SpecIssue("data.label.column", f"column '{label.column}' is declared with role '{role}'; the label column must have role 'label' or be left out of data.columns"))
+    if label.task == "regression" and label.threshold is not None:
+        issues.append(SpecIssue("data.label.threshold", "a threshold turns values into 0/1 labels and needs task: binary"))
+    if label.task == "binary" and label.domain is not None:
+        issues.append(SpecIssue("data.label.domain", "domain bounds regression targets; binary labels are 0/1"))
+    if label.task == "regression":
+        if spec.rebalance.method != "none":
+            issues.append(SpecIssue("rebalance.method", "rebalancing needs a binary label (data.label.task: binary)", spec.rebalance.method, True))
+        if spec.split.kind == "stratified":
+            issues.append(SpecIssue("split.kind", "stratified splits need a binary label", "stratified", True))
+    return issues
+
+
+def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
+    issues = []
+    for name in spec.features.numeric:
+        if roles.get(name) != "numeric":
+            issues.append(_role_issue(f"features.numeric.{name}", name, roles, "numeric"))
+    for name, feat in spec.features.categorical.items():
+        if roles.get(name) not in _CATEGORICAL:
+            issues.append(_role_issue(f"features.categorical.{name}", name, roles, "categorical or multi_categorical"))
+        elif feat.encode == "onehot" and roles[name] == "multi_categorical":
+            issues.append(SpecIssue(f"features.categorical.{name}.encode", "onehot needs a single-valued column; use vocab or hash for multi_categorical", "onehot", True))
+    for i, cross in enumerate(spec.features.crosses):
+        for name in cross.columns:
+            if roles.get(name) != "categorical":
+                issues.append(_role_issue(f"features.crosses.{i}.columns", name, roles, "categorical"))
+    return issues
+
+
+def _check_split(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
+    split, issues = spec.split, []
+    known = set(roles) | {spec.data.resolved_label().column}
+    for name in split.key or []:
+        if name not in known:
+            issues.append(SpecIssue("split.key", f"unknown column '{name}'; columns: {', '.join(sorted(known))}"))
+    if split.kind == "group" and split.group not in known:
+        issues.append(SpecIssue("split.group", f"kind: group needs a column to group by; columns: {', '.join(sorted(known))}", split.group, True))
+    if split.kind == "temporal" and "timestamp" not in roles.values():
+        issues.append(SpecIssue("split.kind", "a temporal split needs a column with role 'timestamp' in data.columns", "temporal", True))
+    return issues
+
+
+def _role_issue(path: str, name: str, roles: dict[str, str], wanted: str) -> SpecIssue:
+    if name not in roles:
+        return SpecIssue(path, f"no column '{name}' in data.columns; columns: {', '.join(sorted(roles))}")
+    return SpecIssue(path, f"column '{name}' has role '{roles[name]}', this transform needs {wanted}")

@@ -1,0 +1,132 @@
+"""YAML reading, dotted overrides and error collection shared by every spec type."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import typing
+from collections.abc import Callable, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import SpecError, SpecIssue
+
+Check = Callable[[BaseModel], list[SpecIssue]]
+
+
+def read_yaml(path: str) -> dict:
+    if not os.path.exists(path):
+        raise SpecError([SpecIssue("", f"spec file not found: {path}")], file=path)
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError([SpecIssue("", "the top level must be a mapping of sections", raw, True)], file=path)
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str]) -> list[SpecIssue]:
+    """Apply `a.b.c=value` in place (value parsed as YAML); return the malformed ones."""
+    issues = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            issues.append(SpecIssue("--set", "overrides look like section.field=value", item, True))
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        _set_path(raw, key.strip().split("."), value, issues)
+    return issues
+
+
+def _set_path(node, parts: list[str], value, issues: list[SpecIssue]) -> None:
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            where = ".".join(parts[: depth + 1])
+            issues.append(SpecIssue(where, "cannot set a field inside a value that is not a section"))
+            return
+    last = parts[-1]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        issues.append(SpecIssue(".".join(parts), "cannot set a field inside a value that is not a section"))
+
+
+def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None):
+    raw = read_yaml(path)
+    issues = apply_overrides(raw, overrides)
+    try:
+        model = model_cls.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(issues + pydantic_issues(exc, model_cls), file=path) from None
+    if check is not None:
+        issues += check(model)
+    if issues:
+        raise SpecError(issues, file=path)
+    return model
+
+
+def pydantic_issues(exc: ValidationError, model_cls: type[BaseModel]) -> list[SpecIssue]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"]]
+        path = ".".join(loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = _fields_at(model_cls, loc[:-1])
+            near = difflib.get_close_matches(loc[-1], allowed, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            msg = f"unknown field; allowed: {', '.join(allowed)}{hint}" if allowed else "unknown field"
+            out.append(SpecIssue(path, msg))
+            continue
+        has_value = err["type"] != "missing"
+        out.append(SpecIssue(path, msg, err.get("input"), has_value))
+    return out
+
+
+def _fields_at(model_cls: type[BaseModel], loc: list[str]) -> list[str]:
+    """Field names of the model found at `loc` (best effort through lists, dicts and unions)."""
+    tp: object = model_cls
+    for part in loc:
+        tp = _descend(tp, part)
+        if tp is None:
+            return []
+    return sorted(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def _descend(tp, part: str):
+    for cand in _candidates(tp):
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            if part in cand.model_fields:
+                return cand.model_fields[part].annotation
+            kinds = cand.model_fields.get("kind")
+            if kinds is not None and part in typing.get_args(kinds.annotation):
+                return cand
+        origin = typing.get_origin(cand)
+        if origin in (list, tuple) and part.isdigit():
+            return typing.get_args(cand)[0]
+        if origin is dict:
+            return typing.get_args(cand)[1]
+    return None
+
+
+def _candidates(tp) -> list:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Annotated:
+        return _candidates(args[0])
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
+        return [c for a in args for c in _candidates(a)]
+    return [tp]

@@ -1,0 +1,171 @@
+"""`preprocess(spec)`: validate, split, fit on train, transform and write shards, with Ray Data.
+
+Passes over the source, each fused with the read (see `_batch`):
+  keys  (stratified/temporal splits only) - the values the split cut points come from
+  fit   - counts, bad-row examples, partial feature statistics of the training rows
+  write - transform every split, rebalance train, write shards and the quarantine
+The output folder is keyed by a hash of the spec and the input fingerprint; a folder that
+finished (`_SUCCESS`) with the same key is reused instead of recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field, replace
+
+import pyarrow.parquet as pq
+
+from .. import __version__
+from .._feature_fit import FitPlan, finalize, merge_stats
+from .._ray import ensure_ray
+from ..errors import DataError
+from ..features import FittedFeatures
+from ..hashing import digest
+from ..paths import cache_root
+from . import rebalance as rb
+from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
+from .sources import Inputs, read_dataset, resolve_inputs
+from .split import SplitPlan
+from .validate import Schema
+
+log = logging.getLogger(__name__)
+SPLIT_NAMES = ("train", "val", "test")
+
+
+@dataclass
+class PreprocessResult:
+    out_dir: str
+    features: FittedFeatures
+    counts: dict  # input, good, quarantined, reasons, rows per split (train after rebalancing)
+    cache_key: str
+    cached: bool = False
+    files: dict[str, list[str]] = field(default_factory=dict)
+
+    def dataset(self, split: str):
+        """The preprocessed split as a lazy Ray Dataset (what Ray Train workers stream)."""
+        import ray.data
+
+        if not self.files.get(split):
+            raise DataError(f"split '{split}' has no rows in {self.out_dir}")
+        return ray.data.read_parquet(self.files[split], file_extensions=None)
+
+    @property
+    def datasets(self) -> dict:
+        return {s: self.dataset(s) for s in SPLIT_NAMES if self.files.get(s)}
+
+
+def preprocess(spec, out: str | None = None, address: str | None = None) -> PreprocessResult:
+    ensure_ray(address)
+    schema = Schema.from_spec(spec.data)
+    inputs = resolve_inputs(spec.data, cache_root())
+    key = cache_key(spec, inputs)
+    out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
+    cached = load_result(out_dir, expect_key=key)
+    if cached is not None:
+        log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
+        return cached
+    plan = BatchPlan(inputs.fmt, schema, SplitPlan.from_spec(spec.split, schema), FitPlan.from_spec(spec.features, schema))
+    ds = read_dataset(inputs, schema.names)
+    if plan.split.needs_cutoffs:
+        keys = [k for part in _run(ds, keys_pass, plan) for k in part]
+        plan = replace(plan, split=plan.split.with_cutoffs(keys))
+    parts = [r for part in _run(ds, fit_pass, plan) for r in part]
+    counts = _counts(parts, inputs)
+    _check_bad_fraction(counts, parts, spec.data.max_bad_fraction)
+    reb = rb.plan_rebalance(spec.rebalance.method, spec.rebalance.target_ratio, counts["train_labels"], spec.rebalance.seed)
+    weights = {str(k): v for k, v in reb.class_weights} or None
+    features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
+    _reset(out_dir)
+    plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
+    manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
+    return _finish(out_dir, key, features, counts, manifest)
+
+
+def _run(ds, fn, plan: BatchPlan, raw: bool = False) -> list:
+    out = ds.map_batches(fn, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+    rows = out.take_all()
+    return [rows] if raw else unpickle(rows)
+
+
+def cache_key(spec, inputs: Inputs) -> str:
+    sections = spec.model_dump(include={"data", "split", "rebalance", "features"}, mode="json")
+    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint})
+
+
+def _counts(parts: list[dict], inputs: Inputs) -> dict:
+    good, bad = sum(p["good"] for p in parts), sum(p["bad"] for p in parts)
+    reasons: dict[str, int] = {}
+    train_labels: dict[float, int] = {}
+    for p in parts:
+        for r, n in p["reasons"].items():
+            reasons[r] = reasons.get(r, 0) + n
+        for label, n in p["train_labels"].items():
+            train_labels[label] = train_labels.get(label, 0) + n
+    split_rows = {s: sum(p["split_rows"][s] for p in parts) for s in SPLIT_NAMES}
+    if inputs.fmt == "parquet":
+        expected = sum(pq.ParquetFile(p, filesystem=inputs.filesystem).metadata.num_rows for p in inputs.paths)
+        if expected != good + bad:  # conservation is an invariant; breaking it is a bug, not bad data
+            raise RuntimeError(f"row accounting broke: {expected} input rows, {good} good + {bad} quarantined")
+    return {"input": good + bad, "good": good, "quarantined": bad, "reasons": reasons,
+            "split_rows": split_rows, "train_labels": train_labels}
+
+
+def _check_bad_fraction(counts: dict, parts: list[dict], limit: float) -> None:
+    if counts["input"] == 0:
+        raise DataError("the source has no rows (data.source)")
+    frac = counts["quarantined"] / counts["input"]
+    if frac <= limit:
+        return
+    examples = [e for p in parts for e in p["examples"]][:3]
+    lines = "\n".join(f"  - {e['reason']}: {e['row']}" for e in examples)
+    raise DataError(
+        f"{counts['quarantined']} of {counts['input']} rows ({frac:.2%}) are bad, more than "
+        f"data.max_bad_fraction={limit}; reasons: {counts['reasons']}\nexamples:\n{lines}\n"
+        "Fix the data or the declared schema, or raise data.max_bad_fraction."
+    )
+
+
+def _reset(out_dir: str) -> None:
+    fs, base = filesystem(out_dir)
+    fs.create_dir(base, recursive=True)
+    fs.delete_dir_contents(base, missing_dir_ok=True)
+
+
+def _finish(out_dir: str, key: str, features: FittedFeatures, counts: dict, manifest: list[dict]) -> PreprocessResult:
+    files: dict[str, list[str]] = {}
+    for row in manifest:
+        files.setdefault(row["split"], []).append(row["path"])
+    written = {s: sum(r["rows"] for r in manifest if r["split"] == s) for s in (*SPLIT_NAMES, "quarantine")}
+    if written["quarantine"] != counts["quarantined"]:
+        raise RuntimeError(f"quarantine accounting broke: {written['quarantine']} written, {counts['quarantined']} counted")
+    counts = dict(counts, written=written, train_labels={str(k): v for k, v in counts["train_labels"].items()})
+    files = {s: sorted(v) for s, v in files.items()}
+    fs, base = filesystem(out_dir)
+    with fs.open_output_stream(f"{base}/features.json") as f:
+        f.write(features.to_json().encode())
+    summary = {"cache_key": key, "counts": counts, "files": files}
+    with fs.open_output_stream(f"{base}/summary.json") as f:
+        f.write(json.dumps(summary, indent=1).encode())
+    with fs.open_output_stream(f"{base}/_SUCCESS") as f:
+        f.write(key.encode())
+    return PreprocessResult(out_dir, features, counts, key, cached=False, files=files)
+
+
+def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult | None:
+    """A finished preprocessing folder, or None (unfinished, absent, or another key)."""
+    fs, base = filesystem(out_dir)
+    try:
+        with fs.open_input_stream(f"{base}/_SUCCESS") as f:
+            key = f.read().decode()
+        if expect_key is not None and key != expect_key:
+            return None
+        with fs.open_input_stream(f"{base}/summary.json") as f:
+            summary = json.loads(f.read())
+        with fs.open_input_stream(f"{base}/features.json") as f:
+            features = FittedFeatures.from_json(f.read().decode())
+    except FileNotFoundError:
+        return None
+    return PreprocessResult(out_dir, features, summary["counts"], key, cached=True, files=summary["files"])
+

@@ -1,0 +1,67 @@
+"""Rebalancing of the training split: down-sampling, up-sampling or class weights.
+
+Decisions are per row from a stable hash, so the same rows are kept or repeated on every run
+and under any block layout. The plan is computed on the driver from the training label counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..hashing import to_unit
+
+
+@dataclass(frozen=True)
+class RebalancePlan:
+    method: str  # none | downsample | upsample | class_weights
+    seed: int = 0
+    label_to_change: float | None = None  # the class whose rows are dropped or repeated
+    rate: float = 1.0  # keep probability (downsample) or expected copies (upsample)
+    class_weights: tuple[tuple[float, float], ...] = ()
+
+
+def plan_rebalance(method: str, target_ratio: float, counts: dict[float, int], seed: int = 0) -> RebalancePlan:
+    """counts: training rows per label (0.0 and 1.0)."""
+    if method == "none" or len(counts) < 2:
+        return RebalancePlan("none", seed)
+    (minority, n_min), (majority, n_maj) = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
+    total = n_min + n_maj
+    if method == "class_weights":
+        # "balanced" weights: each class contributes total/2 to the loss.
+        weights = tuple((label, total / (2.0 * n)) for label, n in sorted(counts.items()))
+        return RebalancePlan(method, seed, class_weights=weights)
+    if n_min >= target_ratio * n_maj:
+        return RebalancePlan("none", seed)  # already at least as balanced as asked
+    if method == "downsample":
+        return RebalancePlan(method, seed, majority, n_min / (target_ratio * n_maj))
+    return RebalancePlan(method, seed, minority, target_ratio * n_maj / n_min)
+
+
+def multiplicity(labels: np.ndarray, u: np.ndarray, plan: RebalancePlan) -> np.ndarray:
+    """Copies of each training row to emit (0 drops it)."""
+    copies = np.ones(len(labels), dtype=np.int64)
+    if plan.method not in ("downsample", "upsample"):
+        return copies
+    target = labels == plan.label_to_change
+    if plan.method == "downsample":
+        copies[target & (u >= plan.rate)] = 0
+    else:
+        whole = int(np.floor(plan.rate))
+        copies[target] = whole + (u[target] < plan.rate - whole)
+    return copies
+
+
+def apply(table: pa.Table, labels: np.ndarray, u: np.ndarray, plan: RebalancePlan) -> pa.Table:
+    copies = multiplicity(labels, u, plan)
+    if (copies == 1).all():
+        return table
+    return table.take(pa.array(np.repeat(np.arange(len(copies)), copies)))
+
+
+def row_rebalance_unit(table: pa.Table, key: tuple[str, ...], seed: int) -> np.ndarray:
+    from .split import row_hash
+
+    return to_unit(row_hash(table, key, seed, salt="rebalance"))

@@ -1,0 +1,131 @@
+"""Deterministic splits: a row's split depends on its key and the seed, never on blocks or files.
+
+Every row gets a number in [0, 1) from a stable hash of its key columns. Random, group and
+k-fold splits compare it with fixed cut points. Stratified and temporal splits need cut points
+computed from the data (per-label quantiles of the hash, quantiles of time), so they take one
+extra light pass: `split_keys` per batch, then `SplitPlan.with_cutoffs` on the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+
+from ..hashing import combine, hash_strings, seed_key, to_unit
+from .validate import _as_string
+
+TRAIN, VAL, TEST = 0, 1, 2
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    kind: str
+    train: float
+    val: float
+    test: float
+    seed: int
+    key: tuple[str, ...]
+    label: str
+    time_column: str | None = None
+    k: int = 5
+    fold: int = 0
+    cutoffs: tuple = ()  # stratified: ((label, c1, c2), ...); temporal: (t1, t2)
+
+    @classmethod
+    def from_spec(cls, split, schema) -> "SplitPlan":
+        if split.kind == "group":
+            key = (split.group,)
+        elif split.key:
+            key = tuple(split.key)
+        else:
+            key = tuple(schema.names)
+        time_cols = [c["name"] for c in schema.columns if c["role"] == "timestamp"]
+        return cls(
+            kind=split.kind, train=split.train, val=split.val, test=split.test, seed=split.seed,
+            key=key, label=schema.label["column"], time_column=time_cols[0] if time_cols else None,
+            k=split.k, fold=split.fold,
+        )
+
+    @property
+    def needs_cutoffs(self) -> bool:
+        return self.kind in ("stratified", "temporal")
+
+    def with_cutoffs(self, keys: list[dict[str, np.ndarray]]) -> "SplitPlan":
+        """Cut points from the gathered `split_keys` of every batch."""
+        if self.kind == "temporal":
+            t = np.sort(np.concatenate([k["time"] for k in keys]))
+            return replace(self, cutoffs=(_cut(t, self.train), _cut(t, self.train + self.val)))
+        labels = np.concatenate([k["label"] for k in keys])
+        u = np.concatenate([k["u"] for k in keys])
+        cuts = []
+        for value in np.unique(labels):
+            s = np.sort(u[labels == value])
+            cuts.append((float(value), _cut(s, self.train), _cut(s, self.train + self.val)))
+        return replace(self, cutoffs=tuple(cuts))
+
+
+def _cut(sorted_values: np.ndarray, fraction: float) -> float:
+    """The value below which the first round(n * fraction) sorted values fall."""
+    n = len(sorted_values)
+    i = int(round(n * fraction))
+    return float("inf") if i >= n else float(sorted_values[i])
+
+
+def row_hash(table: pa.Table, columns: tuple[str, ...], seed: int, salt: str) -> np.ndarray:
+    key = seed_key(seed, salt)
+    h = None
+    for name in columns:
+        part = hash_strings(_as_string(table.column(name), name), key)
+        h = part if h is None else combine(h, part)
+    return h if h is not None else np.zeros(table.num_rows, np.uint64)
+
+
+def row_unit(table: pa.Table, plan: SplitPlan, salt: str = "split") -> np.ndarray:
+    return to_unit(row_hash(table, plan.key, plan.seed, salt))
+
+
+def split_keys(table: pa.Table, plan: SplitPlan) -> dict[str, np.ndarray]:
+    """What the driver needs to compute stratified or temporal cut points."""
+    if plan.kind == "temporal":
+        return {"time": table.column(plan.time_column).to_numpy()}
+    return {"label": table.column(plan.label).to_numpy(), "u": row_unit(table, plan)}
+
+
+def assign(table: pa.Table, plan: SplitPlan) -> np.ndarray:
+    """Split code per row: 0 train, 1 val, 2 test."""
+    if plan.kind == "temporal":
+        return _by_cuts(table.column(plan.time_column).to_numpy(), *plan.cutoffs)
+    u = row_unit(table, plan)
+    if plan.kind == "kfold":
+        return _kfold(table, plan, u)
+    if plan.kind == "stratified":
+        labels = table.column(plan.label).to_numpy()
+        out = np.full(len(u), TRAIN, dtype=np.int8)
+        for value, c1, c2 in plan.cutoffs:
+            mask = labels == value
+            out[mask] = _by_cuts(u[mask], c1, c2)
+        return out
+    return _by_cuts(u, plan.train, plan.train + plan.val)
+
+
+def _by_cuts(x: np.ndarray, c1: float, c2: float) -> np.ndarray:
+    out = np.full(len(x), TEST, dtype=np.int8)
+    out[x < c2] = VAL
+    out[x < c1] = TRAIN
+    return out
+
+
+def _kfold(table: pa.Table, plan: SplitPlan, u: np.ndarray) -> np.ndarray:
+    """Hold out `test` first (its own hash), then fold = floor(u * k) of the rest."""
+    fold = kfold_index(u, plan.k)
+    out = np.where(fold == plan.fold, VAL, TRAIN).astype(np.int8)
+    if plan.test > 0:
+        out[row_unit(table, plan, salt="kfold-test") < plan.test] = TEST
+    return out
+
+
+def kfold_index(u: np.ndarray, k: int) -> np.ndarray:
+    return np.minimum((u * k).astype(np.int64), k - 1)

@@ -1,0 +1,325 @@
+"""Seeded, Criteo-like synthetic click-through data with a planted (known) click model.
+
+Why: benchmarks and tests need click logs of any size that are reproducible bit for bit, look
+like Criteo (heavy-tailed counts, Zipf-popular hashed IDs, nulls) and whose best achievable AUC
+is known, so a trained model can be judged against the Bayes limit instead of a guess.
+Row r depends only on (params, r): data are drawn in fixed chunks of CHUNK_ROWS rows, each from
+its own seed, with one random stream per column, so any slice or shard layout gives equal rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+CHUNK_ROWS = 65_536
+_CALIB_CHUNK = 2**40  # seed key of the calibration sample; never a real chunk index
+_CALIB_ROWS = 32_768
+_TARGET_LOGIT_STD = 1.4  # total logit spread; tuned so the Bayes AUC is about 0.80
+_TARGET_POSITIVE_RATE = 0.25
+_SHARES = (0.25, 0.55, 0.20)  # logit variance shares: numeric, categorical, interactions
+_N_INTERACTIONS = 4
+_M32, _M64, _GOLDEN = 0xFFFFFFFF, (1 << 64) - 1, 0x9E3779B97F4A7C15
+_TABLE_MAX = 1 << 21  # cardinalities up to this use cached per-ID tables
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    """What to generate; validated on construction so bad values fail before any work."""
+
+    rows: int = 100_000
+    numeric: int = 13  # columns I1..I{numeric}
+    categorical: int = 26  # columns C1..C{categorical}
+    cardinalities: tuple[int, ...] | None = None  # per categorical column; None: 10..100_000 log-spaced
+    zipf: float = 1.1  # Zipf exponent of categorical ID popularity
+    missing_rate: float = 0.05  # fraction of nulls in each feature column
+    shard_rows: int = 250_000  # rows per Parquet shard
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        cards = self.cardinalities
+        for ok, msg in [(self.rows > 0, "rows must be > 0"), (self.numeric >= 0, "numeric must be >= 0"),
+                        (self.categorical >= 0, "categorical must be >= 0"),
+                        (self.numeric + self.categorical > 0, "numeric + categorical must be > 0"),
+                        (self.zipf > 1, "zipf must be > 1"), (self.shard_rows > 0, "shard_rows must be > 0"),
+                        (0 <= self.missing_rate < 1, "missing_rate must be in [0, 1)"),
+                        (self.seed >= 0, "seed must be >= 0")]:
+            if not ok:
+                field = msg.split()[0]
+                raise ValueError(f"{msg}, got {field}={getattr(self, field)!r}")
+        if cards is not None and len(cards) != self.categorical:
+            raise ValueError(f"cardinalities length must equal categorical={self.categorical}, got {len(cards)}")
+        if cards is not None and any(not 1 <= int(c) < 2**32 for c in cards):
+            raise ValueError(f"cardinalities must each be in [1, 2**32), got cardinalities={cards!r}")
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """What write_synthetic wrote; bayes_auc is the noise-free AUC of the true click probability."""
+    out_dir: str
+    files: list[str]
+    rows: int
+    positive_rate: float
+    bayes_auc: float
+    params: SynthParams
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The planted click model; per-ID effects are hashes of (key, rank), never stored objects."""
+    num_mu: np.ndarray
+    num_sigma: np.ndarray
+    num_w: np.ndarray
+    cat_sigma: np.ndarray
+    cards: tuple[int, ...]
+    cat_keys: tuple[int, ...]
+    id_keys: tuple[int, ...]
+    pairs: tuple[tuple[str, int, int, float, int], ...]  # (kind, cat a, b, gamma, factor key)
+    scales: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    bias: float = 0.0
+
+
+def feature_names(params: SynthParams) -> tuple[list[str], list[str]]:
+    """Column names in Criteo's convention: (["I1", ...], ["C1", ...])."""
+    return [f"I{i + 1}" for i in range(params.numeric)], [f"C{j + 1}" for j in range(params.categorical)]
+
+
+def cardinalities(params: SynthParams) -> tuple[int, ...]:
+    """Explicit cardinalities, or a deterministic log-spaced spread from 10 to 100_000."""
+    cards = params.cardinalities or np.geomspace(10, 100_000, params.categorical).round()
+    return tuple(int(c) for c in cards)
+
+
+def _mix64(x: np.ndarray, key: int) -> np.ndarray:
+    """Vectorised splitmix64 of (x ^ key): stateless pseudo-random values per ID (wrapping uint64)."""
+    x = (x.astype(np.uint64) ^ np.uint64(key & _M64)) + np.uint64(_GOLDEN)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _key(*parts: int) -> int:
+    """An independent 64-bit hash key per (seed, purpose, column), chained through splitmix64."""
+    h = np.zeros(1, dtype=np.uint64)
+    for part in parts:
+        h = _mix64(h, part)
+    return int(h[0])
+
+
+def _hash_normal(ranks: np.ndarray, key: int) -> np.ndarray:
+    """A standard normal per ID (Box-Muller on the two halves of one hash); rank 0 (null) -> 0."""
+    h = _mix64(ranks, key)
+    u1 = ((h >> np.uint64(32)).astype(np.float64) + 1.0) * 2.0**-32
+    u2 = (h & np.uint64(_M32)).astype(np.float64) * 2.0**-32
+    return np.where(ranks > 0, np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2), 0.0)
+
+
+def _hex_packed(ranks: np.ndarray, key32: int) -> np.ndarray:
+    """8 hex chars per ID packed in a uint64, via murmur3's fmix32 (a bijection: no collisions)."""
+    h = (ranks.astype(np.uint64) ^ np.uint64(key32)) & np.uint64(_M32)
+    for shift, mult in ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 1)):
+        h = ((h ^ (h >> np.uint64(shift))) * np.uint64(mult)) & np.uint64(_M32)
+    chars = _HEX[(h[:, None] >> np.arange(28, -1, -4, dtype=np.uint64)) & np.uint64(15)]
+    return np.ascontiguousarray(chars).view(np.uint64).ravel()
+
+
+@lru_cache(maxsize=256)
+def _id_table(fn: Callable[[np.ndarray, int], np.ndarray], key: int, card: int) -> np.ndarray:
+    return fn(np.arange(card + 1, dtype=np.int64), key)
+
+
+def _per_id(fn: Callable[[np.ndarray, int], np.ndarray], ranks: np.ndarray, key: int, card: int) -> np.ndarray:
+    """fn(ranks, key) via a cached table of all IDs while that is small (a gather beats re-hashing
+    every row), by hashing each row beyond _TABLE_MAX IDs."""
+    return _id_table(fn, key, card)[ranks] if card <= _TABLE_MAX else fn(ranks, key)
+
+
+def _strings(packed: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """Arrow strings straight from the packed chars: no Python string objects per row."""
+    n, nulls = len(packed), int(len(valid) - np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    offsets = pa.py_buffer(np.arange(0, 8 * n + 1, 8, dtype=np.int32))
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(packed.tobytes()), bitmap, nulls)
+
+
+@lru_cache(maxsize=64)
+def _zipf_cdf(card: int, s: float) -> np.ndarray:
+    """Exact bounded-Zipf CDF over ranks 1..card (cached: sampling is one searchsorted)."""
+    cdf = np.cumsum(np.arange(1, card + 1, dtype=np.float64) ** -s)
+    cdf /= cdf[-1]
+    cdf[-1] = 1.0
+    return cdf
+
+
+def _draw(params: SynthParams, model: _Model, seq: np.random.SeedSequence, n: int) -> dict[str, np.ndarray]:
+    """The first n rows of one chunk (rows on the last axis). One stream per column and purpose
+    makes every prefix stable, so a short final chunk or a slice never shifts later values."""
+    rngs = iter([np.random.default_rng(s) for s in seq.spawn(1 + 2 * (params.numeric + params.categorical))])
+    label_u = next(rngs).random(n)
+    nums = np.empty((params.numeric, n), dtype=np.int64)
+    num_valid = np.empty((params.numeric, n), dtype=bool)
+    for i, (mu, sigma) in enumerate(zip(model.num_mu, model.num_sigma)):
+        nums[i] = np.floor(next(rngs).lognormal(mu, sigma, n))
+        num_valid[i] = next(rngs).random(n) >= params.missing_rate
+    ranks = np.empty((params.categorical, n), dtype=np.int64)
+    for j, card in enumerate(model.cards):
+        r = np.searchsorted(_zipf_cdf(card, params.zipf), next(rngs).random(n), side="right") + 1
+        ranks[j] = np.where(next(rngs).random(n) >= params.missing_rate, np.minimum(r, card), 0)
+    return {"label_u": label_u, "nums": nums, "num_valid": num_valid, "ranks": ranks}
+
+
+def _raw_scores(model: _Model, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unscaled logit parts (numeric, categorical, interactions); missing values add 0."""
+    logs = np.where(d["num_valid"], np.log1p(d["nums"]), 0.0)
+    num, cat, inter = (np.zeros(len(d["label_u"])) for _ in range(3))
+    for w, lg in zip(model.num_w, logs):  # a plain loop, not BLAS: same sums whatever the slice
+        num += w * lg
+    for sigma, key, card, r in zip(model.cat_sigma, model.cat_keys, model.cards, d["ranks"]):
+        cat += sigma * _per_id(_hash_normal, r, key, card)
+    for kind, a, b, gamma, key in model.pairs:
+        fa = _per_id(_hash_normal, d["ranks"][a], key, model.cards[a])
+        fb = _per_id(_hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b]
+        inter += gamma * fa * fb
+    return num, cat, inter
+
+
+def _logit(model: _Model, d: dict[str, np.ndarray]) -> np.ndarray:
+    num, cat, inter = _raw_scores(model, d)
+    return model.bias + model.scales[0] * num + model.scales[1] * cat + model.scales[2] * inter
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _pick_pairs(rng: np.random.Generator, params: SynthParams) -> tuple:
+    """A few cat x cat interactions plus one cat x numeric, as far as the column counts allow."""
+    pairs = []
+    for k in range(_N_INTERACTIONS):
+        gamma, key = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.0)), _key(params.seed, 3, k)
+        if params.categorical >= 2 and (k < _N_INTERACTIONS - 1 or params.numeric == 0):
+            a, b = (int(i) for i in rng.choice(params.categorical, 2, replace=False))
+            pairs.append(("cc", a, b, gamma, key))
+        elif params.categorical >= 1 and params.numeric >= 1:
+            a, b = int(rng.integers(params.categorical)), int(rng.integers(params.numeric))
+            pairs.append(("cn", a, b, gamma, key))
+    return tuple(pairs)
+
+
+def _model(params: SynthParams) -> _Model:
+    # rows and shard_rows do not change the model: normalise them so layouts share one cache entry
+    return _build_model(dataclasses.replace(params, rows=1, shard_rows=1))
+
+
+@lru_cache(maxsize=16)
+def _build_model(params: SynthParams) -> _Model:
+    """Draw the planted model from default_rng(seed), then calibrate it on a private sample:
+    group scales fix the variance shares (so the Bayes AUC barely moves with column counts)
+    and the bias is bisected to a Criteo-like positive rate."""
+    rng, m = np.random.default_rng(params.seed), params.categorical
+    model = _Model(
+        num_mu=rng.uniform(-0.5, 4.0, params.numeric), num_sigma=rng.uniform(0.6, 2.2, params.numeric),
+        num_w=rng.normal(0.0, 1.0, params.numeric), cat_sigma=rng.uniform(0.5, 1.5, m),
+        cards=cardinalities(params), cat_keys=tuple(_key(params.seed, 1, j) for j in range(m)),
+        id_keys=tuple(_key(params.seed, 2, j) & _M32 for j in range(m)), pairs=_pick_pairs(rng, params))
+    sample = _draw(params, model, np.random.SeedSequence([params.seed, _CALIB_CHUNK]), _CALIB_ROWS)
+    stds = [float(np.std(part)) for part in _raw_scores(model, sample)]
+    total = sum(share for share, sd in zip(_SHARES, stds) if sd > 0)
+    scales = tuple(float(_TARGET_LOGIT_STD * np.sqrt(sh / total) / sd) if sd > 0 else 0.0
+                   for sh, sd in zip(_SHARES, stds))
+    centred = _logit(dataclasses.replace(model, scales=scales), sample)
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _sigmoid(centred + mid).mean() < _TARGET_POSITIVE_RATE else (lo, mid)
+    log.debug("synthetic model: scales=%s bias=%.4f", scales, (lo + hi) / 2)
+    return dataclasses.replace(model, scales=scales, bias=(lo + hi) / 2)
+
+
+def generate_table_with_truth(params: SynthParams, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
+    """Rows [start, stop) plus their true click probability (kept out of the table itself)."""
+    if not 0 <= start <= stop <= params.rows:
+        raise ValueError(f"need 0 <= start <= stop <= rows={params.rows}, got start={start}, stop={stop}")
+    model, parts, first = _model(params), [], start // CHUNK_ROWS
+    for chunk in range(first, max(-(-stop // CHUNK_ROWS), first + 1)):
+        c0 = chunk * CHUNK_ROWS
+        lo, hi = max(start, c0) - c0, min(stop, c0 + CHUNK_ROWS) - c0
+        d = _draw(params, model, np.random.SeedSequence([params.seed, chunk]), hi)
+        parts.append({k: v[..., lo:] for k, v in d.items()})
+    d = {k: np.concatenate([q[k] for q in parts], axis=-1) for k in parts[0]}
+    p = _sigmoid(_logit(model, d))
+    num_names, cat_names = feature_names(params)
+    cols = {"label": pa.array((d["label_u"] < p).astype(np.int8))}
+    for name, x, valid in zip(num_names, d["nums"], d["num_valid"]):
+        cols[name] = pa.array(x, type=pa.int64(), mask=~valid)
+    for name, r, key, card in zip(cat_names, d["ranks"], model.id_keys, model.cards):
+        cols[name] = _strings(_per_id(_hex_packed, r, key, card), r > 0)
+    return pa.table(cols), p
+
+
+def generate_table(params: SynthParams, start: int, stop: int) -> pa.Table:
+    """Rows [start, stop) of the data set: label (int8), I* (int64), C* (string)."""
+    return generate_table_with_truth(params, start, stop)[0]
+
+
+def weighted_auc(scores: np.ndarray, pos_weight: np.ndarray, neg_weight: np.ndarray) -> float:
+    """Exact weighted ROC AUC in O(n log n); tied scores count half (midrank). With weights
+    (p, 1 - p) this is the Bayes AUC without the sampling noise of drawn labels."""
+    s, wp, wn = (np.asarray(a, dtype=np.float64).ravel() for a in (scores, pos_weight, neg_weight))
+    if not len(s) == len(wp) == len(wn) > 0:
+        raise ValueError(f"scores/pos_weight/neg_weight need equal non-zero lengths, got {len(s)}/{len(wp)}/{len(wn)}")
+    if np.isnan(s).any() or (wp < 0).any() or (wn < 0).any():
+        raise ValueError("scores must not be NaN and weights must be >= 0")
+    order = np.argsort(s, kind="stable")
+    s, wp, wn = s[order], wp[order], wn[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first index of each tie group
+    pos, neg = np.add.reduceat(wp, starts), np.add.reduceat(wn, starts)
+    total_pos, total_neg = float(pos.sum()), float(neg.sum())
+    if total_pos <= 0 or total_neg <= 0:
+        raise ValueError(f"AUC needs positive and negative weight, got {total_pos} and {total_neg}")
+    below = np.cumsum(neg) - neg
+    return float(np.sum(pos * (below + 0.5 * neg)) / (total_pos * total_neg))
+
+
+def _filesystem(out_dir: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem for URIs (s3://, gs://, file://...), else the local disk."""
+    return pafs.FileSystem.from_uri(out_dir) if "://" in out_dir else (pafs.LocalFileSystem(), os.path.abspath(out_dir))
+
+
+def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
+    """Write part-NNNNN.parquet shards of shard_rows rows plus synthetic.json (params and truth)."""
+    (fs, root), base = _filesystem(out_dir), out_dir.rstrip("/")
+    fs.create_dir(root, recursive=True)
+    files, probs, positives = [], [], 0
+    for k, start in enumerate(range(0, params.rows, params.shard_rows)):
+        table, p = generate_table_with_truth(params, start, min(start + params.shard_rows, params.rows))
+        pq.write_table(table, f"{root}/part-{k:05d}.parquet", filesystem=fs, compression="zstd")
+        files.append(f"{base}/part-{k:05d}.parquet")
+        probs.append(p)
+        positives += int(np.asarray(table.column("label")).sum())
+        log.info("wrote %s (%d rows)", files[-1], table.num_rows)
+    p_all = np.concatenate(probs)
+    result = SynthResult(out_dir=out_dir, files=files, rows=params.rows, positive_rate=positives / params.rows,
+                         bayes_auc=weighted_auc(p_all, p_all, 1.0 - p_all), params=params)
+    meta = {"params": dataclasses.asdict(params), "cardinalities": list(cardinalities(params)),
+            "rows": result.rows, "positive_rate": result.positive_rate, "bayes_auc": result.bayes_auc,
+            "files": [f.rsplit("/", 1)[-1] for f in files], "chunk_rows": CHUNK_ROWS}
+    with fs.open_output_stream(f"{root}/synthetic.json") as f:
+        f.write(json.dumps(meta, indent=2).encode())
+    log.info("synthetic data: %d rows, positive_rate=%.4f, bayes_auc=%.4f",
+             result.rows, result.positive_rate, result.bayes_auc)
+    return result

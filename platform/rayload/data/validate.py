@@ -1,0 +1,204 @@
+"""Row validation: typed good rows out, every bad row kept with the reason it was refused.
+
+Canonical types after validation: numeric and timestamp columns float64, categorical, id and
+multi_categorical columns string, the label float64 (0/1 for binary tasks). A value that
+cannot become its type sends the whole row to quarantine; `good + bad == input` always.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import DataError
+
+QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
+_STRING_ROLES = ("categorical", "multi_categorical", "id")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The declared columns and label, in plain data so it pickles small into Ray tasks."""
+
+    columns: tuple[dict, ...]  # name, role, separator, required
+    label: dict  # column, task, threshold, domain
+
+    @classmethod
+    def from_spec(cls, data_spec) -> "Schema":
+        cols = tuple(c.model_dump() for c in data_spec.resolved_columns() if c.role != "label")
+        return cls(cols, data_spec.resolved_label().model_dump())
+
+    @property
+    def names(self) -> list[str]:
+        return [c["name"] for c in self.columns] + [self.label["column"]]
+
+
+class _Reasons:
+    """First reason per row; later checks never overwrite an earlier one."""
+
+    def __init__(self, n: int):
+        self.values = np.full(n, None, dtype=object)
+
+    def add(self, mask: np.ndarray, reason: str) -> None:
+        self.values[mask & (self.values == None)] = reason  # noqa: E711 (elementwise)
+
+    @property
+    def bad(self) -> np.ndarray:
+        return self.values != None  # noqa: E711
+
+
+def validate_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[pa.Table, pa.Table]:
+    """Split a raw batch into (good rows with canonical types, quarantine rows)."""
+    _require_columns(table, schema, source)
+    reasons = _Reasons(table.num_rows)
+    out = {}
+    for col in schema.columns:
+        out[col["name"]] = _validate_column(table.column(col["name"]), col, reasons)
+    out[schema.label["column"]] = _validate_label(table.column(schema.label["column"]), schema.label, reasons)
+    good_mask = ~reasons.bad
+    good = pa.table(out).filter(pa.array(good_mask))
+    return good, _quarantine(table, reasons, source)
+
+
+def _require_columns(table: pa.Table, schema: Schema, source: str) -> None:
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        where = f" in {source}" if source else ""
+        raise DataError(
+            f"declared column(s) {missing} not found{where}; the data has columns {table.column_names}. "
+            "Fix data.columns / data.label.column or the data."
+        )
+
+
+def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
+    name, role = col["name"], col["role"]
+    if role in _STRING_ROLES:
+        values = _as_string(column, name)
+    else:  # numeric, timestamp
+        values = _as_float(column, name, reasons, timestamp=role == "timestamp")
+        finite = np.isfinite(np.nan_to_num(values.to_numpy(zero_copy_only=False), nan=0.0))
+        reasons.add(~finite, f"{name}: infinite value")
+    nulls = values.is_null().to_numpy(zero_copy_only=False)
+    if col.get("required") or role in ("id", "timestamp"):
+        reasons.add(nulls, f"{name}: missing required value")
+    return values
+
+
+def _combined(column) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+def _as_string(column, name: str) -> pa.Array:
+    arr = _combined(column)
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr, t = arr.cast(t.value_type), t.value_type
+    if pa.types.is_large_string(t) or pa.types.is_string(t):
+        arr = arr.cast(pa.string())
+        return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return pc.cast(arr, pa.string())
+    raise DataError(f"column '{name}' has type {t}; a categorical column must hold strings, integers or booleans")
+
+
+def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> pa.Array:
+    arr = _combined(column)
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr, t = arr.cast(t.value_type), t.value_type
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return pc.divide(pc.cast(pc.cast(arr, pa.timestamp("us")), pa.int64()).cast(pa.float64()), 1e6)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return pc.cast(arr, pa.float64())
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
+    text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
+    blank = text.isna() | (text.str.strip() == "")
+    parsed = _parse_numbers(text, timestamp)
+    reasons.add((~blank & parsed.isna()).to_numpy(), f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
+    return pa.array(parsed.to_numpy(dtype=np.float64, na_value=np.nan), pa.float64(), from_pandas=True)
+
+
+def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
+    lowered = text.str.strip().str.lower()
+    parsed = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64")
+    if timestamp:
+        needs = parsed.isna() & lowered.notna()
+        if needs.any():
+            dates = pd.to_datetime(text[needs], errors="coerce", utc=True, format="ISO8601")
+            parsed[needs] = (dates - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    # "nan" parses to NaN: the same as a missing value, which imputation handles.
+    return parsed
+
+
+def _validate_label(column, label: dict, reasons: _Reasons) -> pa.Array:
+    name = label["column"]
+    values = _as_float(column, name, reasons)
+    y = values.to_numpy(zero_copy_only=False)
+    missing = values.is_null().to_numpy(zero_copy_only=False)
+    reasons.add(missing, f"{name}: missing label")
+    reasons.add(~missing & np.isnan(y), f"{name}: label is NaN")
+    reasons.add(np.isinf(y), f"{name}: label is infinite")
+    y = np.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
+    if label["task"] == "binary":
+        if label.get("threshold") is not None:
+            y = (y >= label["threshold"]).astype(np.float64)
+        else:
+            reasons.add((y != 0) & (y != 1), f"{name}: label outside {{0, 1}} (set data.label.threshold to binarise)")
+    elif label.get("domain") is not None:
+        low, high = label["domain"]
+        reasons.add((y < low) | (y > high), f"{name}: label outside the domain [{low}, {high}]")
+    return pa.array(y, pa.float64())
+
+
+def _quarantine(table: pa.Table, reasons: _Reasons, source: str) -> pa.Table:
+    idx = np.flatnonzero(reasons.bad)
+    if len(idx) == 0:
+        return QUARANTINE_SCHEMA.empty_table()
+    rows = table.take(pa.array(idx)).to_pylist()
+    return pa.table(
+        {
+            "row": [json.dumps(r, default=str) for r in rows],
+            "reason": list(reasons.values[idx]),
+            "source": [source] * len(idx),
+        },
+        schema=QUARANTINE_SCHEMA,
+    )
+
+
+def malformed_rows(items: list[tuple[str, str]], source: str) -> pa.Table:
+    """Rows a parser could not even split into columns: (raw text, reason)."""
+    return pa.table(
+        {"row": [t for t, _ in items], "reason": [r for _, r in items], "source": [source] * len(items)},
+        schema=QUARANTINE_SCHEMA,
+    )
+
+
+def validate_request(rows: list[dict], columns: list[dict]) -> pa.Table:
+    """Serving path: request dicts through the same column validation as training data."""
+    feature_cols = [c for c in columns if c["role"] not in ("label", "id", "timestamp")]
+    raw = {}
+    for col in feature_cols:
+        values = [r.get(col["name"]) for r in rows]
+        raw[col["name"]] = _python_array(values)
+    reasons = _Reasons(len(rows))
+    out = {c["name"]: _validate_column(raw[c["name"]], dict(c, required=c.get("required", False)), reasons) for c in feature_cols}
+    if reasons.bad.any():
+        i = int(np.flatnonzero(reasons.bad)[0])
+        raise DataError(f"request row {i}: {reasons.values[i]}")
+    return pa.table(out) if out else pa.table({"__rows__": pa.nulls(len(rows))})
+
+
+def _python_array(values: list) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Mixed types in one column (3 and "x"): compare as text, as a CSV would be.
+        return pa.array([None if v is None else str(v) for v in values], pa.string())

@@ -1,0 +1,253 @@
+"""The fitted preprocessor: a JSON artifact and one transform for batches and for requests.
+
+`transform_table` works on a validated pyarrow Table (numeric columns float64, categorical
+columns string). `transform_rows` turns request dicts into such a table with the same
+validation code and then calls `transform_table`, so serving and training cannot disagree.
+
+Output columns: dense features are float32 (`dense_columns`), single IDs are int64
+(`sparse_columns`, with their cardinalities, for nn.Embedding), multi-valued IDs are
+list<int64> (`bag_columns`, for nn.EmbeddingBag), and the label is `label` (float32).
+
+ID layout of a vocabulary encoding: 0 = missing, 1 = out of vocabulary, 2.. = vocabulary in
+order of frequency. Hash encodings map every value, missing included, into [0, buckets).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .hashing import combine, hash_strings, seed_key
+
+MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
+FORMAT_VERSION = 1
+_HASH_KEY = seed_key(0, "features")
+
+
+@dataclass
+class NumericState:
+    name: str
+    impute_value: float
+    clip_low: float | None
+    clip_high: float | None
+    log: bool
+    scale: str  # none | minmax | zscore
+    offset: float = 0.0
+    divisor: float = 1.0
+    boundaries: list[float] | None = None  # bucketised: an ID column instead of a dense one
+    stats: dict = field(default_factory=dict)  # count, null_rate, mean, std, min, max, quantiles
+
+    @property
+    def cardinality(self) -> int:
+        return len(self.boundaries) + 1 if self.boundaries is not None else 0
+
+
+@dataclass
+class CategoricalState:
+    name: str
+    encode: str  # vocab | hash | onehot
+    multi: bool = False
+    separator: str = "|"
+    vocab: list[str] | None = None
+    buckets: int = 0
+    max_bag: int = 16
+    stats: dict = field(default_factory=dict)  # count, null_rate, distinct, coverage
+
+    @property
+    def cardinality(self) -> int:
+        return self.buckets if self.encode == "hash" else len(self.vocab) + FIRST_ID
+
+
+@dataclass
+class CrossState:
+    columns: list[str]
+    buckets: int
+
+    @property
+    def name(self) -> str:
+        return "x_" + "_".join(self.columns)
+
+
+@dataclass
+class LabelState:
+    column: str
+    task: str
+    threshold: float | None = None
+    domain: list[float] | None = None
+    class_weights: dict[str, float] | None = None
+    positive_rate: float | None = None
+
+
+@dataclass
+class FittedFeatures:
+    numeric: list[NumericState]
+    categorical: list[CategoricalState]
+    crosses: list[CrossState]
+    label: LabelState
+    columns: list[dict]  # the validated input schema (name, role, separator, required)
+    version: int = FORMAT_VERSION
+
+    # ------------------------------------------------------------ outputs
+
+    @property
+    def dense_columns(self) -> list[str]:
+        out = [n.name for n in self.numeric if n.boundaries is None]
+        for c in self.categorical:
+            if c.encode == "onehot":
+                out += [f"{c.name}__oh{i}" for i in range(len(c.vocab) + 1)]
+        return out
+
+    @property
+    def sparse_columns(self) -> dict[str, int]:
+        out = {n.name: n.cardinality for n in self.numeric if n.boundaries is not None}
+        out.update({c.name: c.cardinality for c in self.categorical if c.encode != "onehot" and not c.multi})
+        out.update({x.name: x.buckets for x in self.crosses})
+        return out
+
+    @property
+    def bag_columns(self) -> dict[str, int]:
+        return {c.name: c.cardinality for c in self.categorical if c.multi}
+
+    # ------------------------------------------------------------ JSON
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FittedFeatures":
+        raw = json.loads(text)
+        if raw.get("version") != FORMAT_VERSION:
+            raise ValueError(f"features.json version {raw.get('version')} is not supported (expected {FORMAT_VERSION})")
+        return cls(
+            numeric=[NumericState(**n) for n in raw["numeric"]],
+            categorical=[CategoricalState(**c) for c in raw["categorical"]],
+            crosses=[CrossState(**x) for x in raw["crosses"]],
+            label=LabelState(**raw["label"]),
+            columns=raw["columns"],
+        )
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> "FittedFeatures":
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+    # ------------------------------------------------------------ transforms
+
+    def transform_table(self, table: pa.Table) -> pa.Table:
+        """Validated rows in, model-ready columns out (label included when present)."""
+        cols: dict[str, pa.Array] = {}
+        for num in self.numeric:
+            cols.update(transform_numeric(num, table.column(num.name)))
+        for cat in self.categorical:
+            cols.update(transform_categorical(cat, table.column(cat.name)))
+        for cross in self.crosses:
+            cols[cross.name] = transform_cross(cross, [table.column(c) for c in cross.columns])
+        if self.label.column in table.column_names:
+            cols["label"] = pc.cast(table.column(self.label.column), pa.float32())
+        return pa.table(cols)
+
+    def transform_rows(self, rows: list[dict]) -> pa.Table:
+        """Request dicts (raw feature values, no label needed) to the same columns.
+
+        Raises DataError naming the row and column when a value cannot be used.
+        """
+        from .data.validate import validate_request
+
+        return self.transform_table(validate_request(rows, self.columns))
+
+
+def _numeric_values(state: NumericState, column) -> np.ndarray:
+    x = pc.fill_null(column, state.impute_value).to_numpy()
+    x = np.asarray(x, dtype=np.float64)
+    if state.clip_low is not None or state.clip_high is not None:
+        x = np.clip(x, state.clip_low, state.clip_high)
+    if state.log:
+        x = signed_log1p(x)
+    return x
+
+
+def signed_log1p(x: np.ndarray) -> np.ndarray:
+    """log1p for x >= 0, mirrored for negatives, so it is defined and monotone everywhere."""
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+def transform_numeric(state: NumericState, column) -> dict[str, pa.Array]:
+    x = _numeric_values(state, column)
+    if state.boundaries is not None:
+        return {state.name: pa.array(np.searchsorted(state.boundaries, x, side="right").astype(np.int64))}
+    return {state.name: pa.array(((x - state.offset) / state.divisor).astype(np.float32))}
+
+
+def _strings(column) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+def encode_ids(state: CategoricalState, values: pa.Array) -> np.ndarray:
+    """Strings (with nulls) to int64 IDs by vocabulary or stable hash."""
+    if state.encode == "hash":
+        return (hash_strings(values, _HASH_KEY) % np.uint64(state.buckets)).astype(np.int64)
+    index = pc.index_in(values, value_set=pa.array(state.vocab, pa.string()))
+    ids = pc.fill_null(pc.add(index, FIRST_ID), OOV_ID).to_numpy().astype(np.int64)
+    ids[values.is_null().to_numpy(zero_copy_only=False)] = MISSING_ID
+    return ids
+
+
+def transform_categorical(state: CategoricalState, column) -> dict[str, pa.Array]:
+    values = _strings(column)
+    if state.multi:
+        return {state.name: _bags(state, values)}
+    ids = encode_ids(state, values)
+    if state.encode != "onehot":
+        return {state.name: pa.array(ids)}
+    # one-hot slot 0 holds missing and out-of-vocabulary values alike.
+    slot = np.maximum(ids - 1, 0)
+    return {f"{state.name}__oh{i}": pa.array((slot == i).astype(np.float32)) for i in range(len(state.vocab) + 1)}
+
+
+def split_bag(state: CategoricalState, values: pa.Array) -> pa.ListArray:
+    """Multi-valued strings to lists of tokens; missing and empty become an empty list."""
+    parts = pc.split_pattern(pc.fill_null(values, ""), state.separator)
+    tokens = pc.utf8_trim_whitespace(parts.flatten())
+    keep = pc.not_equal(tokens, "")
+    lengths = pc.list_value_length(parts).to_numpy()
+    # Count surviving tokens per row to rebuild offsets after dropping empty tokens.
+    row_of = np.repeat(np.arange(len(values)), lengths)
+    kept = np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)
+    counts = np.bincount(row_of[kept], minlength=len(values))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), tokens.filter(keep))
+
+
+def _bags(state: CategoricalState, values: pa.Array) -> pa.Array:
+    lists = split_bag(state, values)
+    ids = encode_ids(state, lists.values) if len(lists.values) else np.zeros(0, np.int64)
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(offsets)
+    position = np.arange(len(ids)) - np.repeat(offsets[:-1], lengths)
+    kept = position < state.max_bag
+    # An empty bag holds the missing ID so every row has at least one embedding to pool.
+    counts = np.maximum(np.minimum(lengths, state.max_bag), 1)
+    out_offsets = np.concatenate([[0], np.cumsum(counts)])
+    empty_id = MISSING_ID if state.encode != "hash" else int(encode_ids(state, pa.nulls(1, pa.string()))[0])
+    flat = np.full(int(out_offsets[-1]), empty_id, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)[kept]
+    flat[out_offsets[rows] + position[kept]] = ids[kept]
+    return pa.ListArray.from_arrays(pa.array(out_offsets.astype(np.int32)), pa.array(flat))
+
+
+def transform_cross(state: CrossState, columns) -> pa.Array:
+    hashes = [hash_strings(_strings(c), _HASH_KEY) for c in columns]
+    h = hashes[0]
+    for other in hashes[1:]:
+        h = combine(h, other)
+    return pa.array((h % np.uint64(state.buckets)).astype(np.int64))

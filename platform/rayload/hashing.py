@@ -1,0 +1,59 @@
+"""Stable hashes: identical in every process, on every machine, across restarts.
+
+Python's `hash()` is salted per process, so it must never decide a bucket, a split or an arm.
+pandas' `hash_array` is SipHash-2-4 with a fixed key, vectorised in C.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pandas.util import hash_array
+
+_MISSING = "\x00<missing>"
+
+
+def seed_key(seed: int, salt: str = "") -> str:
+    """The 16-character SipHash key for a seed (and an optional purpose salt)."""
+    return hashlib.blake2b(f"{salt}:{seed}".encode(), digest_size=8).hexdigest()
+
+
+def hash_strings(values: pa.Array | pa.ChunkedArray, key: str) -> np.ndarray:
+    """uint64 hash per element of a string array; nulls hash like the missing token.
+
+    Dictionary-encodes first so each distinct value is hashed once: categorical columns repeat.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    values = pc.fill_null(values, _MISSING)
+    encoded = pc.dictionary_encode(values)
+    uniques = encoded.dictionary.to_numpy(zero_copy_only=False).astype(object)
+    hashed = hash_array(uniques, hash_key=key, categorize=False)
+    return hashed[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def hash_python(values: list, key: str) -> np.ndarray:
+    """The same hash for Python values (one serving request)."""
+    arr = np.array([_MISSING if v is None else v for v in values], dtype=object)
+    return hash_array(arr, hash_key=key, categorize=False)
+
+
+def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Order-dependent mix of two uint64 hash arrays (boost::hash_combine, 64-bit)."""
+    with np.errstate(over="ignore"):
+        return a ^ (b + np.uint64(0x9E3779B97F4A7C15) + (a << np.uint64(6)) + (a >> np.uint64(2)))
+
+
+def to_unit(h: np.ndarray) -> np.ndarray:
+    """uint64 hashes to floats uniform in [0, 1) (top 53 bits)."""
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def digest(obj) -> str:
+    """Short content hash of a JSON-able object (spec sections, file fingerprints)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

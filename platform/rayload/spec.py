@@ -1,0 +1,200 @@
+"""Typed job specs and `load_spec`, which reports every problem of a spec file at once.
+
+Every section forbids unknown keys (`extra="forbid"`): a typo in a YAML key is an error with
+its field path, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .data.builtin import builtin_columns, builtin_label
+
+Role = Literal["numeric", "categorical", "multi_categorical", "label", "id", "timestamp"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- data
+
+
+class ColumnSpec(_Spec):
+    name: str = Field(min_length=1)
+    role: Role
+    separator: str = Field(default="|", min_length=1)
+    required: bool = False
+
+
+class LabelSpec(_Spec):
+    column: str
+    task: Literal["binary", "regression"] = "binary"
+    # binary: label = value >= threshold; without a threshold the values must already be 0/1.
+    threshold: float | None = None
+    # regression: values outside [low, high] are quarantined.
+    domain: tuple[float, float] | None = None
+
+
+class FileSource(_Spec):
+    kind: Literal["parquet", "csv", "jsonl"]
+    path: str | list[str] = Field(description="files, directories or globs; local or a pyarrow URI")
+
+
+class MovieLensSource(_Spec):
+    kind: Literal["movielens"]
+
+
+class SyntheticSource(_Spec):
+    kind: Literal["synthetic-ctr"]
+    rows: int = Field(default=100_000, gt=0)
+    numeric: int = Field(default=13, ge=0)
+    categorical: int = Field(default=26, ge=0)
+    cardinalities: list[int] | None = None
+    zipf: float = Field(default=1.1, gt=1.0)
+    missing_rate: float = Field(default=0.05, ge=0.0, lt=1.0)
+    shard_rows: int = Field(default=250_000, gt=0)
+    seed: int = 0
+
+
+Source = Annotated[Union[FileSource, MovieLensSource, SyntheticSource], Field(discriminator="kind")]
+
+
+class DataSpec(_Spec):
+    source: Source
+    # None means the built-in source's own schema; file sources must declare theirs.
+    columns: list[ColumnSpec] | None = None
+    label: LabelSpec | None = None
+    max_bad_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+
+    def resolved_columns(self) -> list[ColumnSpec]:
+        if self.columns is not None:
+            return list(self.columns)
+        return [ColumnSpec(**c) for c in builtin_columns(self.source)]
+
+    def resolved_label(self) -> LabelSpec:
+        if self.label is not None:
+            return self.label
+        return LabelSpec(**builtin_label(self.source))
+
+
+# ---------------------------------------------------------------- split and rebalance
+
+
+class SplitSpec(_Spec):
+    kind: Literal["random", "stratified", "temporal", "group", "kfold"] = "random"
+    train: float = Field(default=0.8, gt=0.0, le=1.0)
+    val: float = Field(default=0.1, ge=0.0, lt=1.0)
+    test: float = Field(default=0.1, ge=0.0, lt=1.0)
+    seed: int = 0
+    # Columns that identify a row; the split hashes them. None: every declared column.
+    key: list[str] | None = None
+    group: str | None = Field(default=None, description="column whose rows stay together (kind=group)")
+    k: int = Field(default=5, ge=2)
+    fold: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _fractions(self) -> "SplitSpec":
+        total = self.train + self.val + self.test
+        if self.kind == "kfold":
+            if self.fold >= self.k:
+                raise ValueError(f"fold must be in [0, k), got fold={self.fold} with k={self.k}")
+        elif abs(total - 1.0) > 1e-6:
+            raise ValueError(
+                f"train + val + test must sum to 1.0, got {self.train} + {self.val} + {self.test} = {total:g}"
+            )
+        return self
+
+
+class RebalanceSpec(_Spec):
+    method: Literal["none", "downsample", "upsample", "class_weights"] = "none"
+    # minority:majority ratio after resampling (1.0 = balanced).
+    target_ratio: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- features
+
+
+class ClipSpec(_Spec):
+    min: float | None = None
+    max: float | None = None
+    quantiles: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ClipSpec":
+        fixed = self.min is not None or self.max is not None
+        if fixed == (self.quantiles is not None):
+            raise ValueError("give either min/max bounds or quantiles: [low, high]")
+        if self.quantiles and not 0.0 <= self.quantiles[0] < self.quantiles[1] <= 1.0:
+            raise ValueError(f"quantiles must satisfy 0 <= low < high <= 1, got {list(self.quantiles)}")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min must be <= max, got min={self.min}, max={self.max}")
+        return self
+
+
+class BucketSpec(_Spec):
+    boundaries: list[float] | None = None
+    quantiles: int | None = Field(default=None, ge=2, le=1000, description="number of quantile bins")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "BucketSpec":
+        if (self.boundaries is None) == (self.quantiles is None):
+            raise ValueError("give either boundaries: [...] or quantiles: N")
+        if self.boundaries is not None and sorted(set(self.boundaries)) != list(self.boundaries):
+            raise ValueError(f"boundaries must be strictly increasing, got {self.boundaries}")
+        return self
+
+
+class NumericFeature(_Spec):
+    impute: Literal["mean", "median", "constant", "most_frequent"] = "median"
+    fill_value: float = 0.0
+    clip: ClipSpec | None = None
+    log: bool = False
+    scale: Literal["none", "minmax", "zscore"] = "zscore"
+    # Buckets turn the column into a categorical ID (for an embedding) instead of a dense value.
+    buckets: BucketSpec | None = None
+
+
+class CategoricalFeature(_Spec):
+    encode: Literal["vocab", "hash", "onehot"] = "vocab"
+    top_k: int | None = Field(default=None, gt=0)
+    min_count: int = Field(default=1, ge=1)
+    buckets: int = Field(default=100_000, ge=2, description="hash buckets (encode=hash)")
+    max_onehot: int = Field(default=64, ge=1)
+    max_bag: int = Field(default=16, ge=1, description="IDs kept per row of a multi_categorical column")
+
+
+class CrossFeature(_Spec):
+    columns: list[str] = Field(min_length=2)
+    buckets: int = Field(default=100_000, ge=2)
+
+
+class FeatureSpec(_Spec):
+    numeric: dict[str, NumericFeature] = Field(default_factory=dict)
+    categorical: dict[str, CategoricalFeature] = Field(default_factory=dict)
+    crosses: list[CrossFeature] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- job
+
+
+class JobSpec(_Spec):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    data: DataSpec
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)
+    features: FeatureSpec = Field(default_factory=FeatureSpec)
+
+
+def load_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Read a job spec YAML, apply dotted `key=value` overrides, and validate it.
+
+    Raises `SpecError` listing every problem (field path, value given, what is allowed, file).
+    """
+    from ._spec_checks import check_job
+    from ._spec_load import load_model
+
+    return load_model(JobSpec, path, overrides, check=check_job)
