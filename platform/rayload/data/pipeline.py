@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
@@ -56,8 +57,9 @@ class PreprocessResult:
         return {s: self.dataset(s) for s in SPLIT_NAMES if self.files.get(s)}
 
 
-def preprocess(spec, out: str | None = None, address: str | None = None) -> PreprocessResult:
-    ensure_ray(address)
+def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray") -> PreprocessResult:
+    """engine="local" runs the same per-batch code in this process with plain pyarrow (the
+    benchmark baseline, and a Ray-free path for tests); "ray" runs it as Ray Data tasks."""
     schema = Schema.from_spec(spec.data)
     inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs)
@@ -67,7 +69,7 @@ def preprocess(spec, out: str | None = None, address: str | None = None) -> Prep
         log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
         return cached
     plan = BatchPlan(inputs.fmt, schema, SplitPlan.from_spec(spec.split, schema), FitPlan.from_spec(spec.features, schema))
-    ds = read_dataset(inputs, schema.names)
+    ds = RayEngine(inputs, schema.names, address) if engine == "ray" else LocalEngine(inputs, schema.names)
     if plan.split.needs_cutoffs:
         keys = [k for part in _run(ds, keys_pass, plan) for k in part]
         plan = replace(plan, split=plan.split.with_cutoffs(keys))
@@ -83,10 +85,40 @@ def preprocess(spec, out: str | None = None, address: str | None = None) -> Prep
     return _finish(out_dir, key, features, counts, manifest)
 
 
-def _run(ds, fn, plan: BatchPlan, raw: bool = False) -> list:
-    out = ds.map_batches(fn, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
-    rows = out.take_all()
+def _run(engine, fn, plan: BatchPlan, raw: bool = False) -> list:
+    rows = engine.map(fn, plan)
     return [rows] if raw else unpickle(rows)
+
+
+class RayEngine:
+    """Each pass is a Ray Data map fused with the read: one task per block, on every CPU."""
+
+    def __init__(self, inputs: Inputs, columns: list[str], address: str | None = None):
+        ensure_ray(address)
+        self.ds = read_dataset(inputs, columns)
+
+    def map(self, fn, plan: BatchPlan) -> list[dict]:
+        out = self.ds.map_batches(fn, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+        return out.take_all()
+
+
+class LocalEngine:
+    """The same passes in this process, one input file per batch, with plain pyarrow."""
+
+    def __init__(self, inputs: Inputs, columns: list[str]):
+        self.inputs, self.columns = inputs, columns
+
+    def batches(self):
+        fs = self.inputs.filesystem
+        for path in self.inputs.paths:
+            if self.inputs.fmt == "parquet":
+                yield pq.read_table(path, columns=self.columns, filesystem=fs)
+            else:
+                with fs.open_input_stream(path) as f:
+                    yield pa.table({"bytes": [f.read()], "path": [path]})
+
+    def map(self, fn, plan: BatchPlan) -> list[dict]:
+        return [row for batch in self.batches() for row in fn(batch, plan).to_pylist()]
 
 
 def cache_key(spec, inputs: Inputs) -> str:

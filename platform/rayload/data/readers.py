@@ -35,7 +35,7 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
                 null_values=[""],
             ),
         )
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
         msg = str(exc)
         if "include_columns" in msg or "No such column" in msg or "does not exist" in msg:
             header = data.split(b"\n", 1)[0].decode(errors="replace")

@@ -250,25 +250,31 @@ def _build_model(params: SynthParams) -> _Model:
     return dataclasses.replace(model, scales=scales, bias=(lo + hi) / 2)
 
 
-def generate_table_with_truth(params: SynthParams, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
-    """Rows [start, stop) plus their true click probability (kept out of the table itself)."""
-    if not 0 <= start <= stop <= params.rows:
-        raise ValueError(f"need 0 <= start <= stop <= rows={params.rows}, got start={start}, stop={stop}")
-    model, parts, first = _model(params), [], start // CHUNK_ROWS
-    for chunk in range(first, max(-(-stop // CHUNK_ROWS), first + 1)):
-        c0 = chunk * CHUNK_ROWS
-        lo, hi = max(start, c0) - c0, min(stop, c0 + CHUNK_ROWS) - c0
-        d = _draw(params, model, np.random.SeedSequence([params.seed, chunk]), hi)
-        parts.append({k: v[..., lo:] for k, v in d.items()})
-    d = {k: np.concatenate([q[k] for q in parts], axis=-1) for k in parts[0]}
-    p = _sigmoid(_logit(model, d))
+def _to_table(params: SynthParams, model: _Model, d: dict[str, np.ndarray], p: np.ndarray) -> pa.Table:
+    """Arrow columns for drawn rows; labels are Bernoulli(p) and p itself stays out."""
     num_names, cat_names = feature_names(params)
     cols = {"label": pa.array((d["label_u"] < p).astype(np.int8))}
     for name, x, valid in zip(num_names, d["nums"], d["num_valid"]):
         cols[name] = pa.array(x, type=pa.int64(), mask=~valid)
     for name, r, key, card in zip(cat_names, d["ranks"], model.id_keys, model.cards):
         cols[name] = _strings(_per_id(_hex_packed, r, key, card), r > 0)
-    return pa.table(cols), p
+    return pa.table(cols)
+
+
+def generate_table_with_truth(params: SynthParams, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
+    """Rows [start, stop) plus their true click probability; built chunk by chunk so the peak
+    memory beyond the result stays one chunk's worth."""
+    if not 0 <= start <= stop <= params.rows:
+        raise ValueError(f"need 0 <= start <= stop <= rows={params.rows}, got start={start}, stop={stop}")
+    model, tables, probs, first = _model(params), [], [], start // CHUNK_ROWS
+    for chunk in range(first, max(-(-stop // CHUNK_ROWS), first + 1)):
+        c0 = chunk * CHUNK_ROWS
+        lo, hi = max(start, c0) - c0, min(stop, c0 + CHUNK_ROWS) - c0
+        drawn = _draw(params, model, np.random.SeedSequence([params.seed, chunk]), hi)
+        d = {k: v[..., lo:] for k, v in drawn.items()}
+        probs.append(_sigmoid(_logit(model, d)))
+        tables.append(_to_table(params, model, d, probs[-1]))
+    return pa.concat_tables(tables), np.concatenate(probs)
 
 
 def generate_table(params: SynthParams, start: int, stop: int) -> pa.Table:

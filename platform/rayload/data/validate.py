@@ -81,8 +81,8 @@ def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
         values = _as_string(column, name)
     else:  # numeric, timestamp
         values = _as_float(column, name, reasons, timestamp=role == "timestamp")
-        finite = np.isfinite(np.nan_to_num(values.to_numpy(zero_copy_only=False), nan=0.0))
-        reasons.add(~finite, f"{name}: infinite value")
+        values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)  # NaN = missing
+        reasons.add(np.isinf(values.to_numpy(zero_copy_only=False)), f"{name}: infinite value")
     nulls = values.is_null().to_numpy(zero_copy_only=False)
     if col.get("required") or role in ("id", "timestamp"):
         reasons.add(nulls, f"{name}: missing required value")
@@ -122,8 +122,10 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
     text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     blank = text.isna() | (text.str.strip() == "")
     parsed = _parse_numbers(text, timestamp)
-    reasons.add((~blank & parsed.isna()).to_numpy(), f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
-    return pa.array(parsed.to_numpy(dtype=np.float64, na_value=np.nan), pa.float64(), from_pandas=True)
+    failed = (~blank & parsed.isna() & (text.str.strip().str.lower() != "nan")).to_numpy()
+    reasons.add(failed, f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
+    # A literal "nan" stays NaN (a NaN label is its own reason); blanks and failures are null.
+    return pa.array(parsed.to_numpy(dtype=np.float64, na_value=np.nan), pa.float64(), mask=(blank.to_numpy() | failed))
 
 
 def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:

@@ -1,0 +1,54 @@
+"""`rayload validate`: does the data match the declared schema? Reads only schemas, no rows."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import DataError
+from ..paths import cache_root
+from .readers import parse_jsonl
+from .sources import Inputs, resolve_inputs
+from .validate import Schema, validate_table
+
+
+def check_data_schema(job) -> int:
+    """Raise DataError naming the file and column when a declared column is absent or mistyped."""
+    schema = Schema.from_spec(job.data)
+    inputs = resolve_inputs(job.data, cache_root())
+    for path in inputs.paths:
+        # An empty table with the file's types runs the same type checks as real rows do.
+        validate_table(file_schema(inputs, path).empty_table(), schema, path)
+    return len(inputs.paths)
+
+
+def file_schema(inputs: Inputs, path: str) -> pa.Schema:
+    if inputs.fmt == "parquet":
+        return pq.read_schema(path, filesystem=inputs.filesystem)
+    with inputs.filesystem.open_input_stream(path) as f:
+        head = b"".join(itertools.islice(io.BytesIO(f.read(1 << 20)), 101))
+    if inputs.fmt == "csv":
+        names = head.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
+        return pa.schema([(n.strip().strip('"'), pa.string()) for n in names])
+    lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 else head.splitlines()
+    table, _ = parse_jsonl(b"\n".join(lines), _keys(lines), path)
+    if table.num_columns == 0:
+        raise DataError(f"{path}: no JSON objects in the first lines")
+    return table.schema
+
+
+def _keys(lines: list[bytes]) -> list[str]:
+    import json
+
+    keys: dict[str, None] = {}
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            keys.update(dict.fromkeys(obj))
+    return list(keys)

@@ -1,0 +1,45 @@
+"""Small data sets and spec builders shared by the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rayload.spec import JobSpec
+
+COLUMNS = [
+    {"name": "user", "role": "categorical"},
+    {"name": "item", "role": "categorical"},
+    {"name": "tags", "role": "multi_categorical", "separator": "|"},
+    {"name": "price", "role": "numeric"},
+    {"name": "age", "role": "numeric"},
+    {"name": "ts", "role": "timestamp"},
+]
+
+
+def frame(n: int = 2000, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    tags = ["a", "b", "c", "d", "e"]
+    price = rng.lognormal(3, 1, n)
+    price[rng.random(n) < 0.1] = np.nan
+    age = rng.integers(18, 80, n).astype(float)
+    age[rng.random(n) < 0.05] = np.nan
+    user = rng.zipf(1.5, n) % 300
+    return pd.DataFrame({
+        "user": [f"u{u}" for u in user],
+        "item": rng.integers(0, 50, n),
+        "tags": ["|".join(rng.choice(tags, rng.integers(0, 4), replace=False)) for _ in range(n)],
+        "price": price,
+        "age": age,
+        "ts": 1_600_000_000 + rng.integers(0, 10_000_000, n),
+        "y": (rng.random(n) < 0.3).astype(int),
+    })
+
+
+def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
+    raw = {
+        "name": "t",
+        "data": {"source": {"kind": kind, "path": path}, "columns": COLUMNS, "label": {"column": "y"}},
+        **sections,
+    }
+    return JobSpec.model_validate(raw)

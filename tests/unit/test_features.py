@@ -1,0 +1,198 @@
+"""Every transform against a numpy/pandas reference; JSON round trip; batch vs request parity."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from helpers import COLUMNS, frame
+from rayload._feature_fit import FitPlan, finalize, merge_stats, partial_stats
+from rayload.data.validate import Schema, validate_table
+from rayload.errors import DataError
+from rayload.features import MISSING_ID, OOV_ID, FittedFeatures
+from rayload.spec import FeatureSpec
+
+LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
+
+
+def fit(df: pd.DataFrame, features: dict, chunks: int = 1) -> tuple[FittedFeatures, pa.Table]:
+    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    good, bad = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
+    assert bad.num_rows == 0
+    plan = FitPlan.from_spec(FeatureSpec.model_validate(features), schema)
+    bounds = np.linspace(0, good.num_rows, chunks + 1).astype(int)
+    parts = [partial_stats(good.slice(a, b - a), plan) for a, b in zip(bounds[:-1], bounds[1:])]
+    return finalize(merge_stats(parts), plan), good
+
+
+@pytest.fixture(scope="module")
+def df():
+    return frame(1500, seed=1)
+
+
+@pytest.mark.parametrize("impute", ["mean", "median", "constant", "most_frequent"])
+def test_impute_matches_pandas(df, impute):
+    feats, good = fit(df, {"numeric": {"age": {"impute": impute, "fill_value": -1, "scale": "none"}}})
+    ref = {"mean": df.age.mean(), "median": np.quantile(df.age.dropna(), 0.5, method="inverted_cdf"),
+           "constant": -1.0, "most_frequent": df.age.mode().min()}[impute]
+    out = feats.transform_table(good).column("age").to_numpy()
+    np.testing.assert_allclose(out, df.age.fillna(ref).to_numpy(), rtol=1e-6)
+
+
+def test_zscore_and_minmax_match_numpy(df):
+    feats, good = fit(df, {"numeric": {"price": {"impute": "mean", "scale": "zscore"}, "age": {"impute": "median", "scale": "minmax"}}}, chunks=4)
+    p = df.price.fillna(df.price.mean()).to_numpy()
+    out = feats.transform_table(good)
+    np.testing.assert_allclose(out.column("price").to_numpy(), (p - p.mean()) / p.std(), rtol=1e-4, atol=1e-5)
+    a = df.age.fillna(np.quantile(df.age.dropna(), 0.5, method="inverted_cdf")).to_numpy()
+    np.testing.assert_allclose(out.column("age").to_numpy(), (a - a.min()) / (a.max() - a.min()), rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_clip_then_log_then_zscore(df):
+    feats, good = fit(df, {"numeric": {"price": {"impute": "constant", "fill_value": 0, "clip": {"min": 1, "max": 100}, "log": True}}}, chunks=3)
+    x = np.log1p(np.clip(df.price.fillna(0).to_numpy(), 1, 100))
+    got = feats.transform_table(good).column("price").to_numpy()
+    np.testing.assert_allclose(got, (x - x.mean()) / x.std(), rtol=1e-4, atol=1e-5)
+
+
+def test_quantile_clip_matches_numpy_quantiles(df):
+    feats, good = fit(df, {"numeric": {"price": {"impute": "median", "clip": {"quantiles": [0.05, 0.95]}, "scale": "none"}}})
+    valid = df.price.dropna().to_numpy()
+    lo, hi = np.quantile(valid, [0.05, 0.95], method="inverted_cdf")
+    state = feats.numeric[[n.name for n in feats.numeric].index("price")]
+    assert (state.clip_low, state.clip_high) == pytest.approx((lo, hi))
+    got = feats.transform_table(good).column("price").to_numpy()
+    med = np.quantile(valid, 0.5, method="inverted_cdf")
+    np.testing.assert_allclose(got, np.clip(df.price.fillna(med), lo, hi), rtol=1e-6)
+
+
+def test_sketch_quantiles_are_close_on_large_batches():
+    rng = np.random.default_rng(3)
+    x = rng.lognormal(0, 1, 200_000)
+    df = frame(200_000, seed=2).assign(price=x)
+    feats, _ = fit(df, {"numeric": {"price": {"impute": "median", "scale": "none"}}}, chunks=3)
+    state = [n for n in feats.numeric if n.name == "price"][0]
+    true_rank = (x < state.impute_value).mean()
+    assert abs(true_rank - 0.5) < 0.002  # rank error of the merged sketch
+
+
+def test_buckets_fixed_and_quantile(df):
+    feats, good = fit(df, {"numeric": {"age": {"impute": "constant", "fill_value": 0, "buckets": {"boundaries": [30, 50, 70]}},
+                                       "price": {"impute": "mean", "buckets": {"quantiles": 4}}}})
+    out = feats.transform_table(good)
+    a = df.age.fillna(0).to_numpy()
+    np.testing.assert_array_equal(out.column("age").to_numpy(), np.digitize(a, [30, 50, 70], right=False))
+    counts = np.bincount(out.column("price").to_numpy(), minlength=4)
+    assert len(counts) == 4 and counts.min() > 0.15 * len(df)  # roughly equal-frequency bins
+    assert feats.sparse_columns["age"] == 4 and feats.sparse_columns["price"] == 4
+
+
+def test_vocab_top_k_min_count_oov_and_missing(df):
+    feats, good = fit(df, {"categorical": {"user": {"encode": "vocab", "min_count": 3, "top_k": 20}}})
+    counts = df.user.value_counts()
+    eligible = counts[counts >= 3]
+    expected = sorted(eligible.index, key=lambda v: (-eligible[v], v))[:20]
+    state = [c for c in feats.categorical if c.name == "user"][0]
+    assert state.vocab == expected
+    ids = feats.transform_table(good).column("user").to_numpy()
+    ref = np.array([expected.index(u) + 2 if u in expected else OOV_ID for u in df.user])
+    np.testing.assert_array_equal(ids, ref)
+    rows = feats.transform_rows([{"user": None}, {"user": "never-seen"}, {"user": expected[0]}])
+    assert rows.column("user").to_pylist() == [MISSING_ID, OOV_ID, 2]
+
+
+def test_hash_is_stable_across_processes(df):
+    feats, good = fit(df, {"categorical": {"item": {"encode": "hash", "buckets": 97}}})
+    ids = feats.transform_table(good).column("item").to_pylist()[:20]
+    code = (
+        "import sys, json, pyarrow as pa; sys.path.insert(0, 'platform');"
+        "from rayload.features import CategoricalState, encode_ids;"
+        f"print(json.dumps(encode_ids(CategoricalState('item', 'hash', buckets=97), pa.array({[str(v) for v in df.item[:20]]!r})).tolist()))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123"})
+    assert eval(other.stdout) == ids
+    assert max(ids) < 97
+
+
+def test_onehot(df):
+    feats, good = fit(df, {"categorical": {"item": {"encode": "onehot", "top_k": 5}}})
+    out = feats.transform_table(good)
+    cols = [c for c in feats.dense_columns if c.startswith("item__oh")]
+    assert len(cols) == 6
+    mat = np.stack([out.column(c).to_numpy() for c in cols], axis=1)
+    assert (mat.sum(axis=1) == 1).all()
+    vocab = [c for c in feats.categorical if c.name == "item"][0].vocab
+    hot = mat.argmax(axis=1)
+    ref = np.array([vocab.index(str(v)) + 1 if str(v) in vocab else 0 for v in df.item])
+    np.testing.assert_array_equal(hot, ref)
+
+
+def test_onehot_refuses_high_cardinality(df):
+    with pytest.raises(DataError, match="max_onehot"):
+        fit(df, {"categorical": {"user": {"encode": "onehot", "max_onehot": 4}}})
+
+
+def test_bags_and_truncation(df):
+    feats, good = fit(df, {"categorical": {"tags": {"encode": "vocab", "max_bag": 2}}})
+    state = [c for c in feats.categorical if c.name == "tags"][0]
+    bags = feats.transform_table(good).column("tags").to_pylist()
+    for raw, bag in zip(df.tags, bags):
+        tokens = [t for t in raw.split("|") if t]
+        expected = [state.vocab.index(t) + 2 for t in tokens][:2] or [MISSING_ID]
+        assert bag == expected
+    assert feats.bag_columns == {"tags": len(state.vocab) + 2}
+
+
+def test_cross_is_hash_of_both_columns(df):
+    feats, good = fit(df, {"crosses": [{"columns": ["user", "item"], "buckets": 1000}]})
+    out = feats.transform_table(good).column("x_user_item").to_numpy()
+    pairs = pd.Series(list(zip(df.user, df.item.astype(str))))
+    # Same pair, same bucket; distinct buckets match a uniform hash of the distinct pairs.
+    assert pd.Series(out).groupby(pairs.values).nunique().max() == 1
+    expected = 1000 * (1 - np.exp(-pairs.nunique() / 1000))
+    assert abs(len(set(out)) - expected) < 0.1 * expected
+
+
+def test_json_round_trip_is_exact(df):
+    feats, good = fit(df, {"numeric": {"price": {"clip": {"quantiles": [0.01, 0.99]}, "log": True}},
+                           "categorical": {"item": {"encode": "onehot"}, "user": {"encode": "hash", "buckets": 50}},
+                           "crosses": [{"columns": ["user", "item"], "buckets": 64}]})
+    again = FittedFeatures.from_json(feats.to_json())
+    assert again == feats
+    assert again.transform_table(good).equals(feats.transform_table(good))
+    assert "pickle" not in feats.to_json()
+
+
+def test_batch_and_single_row_transforms_agree_on_1000_random_rows():
+    train = frame(3000, seed=5)
+    feats, _ = fit(train, {"numeric": {"price": {"clip": {"quantiles": [0.01, 0.99]}, "log": True}, "age": {"buckets": {"quantiles": 5}}},
+                           "categorical": {"item": {"encode": "onehot"}, "user": {"encode": "vocab", "min_count": 2}, "tags": {"encode": "hash", "buckets": 31}},
+                           "crosses": [{"columns": ["user", "item"], "buckets": 128}]})
+    test = frame(1000, seed=99)  # unseen users and items appear; NaNs are missing values
+    rng = np.random.default_rng(7)
+    test.loc[rng.random(1000) < 0.1, "user"] = None
+    test.loc[rng.random(1000) < 0.1, "item"] = 10_000 + rng.integers(0, 100)
+    test.loc[rng.random(1000) < 0.1, "tags"] = None
+    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    good, bad = validate_table(pa.Table.from_pandas(test, preserve_index=False), schema)
+    assert bad.num_rows == 0
+    batch = feats.transform_table(good).drop(["label"])
+    records = test.drop(columns=["y", "ts"]).to_dict("records")
+    for r in records:  # requests carry JSON values: None for missing, never NaN
+        for k, v in r.items():
+            if isinstance(v, float) and np.isnan(v):
+                r[k] = None
+    rows = [feats.transform_rows([r]) for r in records]
+    single = pa.concat_tables(rows)
+    assert single.column_names == batch.column_names
+    for name in batch.column_names:
+        assert single.column(name).to_pylist() == batch.column(name).to_pylist(), name
+
+
+def test_request_with_unparsable_value_names_row_and_column(df):
+    feats, _ = fit(df, {})
+    with pytest.raises(DataError, match=r"request row 1: price: cannot parse"):
+        feats.transform_rows([{"price": 3}, {"price": "abc"}])

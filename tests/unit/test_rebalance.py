@@ -1,0 +1,54 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rayload.data import rebalance as rb
+
+
+def labels(n_pos=1000, n_neg=9000):
+    y = np.array([1.0] * n_pos + [0.0] * n_neg)
+    u = np.random.default_rng(0).random(len(y))
+    return y, u
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.25])
+def test_downsample_reaches_target_ratio(ratio):
+    y, u = labels()
+    plan = rb.plan_rebalance("downsample", ratio, {1.0: 1000, 0.0: 9000})
+    copies = rb.multiplicity(y, u, plan)
+    pos, neg = copies[y == 1].sum(), copies[y == 0].sum()
+    assert pos == 1000  # the minority is untouched
+    assert abs(pos / neg - ratio) < 0.06 * ratio
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5])
+def test_upsample_repeats_the_minority(ratio):
+    y, u = labels()
+    plan = rb.plan_rebalance("upsample", ratio, {1.0: 1000, 0.0: 9000})
+    copies = rb.multiplicity(y, u, plan)
+    assert copies[y == 0].sum() == 9000
+    assert abs(copies[y == 1].sum() / 9000 - ratio) < 0.03
+    table = rb.apply(pa.table({"y": y}), y, u, plan)
+    assert table.num_rows == copies.sum()
+
+
+def test_class_weights_balance_the_loss():
+    plan = rb.plan_rebalance("class_weights", 1.0, {1.0: 1000, 0.0: 9000})
+    w = dict(plan.class_weights)
+    assert w[1.0] * 1000 == pytest.approx(w[0.0] * 9000)
+    assert w[1.0] * 1000 + w[0.0] * 9000 == pytest.approx(10_000)
+    y, u = labels()
+    assert (rb.multiplicity(y, u, plan) == 1).all()  # weights change the loss, not the rows
+
+
+def test_already_balanced_data_is_left_alone():
+    plan = rb.plan_rebalance("downsample", 0.5, {1.0: 600, 0.0: 1000})
+    assert plan.method == "none"
+
+
+def test_decisions_are_deterministic_per_row():
+    y, u = labels()
+    plan = rb.plan_rebalance("downsample", 1.0, {1.0: 1000, 0.0: 9000})
+    a = rb.multiplicity(y, u, plan)
+    b = np.concatenate([rb.multiplicity(y[:4000], u[:4000], plan), rb.multiplicity(y[4000:], u[4000:], plan)])
+    np.testing.assert_array_equal(a, b)

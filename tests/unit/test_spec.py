@@ -1,0 +1,111 @@
+import textwrap
+
+import pytest
+
+from rayload import load_spec
+from rayload.errors import SpecError
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "job.yaml"
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+GOOD = """
+name: demo
+data:
+  source: {kind: movielens}
+split: {kind: random, seed: 1}
+features:
+  numeric:
+    year: {impute: mean, scale: minmax}
+"""
+
+
+def test_valid_spec_and_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD))
+    assert spec.split.seed == 1 and spec.split.train == 0.8
+    assert spec.data.resolved_label().threshold == 4.0
+    assert {c.name for c in spec.data.resolved_columns()} >= {"userId", "movieId", "genres", "year"}
+
+
+def test_overrides_apply_with_yaml_types(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD), ["split.seed=3", "features.numeric.year.log=true", "split.key=[userId]"])
+    assert spec.split.seed == 3
+    assert spec.features.numeric["year"].log is True
+    assert spec.split.key == ["userId"]
+
+
+def test_every_error_is_reported_with_path_value_and_file(tmp_path):
+    path = write(tmp_path, """
+        name: demo
+        data:
+          source: {kind: movielens}
+          max_bad_fraction: 2
+        split: {kind: randm}
+        features:
+          numeric:
+            year: {scale: zscor, clipp: 1}
+    """)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    err = info.value
+    paths = {i.path for i in err.issues}
+    assert {"data.max_bad_fraction", "split.kind", "features.numeric.year.scale", "features.numeric.year.clipp"} <= paths
+    text = str(err)
+    assert path in text and "'randm'" in text and "'zscor'" in text
+    assert "did you mean 'clip'" in text
+    assert "'random'" in text  # what is allowed
+
+
+def test_cross_section_errors(tmp_path):
+    path = write(tmp_path, """
+        name: demo
+        data:
+          source: {kind: parquet, path: /nowhere}
+          columns:
+            - {name: a, role: numeric}
+            - {name: b, role: multi_categorical}
+          label: {column: y, task: regression, threshold: 1}
+        split: {kind: temporal}
+        rebalance: {method: upsample}
+        features:
+          numeric: {b: {}}
+          categorical: {b: {encode: onehot}, zz: {}}
+          crosses: [{columns: [a, b]}]
+    """)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    paths = [i.path for i in info.value.issues]
+    for expected in ["data.label.threshold", "rebalance.method", "features.numeric.b", "features.categorical.b.encode",
+                     "features.categorical.zz", "features.crosses.0.columns", "split.kind"]:
+        assert expected in paths, (expected, paths)
+
+
+def test_split_fractions_must_sum_to_one(tmp_path):
+    with pytest.raises(SpecError, match=r"sum to 1.0"):
+        load_spec(write(tmp_path, GOOD), ["split.train=0.5"])
+
+
+def test_file_source_needs_schema(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, "name: x\ndata: {source: {kind: csv, path: a.csv}}\n"))
+    assert {"data.columns", "data.label"} <= {i.path for i in info.value.issues}
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_spec(str(tmp_path / "nope.yaml"))
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(write(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(SpecError, match="overrides look like"):
+        load_spec(write(tmp_path, GOOD), ["split.seed"])
+
+
+def test_clip_and_buckets_need_one_kind(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, GOOD), ["features.numeric.year.clip={min: 3, quantiles: [0.1, 0.9]}",
+                                          "features.numeric.year.buckets={}"])
+    text = str(info.value)
+    assert "either min/max bounds or quantiles" in text and "either boundaries" in text

@@ -1,0 +1,105 @@
+"""Splits: deterministic for a seed, independent of batching, correct proportions."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from helpers import COLUMNS, frame
+from rayload.data.split import TEST, TRAIN, VAL, SplitPlan, assign, kfold_index, row_unit, split_keys
+from rayload.data.validate import Schema, validate_table
+from rayload.spec import SplitSpec
+
+LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
+SCHEMA = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+
+
+@pytest.fixture(scope="module")
+def good():
+    table, bad = validate_table(pa.Table.from_pandas(frame(5000, seed=3), preserve_index=False), SCHEMA)
+    assert bad.num_rows == 0
+    return table
+
+
+def plan(**kw) -> SplitPlan:
+    return SplitPlan.from_spec(SplitSpec(**kw), SCHEMA)
+
+
+def in_chunks(table, n, fn):
+    bounds = np.linspace(0, table.num_rows, n + 1).astype(int)
+    return np.concatenate([fn(table.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def with_cutoffs(p, table, chunks=1):
+    bounds = np.linspace(0, table.num_rows, chunks + 1).astype(int)
+    return p.with_cutoffs([split_keys(table.slice(a, b - a), p) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+@pytest.mark.parametrize("kind", ["random", "group", "kfold", "stratified", "temporal"])
+def test_same_assignment_under_any_block_count(good, kind):
+    p = plan(kind=kind, seed=7, group="user" if kind == "group" else None)
+    ref = None
+    for chunks in (1, 3, 17):
+        q = with_cutoffs(p, good, chunks) if p.needs_cutoffs else p
+        got = in_chunks(good, chunks, lambda t: assign(t, q))
+        ref = got if ref is None else ref
+        np.testing.assert_array_equal(got, ref)
+    # Shuffling rows moves no row to another split: the split follows the row, not its position.
+    perm = np.random.default_rng(0).permutation(good.num_rows)
+    q = with_cutoffs(p, good) if p.needs_cutoffs else p
+    np.testing.assert_array_equal(assign(good.take(pa.array(perm)), q), ref[perm])
+
+
+def test_seed_changes_assignment_and_fractions_hold(good):
+    a, b = assign(good, plan(seed=1)), assign(good, plan(seed=2))
+    assert (a != b).mean() > 0.2
+    for code, frac in ((TRAIN, 0.8), (VAL, 0.1), (TEST, 0.1)):
+        assert abs((a == code).mean() - frac) < 0.02
+
+
+def test_stratified_is_exact_per_label(good):
+    p = with_cutoffs(plan(kind="stratified", train=0.7, val=0.2, test=0.1), good)
+    codes, y = assign(good, p), good.column("y").to_numpy()
+    for label in (0, 1):
+        n = (y == label).sum()
+        assert abs((codes[y == label] == TRAIN).sum() - round(0.7 * n)) <= 1
+        assert abs((codes[y == label] == VAL).sum() - round(0.2 * n)) <= 1
+
+
+def test_temporal_puts_the_past_in_train(good):
+    p = with_cutoffs(plan(kind="temporal"), good)
+    codes, ts = assign(good, p), good.column("ts").to_numpy()
+    assert ts[codes == TRAIN].max() < ts[codes == VAL].min() <= ts[codes == VAL].max() < ts[codes == TEST].min()
+    assert abs((codes == TRAIN).mean() - 0.8) < 0.01
+
+
+def test_group_keeps_each_user_in_one_split(good):
+    codes = assign(good, plan(kind="group", group="user"))
+    users = good.column("user").to_numpy(zero_copy_only=False)
+    per_user = {}
+    for u, c in zip(users, codes):
+        per_user.setdefault(u, set()).add(c)
+    assert all(len(s) == 1 for s in per_user.values())
+    assert len({c for s in per_user.values() for c in s}) == 3
+
+
+def test_kfold_folds_are_disjoint_and_cover_every_non_test_row(good):
+    k = 5
+    folds = [assign(good, plan(kind="kfold", k=k, fold=f, test=0.1)) for f in range(k)]
+    test_rows = folds[0] == TEST
+    assert all(((f == TEST) == test_rows).all() for f in folds)  # same held-out test for every fold
+    val_count = np.sum([f == VAL for f in folds], axis=0)
+    np.testing.assert_array_equal(val_count[~test_rows], 1)  # each row validates exactly once
+    np.testing.assert_array_equal(val_count[test_rows], 0)
+    sizes = [(f == VAL).sum() for f in folds]
+    assert max(sizes) - min(sizes) < 0.2 * np.mean(sizes)
+
+
+def test_kfold_index_bounds():
+    u = np.array([0.0, 0.19999, 0.2, 0.99999999])
+    np.testing.assert_array_equal(kfold_index(u, 5), [0, 0, 1, 4])
+
+
+def test_row_unit_is_uniform(good):
+    u = row_unit(good, plan())
+    hist, _ = np.histogram(u, bins=10, range=(0, 1))
+    assert hist.min() > 0.8 * len(u) / 10

@@ -1,0 +1,84 @@
+"""Validation and quarantine: typed good rows, every bad row kept with its reason."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rayload.data.readers import parse_csv, parse_jsonl
+from rayload.data.validate import Schema, validate_table
+from rayload.errors import DataError
+
+COLS = (
+    {"name": "x", "role": "numeric", "separator": "|", "required": False},
+    {"name": "c", "role": "categorical", "separator": "|", "required": True},
+    {"name": "t", "role": "timestamp", "separator": "|", "required": False},
+)
+BINARY = Schema(COLS, {"column": "y", "task": "binary", "threshold": None, "domain": None})
+
+
+def test_each_bad_kind_is_quarantined_with_its_reason():
+    raw = pa.table({
+        "x": ["1.5", "abc", "2", "inf", "3", "", "4", "5", "6", "7"],
+        "c": ["a", "b", None, "d", "e", "f", "g", "h", "i", "j"],
+        "t": ["2020-01-01T00:00:00Z", "1", "2", "3", "oops", "5", "6", "7", "8", "9"],
+        "y": ["1", "0", "1", "0", "1", "0", None, "nan", "2", "true"],
+    })
+    good, bad = validate_table(raw, BINARY, "f.csv")
+    assert good.num_rows + bad.num_rows == raw.num_rows
+    reasons = bad.column("reason").to_pylist()
+    assert reasons == [
+        "x: cannot parse as a number", "c: missing required value", "x: infinite value",
+        "t: cannot parse as a timestamp", "y: missing label", "y: label is NaN", "y: label outside {0, 1} (set data.label.threshold to binarise)",
+    ]
+    assert json.loads(bad.column("row")[0].as_py()) == {"x": "abc", "c": "b", "t": "1", "y": "0"}
+    assert set(bad.column("source").to_pylist()) == {"f.csv"}
+    # Canonical types; an empty numeric string is a missing value, not a bad row.
+    assert good.schema.field("x").type == pa.float64() and good.schema.field("c").type == pa.string()
+    assert good.column("x").to_pylist() == [1.5, None, 7.0]
+    assert good.column("t")[0].as_py() == pytest.approx(1577836800.0)
+    assert good.column("y").to_pylist() == [1.0, 0.0, 1.0]
+
+
+def test_threshold_and_regression_domain():
+    raw = pa.table({"x": [1.0, 2.0, 3.0], "c": ["a", "b", "c"], "t": [1, 2, 3], "y": [3.5, 4.0, 6.0]})
+    good, _ = validate_table(raw, Schema(COLS, {"column": "y", "task": "binary", "threshold": 4.0, "domain": None}))
+    assert good.column("y").to_pylist() == [0.0, 1.0, 1.0]
+    good, bad = validate_table(raw, Schema(COLS, {"column": "y", "task": "regression", "threshold": None, "domain": (0.5, 5.0)}))
+    assert good.column("y").to_pylist() == [3.5, 4.0] and bad.column("reason").to_pylist() == ["y: label outside the domain [0.5, 5.0]"]
+
+
+def test_conservation_on_random_garbage():
+    rng = np.random.default_rng(0)
+    n = 3000
+    pool = ["1", "2.5", "", "x", "nan", "-inf", None, "1e3"]
+    raw = pa.table({name: [pool[i] for i in rng.integers(0, len(pool), n)] for name in ("x", "c", "t", "y")})
+    good, bad = validate_table(raw, BINARY)
+    assert good.num_rows + bad.num_rows == n
+    assert bad.num_rows > 0 and good.num_rows > 0
+
+
+def test_missing_column_and_wrong_type_are_clear_errors():
+    with pytest.raises(DataError, match=r"declared column\(s\) \['t'\] not found in s.parquet"):
+        validate_table(pa.table({"x": [1.0], "c": ["a"], "y": [1]}), BINARY, "s.parquet")
+    with pytest.raises(DataError, match="column 'x' has type list<item: int64>; a numeric column"):
+        validate_table(pa.table({"x": [[1]], "c": ["a"], "t": [1], "y": [1]}), BINARY)
+
+
+def test_csv_malformed_lines_become_quarantine_rows():
+    data = b"x,c,t,y\n1,a,1,1\n2,b,2\n3,c,3,0\n4,d,4,1,extra\n"
+    table, malformed = parse_csv(data, ["x", "c", "t", "y"], "f.csv")
+    assert table.num_rows == 2
+    assert len(malformed) == 2 and "expected 4 columns, got 3" in malformed[0][1]
+    with pytest.raises(DataError, match="not all in the CSV header"):
+        parse_csv(data, ["x", "nope"], "f.csv")
+
+
+def test_jsonl_bad_lines_and_mixed_types():
+    data = b'{"x": 1, "c": "a", "t": 1, "y": 1}\nnot json\n[1,2]\n{"x": "zz", "c": 7, "t": 2, "y": 0}\n\n'
+    table, malformed = parse_jsonl(data, ["x", "c", "t", "y"], "f.jsonl")
+    assert [r for _, r in malformed] == ["invalid JSON on line 2: Expecting value", "line 3 is not a JSON object"]
+    good, bad = validate_table(table, BINARY)
+    assert good.column("c").to_pylist() == ["a"]
+    assert bad.column("reason").to_pylist() == ["x: cannot parse as a number"]
