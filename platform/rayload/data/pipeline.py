@@ -10,9 +10,11 @@ finished (`_SUCCESS`) with the same key is reused instead of recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -27,6 +29,7 @@ from ..hashing import digest
 from ..paths import cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
+from .checks import check_files
 from .sources import Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
@@ -68,21 +71,34 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     if cached is not None:
         log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
         return cached
+    check_files(inputs, schema)
     plan = BatchPlan(inputs.fmt, schema, SplitPlan.from_spec(spec.split, schema), FitPlan.from_spec(spec.features, schema))
     ds = RayEngine(inputs, schema.names, address) if engine == "ray" else LocalEngine(inputs, schema.names)
+    timings = {}
     if plan.split.needs_cutoffs:
-        keys = [k for part in _run(ds, keys_pass, plan) for k in part]
+        with _timed(timings, "split_keys"):
+            keys = [k for part in _run(ds, keys_pass, plan) for k in part]
         plan = replace(plan, split=plan.split.with_cutoffs(keys))
-    parts = [r for part in _run(ds, fit_pass, plan) for r in part]
-    counts = _counts(parts, inputs)
+    with _timed(timings, "fit"):
+        parts = [r for part in _run(ds, fit_pass, plan) for r in part]
+    counts = dict(_counts(parts, inputs), seconds=timings)
     _check_bad_fraction(counts, parts, spec.data.max_bad_fraction)
     reb = rb.plan_rebalance(spec.rebalance.method, spec.rebalance.target_ratio, counts["train_labels"], spec.rebalance.seed)
     weights = {str(k): v for k, v in reb.class_weights} or None
-    features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
+    with _timed(timings, "fit"):
+        features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
     _reset(out_dir)
     plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
-    manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
+    with _timed(timings, "transform_write"):
+        manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
     return _finish(out_dir, key, features, counts, manifest)
+
+
+@contextlib.contextmanager
+def _timed(timings: dict, name: str):
+    start = time.perf_counter()
+    yield
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
 def _run(engine, fn, plan: BatchPlan, raw: bool = False) -> list:
@@ -99,6 +115,10 @@ class RayEngine:
 
     def map(self, fn, plan: BatchPlan) -> list[dict]:
         out = self.ds.map_batches(fn, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+        # Each pass emits a few KB per block (statistics or a file manifest), so object-store
+        # backpressure protects nothing here; its ramp-up left one of two CPUs idle for the
+        # first second of every pass and cost 40% of the wall time (benchmarks/RESULTS.md).
+        out.context.set_config("backpressure_policies.enabled", [])
         return out.take_all()
 
 

@@ -1,0 +1,106 @@
+"""The preprocessing passes end to end in one process (engine="local"), without Ray."""
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import frame, job
+from rayload.data.pipeline import load_result, preprocess
+from rayload.errors import DataError
+
+
+def write_sources(tmp_path, df):
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    half = len(df) // 2
+    df.iloc[:half].to_parquet(parquet / "a.parquet")
+    df.iloc[half:].to_parquet(parquet / "b.parquet")
+    csv = tmp_path / "data.csv"
+    df.to_csv(csv, index=False)
+    jsonl = tmp_path / "data.jsonl"
+    df.to_json(jsonl, orient="records", lines=True)
+    return str(parquet), str(csv), str(jsonl)
+
+
+def test_parquet_csv_and_jsonl_give_the_same_splits_and_features(tmp_path):
+    df = frame(1200, seed=4)
+    results = []
+    for path, kind in zip(write_sources(tmp_path, df), ("parquet", "csv", "jsonl")):
+        spec = job(path, kind, split={"kind": "random", "seed": 5, "key": ["user", "item", "ts"]})
+        results.append(preprocess(spec, out=str(tmp_path / f"out-{kind}"), engine="local"))
+    ref = results[0]
+    assert ref.counts["good"] == 1200 and ref.counts["quarantined"] == 0
+    for other in results[1:]:
+        assert other.counts["split_rows"] == ref.counts["split_rows"]
+        assert other.features.categorical == ref.features.categorical
+        for a, b in zip(other.features.numeric, ref.features.numeric):
+            assert a.offset == pytest.approx(b.offset) and a.divisor == pytest.approx(b.divisor)
+
+
+def test_bad_rows_are_quarantined_and_conserved(tmp_path):
+    lines = ["user,item,tags,price,age,ts,y"] + [f"u{i},{i % 7},a|b,{i}.5,30,{1600000000 + i},{i % 2}" for i in range(500)]
+    lines[10] = "u9,1,a,not-a-number,30,1600000009,1"
+    lines[20] = "u19,1,a,1.0,30"  # too few columns
+    lines[30] = "u29,1,a,1.0,30,1600000029,7"  # label outside {0, 1}
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(lines) + "\n")
+    res = preprocess(job(str(path), "csv"), out=str(tmp_path / "out"), engine="local")
+    c = res.counts
+    assert (c["input"], c["good"], c["quarantined"]) == (500, 497, 3)
+    assert sum(c["written"][s] for s in ("train", "val", "test")) == 497
+    q = pq.read_table(str(tmp_path / "out" / "quarantine")).to_pylist()
+    reasons = sorted(r["reason"] for r in q)
+    assert reasons[0].startswith("malformed CSV line") and "price: cannot parse as a number" in reasons
+    assert all(r["source"] == str(path) for r in q)
+    files = json.loads((tmp_path / "out" / "summary.json").read_text())["files"]
+    assert set(files) == {"train", "val", "test", "quarantine"}
+
+
+def test_too_many_bad_rows_stop_with_counts_and_examples(tmp_path):
+    lines = ["user,item,tags,price,age,ts,y"] + [f"u{i},1,a,{'x' if i % 10 == 0 else i},30,{i},1" for i in range(100)]
+    (tmp_path / "d.csv").write_text("\n".join(lines))
+    with pytest.raises(DataError) as info:
+        preprocess(job(str(tmp_path / "d.csv"), "csv"), out=str(tmp_path / "out"), engine="local")
+    msg = str(info.value)
+    assert "10 of 100 rows" in msg and "max_bad_fraction=0.01" in msg
+    assert msg.count("price: cannot parse as a number: ") == 3
+
+
+def test_second_run_reuses_shards_and_a_changed_spec_does_not(tmp_path):
+    path = write_sources(tmp_path, frame(600))[0]
+    first = preprocess(job(path), engine="local")
+    again = preprocess(job(path), engine="local")
+    assert again.cached and again.out_dir == first.out_dir and again.features == first.features
+    changed = preprocess(job(path, split={"seed": 9}), engine="local")
+    assert not changed.cached and changed.out_dir != first.out_dir
+    assert load_result(first.out_dir).cache_key == first.cache_key
+
+
+def test_missing_path_and_missing_column_are_clear(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        preprocess(job(str(tmp_path / "nothing")), engine="local")
+    df = frame(50).drop(columns=["age"])
+    df.to_parquet(tmp_path / "x.parquet")
+    with pytest.raises(DataError, match=r"\['age'\] not found"):
+        preprocess(job(str(tmp_path / "x.parquet")), engine="local")
+
+
+def test_glob_selects_files(tmp_path):
+    df = frame(400)
+    for i in range(4):
+        df.iloc[i * 100:(i + 1) * 100].to_parquet(tmp_path / f"part-{i}.parquet")
+    res = preprocess(job(str(tmp_path / "part-[01].parquet")), engine="local")
+    assert res.counts["input"] == 200
+
+
+def test_rebalance_and_class_weights_reach_the_output(tmp_path):
+    path = write_sources(tmp_path, frame(3000))[0]
+    down = preprocess(job(path, rebalance={"method": "downsample"}), engine="local")
+    y = pq.read_table(down.files["train"]).column("label").to_numpy()
+    assert abs(y.mean() - 0.5) < 0.05
+    assert down.counts["written"]["val"] == down.counts["split_rows"]["val"]  # only train changes
+    weighted = preprocess(job(path, rebalance={"method": "class_weights"}), engine="local")
+    w = weighted.features.label.class_weights
+    assert w["1.0"] > 1.0 > w["0.0"]
