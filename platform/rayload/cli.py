@@ -69,8 +69,8 @@ def preprocess(spec: SpecArg, out: Annotated[Optional[str], typer.Option(help="o
 def _preprocess_with_status(job, out, address):
     from .data.pipeline import preprocess as run
 
-    with console.status(f"preprocessing {job.name} (validate, split, fit, write shards)..."):
-        return run(job, out=out, address=address)
+    with console.status(f"preprocessing {job.name}...") as status:
+        return run(job, out=out, address=address, on_stage=lambda text: status.update(f"{job.name}: {text}..."))
 
 
 def print_preprocess_summary(result) -> None:

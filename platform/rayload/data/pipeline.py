@@ -60,9 +60,11 @@ class PreprocessResult:
         return {s: self.dataset(s) for s in SPLIT_NAMES if self.files.get(s)}
 
 
-def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray") -> PreprocessResult:
+def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None) -> PreprocessResult:
     """engine="local" runs the same per-batch code in this process with plain pyarrow (the
-    benchmark baseline, and a Ray-free path for tests); "ray" runs it as Ray Data tasks."""
+    benchmark baseline, and a Ray-free path for tests); "ray" runs it as Ray Data tasks.
+    `on_stage(text)` is called as each pass starts (the CLI shows it)."""
+    on_stage = on_stage or (lambda text: log.info("%s", text))
     schema = Schema.from_spec(spec.data)
     inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs)
@@ -75,10 +77,13 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     plan = BatchPlan(inputs.fmt, schema, SplitPlan.from_spec(spec.split, schema), FitPlan.from_spec(spec.features, schema))
     ds = RayEngine(inputs, schema.names, address) if engine == "ray" else LocalEngine(inputs, schema.names)
     timings = {}
+    on_stage(f"reading {len(inputs.paths)} {inputs.fmt} file(s)")
     if plan.split.needs_cutoffs:
+        on_stage(f"{spec.split.kind} split: computing cut points")
         with _timed(timings, "split_keys"):
             keys = [k for part in _run(ds, keys_pass, plan) for k in part]
         plan = replace(plan, split=plan.split.with_cutoffs(keys))
+    on_stage("validating rows and fitting the preprocessor on the training split")
     with _timed(timings, "fit"):
         parts = [r for part in _run(ds, fit_pass, plan) for r in part]
     counts = dict(_counts(parts, inputs), seconds=timings)
@@ -89,6 +94,7 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
         features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
     _reset(out_dir)
     plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
+    on_stage(f"transforming and writing shards to {out_dir}")
     with _timed(timings, "transform_write"):
         manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
     return _finish(out_dir, key, features, counts, manifest)

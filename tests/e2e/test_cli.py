@@ -1,0 +1,69 @@
+"""The `rayload` console script as a user runs it: exit codes, messages, real runs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
+
+
+def cli(*args, home, timeout=300):
+    env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
+    return subprocess.run([RAYLOAD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_validate_ok(tmp_path):
+    r = cli("validate", "jobs/movielens_deepfm.yaml", home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "spec valid" in r.stdout
+
+
+def test_bad_spec_exits_2_with_every_error_and_no_traceback(tmp_path):
+    r = cli("validate", "jobs/movielens_deepfm.yaml", "--set", "split.kind=randm", "--set", "features.numeric.year.scale=zz", home=tmp_path)
+    assert r.returncode == 2
+    assert "split.kind" in r.stderr and "features.numeric.year.scale" in r.stderr and "movielens_deepfm.yaml" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_missing_data_path_exits_2(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "# rayload preprocess job.yaml\nname: x\ndata:\n  source: {kind: csv, path: /no/such/dir}\n"
+        "  columns: [{name: a, role: numeric}]\n  label: {column: y}\n"
+    )
+    r = cli("validate", str(spec), home=tmp_path)
+    assert r.returncode == 2 and "'/no/such/dir' does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_synth_then_preprocess(tmp_path):
+    out = tmp_path / "synth"
+    r = cli("data", "synth", "--rows", "20000", "--shard-rows", "5000", "--out", str(out), home=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Bayes-optimal AUC" in r.stdout and len(list(out.glob("*.parquet"))) == 4
+    meta = json.loads((out / "synthetic.json").read_text())
+    assert 0.7 < meta["bayes_auc"] < 0.9
+    spec = tmp_path / "job.yaml"
+    cols = "\n".join(f"    - {{name: I{i}, role: numeric}}" for i in range(1, 14))
+    cats = "\n".join(f"    - {{name: C{i}, role: categorical}}" for i in range(1, 27))
+    spec.write_text(
+        f"# rayload preprocess job.yaml\nname: synth\ndata:\n  source: {{kind: parquet, path: '{out}/*.parquet'}}\n"
+        f"  columns:\n{cols}\n{cats}\n  label: {{column: label}}\n"
+    )
+    r = cli("preprocess", str(spec), "--out", str(tmp_path / "pre"), home=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "pre" / "summary.json").read_text())
+    assert summary["counts"]["input"] == 20000 and summary["counts"]["quarantined"] == 0
+    assert "features (fitted on train)" in r.stdout and "C26" in r.stdout
+
+
+def test_demo_prepares_movielens(tmp_path):
+    r = cli("demo", home=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "100004" in r.stdout and "userId" in r.stdout
+    done = [p for p in (tmp_path / "cache" / "preprocessed").iterdir() if (p / "_SUCCESS").exists()]
+    assert len(done) == 1 and (done[0] / "features.json").exists()
