@@ -1,6 +1,8 @@
 """The preprocessing passes end to end in one process (engine="local"), without Ray."""
 
 import json
+
+import numpy as np
 import os
 
 import pyarrow.parquet as pq
@@ -104,3 +106,29 @@ def test_rebalance_and_class_weights_reach_the_output(tmp_path):
     weighted = preprocess(job(path, rebalance={"method": "class_weights"}), engine="local")
     w = weighted.features.label.class_weights
     assert w["1.0"] > 1.0 > w["0.0"]
+
+
+def test_filesystem_uris_for_source_glob_and_output(tmp_path):
+    df = frame(300)
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        df.iloc[i * 100:(i + 1) * 100].to_parquet(tmp_path / "in" / f"part-{i}.parquet")
+    res = preprocess(job(f"file://{tmp_path}/in/part-*.parquet"), out=f"file://{tmp_path}/out", engine="local")
+    assert res.counts["input"] == 300
+    assert (tmp_path / "out" / "features.json").exists() and (tmp_path / "out" / "_SUCCESS").exists()
+    assert load_result(f"file://{tmp_path}/out").cache_key == res.cache_key
+
+
+def test_movielens_as_regression(tmp_path):
+    from rayload.spec import JobSpec
+
+    spec = JobSpec.model_validate({
+        "name": "ml-reg",
+        "data": {"source": {"kind": "movielens"}, "label": {"column": "rating", "task": "regression", "domain": [0.5, 5.0]}},
+        "split": {"kind": "group", "group": "userId"},
+    })
+    res = preprocess(spec, engine="local")
+    assert res.counts["input"] == 100_004 and res.counts["quarantined"] == 0
+    y = pq.read_table(res.files["val"], columns=["label"]).column("label").to_numpy()
+    assert set(np.unique(y)) <= {x / 2 for x in range(1, 11)} and len(np.unique(y)) == 10
+    assert res.features.label.positive_rate is None
