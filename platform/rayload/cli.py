@@ -108,6 +108,72 @@ def _g(v) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
+@app.command()
+@_friendly
+def train(
+    spec: SpecArg, set_: SetOpt = None, address: AddressOpt = None,
+    run_name: Annotated[Optional[str], typer.Option(help="resume this run if it exists, else start it")] = None,
+    kfold: Annotated[Optional[int], typer.Option(help="train K times (k-fold) and report mean and std")] = None,
+) -> None:
+    """Preprocess and train; ends with the metrics and the best checkpoint's path."""
+    from .spec import load_spec
+    from .train.trainer import fit, kfold as run_kfold
+
+    overrides = list(set_ or []) + ([f"train.run_name={run_name}"] if run_name else [])
+    job = load_spec(spec, overrides)
+    if kfold:
+        result = run_kfold(job, kfold, address=address)
+        table = Table("metric", "mean", "std", title=f"{kfold}-fold validation")
+        for key, mean in result.mean.items():
+            table.add_row(key, f"{mean:.4f}", f"{result.std[key]:.4f}")
+        console.print(table)
+        return
+    with console.status(f"training {job.name} ({job.model.name}, {job.train.epochs} epochs)..."):
+        result = fit(job, address=address)
+    print_training(result)
+
+
+def print_training(result) -> None:
+    table = Table("epoch", "train loss", "val auc", "val logloss", "samples/s", title=f"run {result.run_name}")
+    for h in result.history:
+        table.add_row(str(h["epoch"]), _g(h.get("train_loss")), _g(h.get("val_auc")), _g(h.get("val_logloss")), _g(h.get("samples_per_s")))
+    console.print(table)
+    if result.test:
+        console.print(metrics_table(result.test, "test metrics (best checkpoint)"))
+    console.print(f"best checkpoint: [bold]{result.checkpoint}[/]")
+
+
+def metrics_table(metrics: dict, title: str) -> Table:
+    table = Table("metric", "value", title=title)
+    for key, value in metrics.items():
+        if value is not None:
+            table.add_row(key, _g(value) if isinstance(value, float) else str(value))
+    return table
+
+
+@app.command()
+@_friendly
+def evaluate(
+    spec: SpecArg, checkpoint: Annotated[str, typer.Option(help="checkpoint directory")],
+    split: Annotated[str, typer.Option(help="train, val or test")] = "test",
+    out: Annotated[Optional[str], typer.Option(help="write the metrics as JSON here")] = None,
+    set_: SetOpt = None, address: AddressOpt = None,
+) -> None:
+    """Offline metrics (AUC, log loss, calibration) of a checkpoint on a split of the spec's data."""
+    import json
+
+    from .evaluate import evaluate_split
+    from .spec import load_spec
+
+    job = load_spec(spec, set_ or [])
+    metrics = evaluate_split(job, checkpoint, split, address=address)
+    console.print(metrics_table(metrics.to_dict(), f"{split} metrics"))
+    if out:
+        with open(out, "w") as f:
+            json.dump(metrics.to_dict(), f, indent=1)
+        console.print(f"wrote {out}")
+
+
 @data_app.command("synth")
 @_friendly
 def synth(
@@ -136,7 +202,7 @@ def synth(
 @app.command()
 @_friendly
 def demo(spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/movielens_deepfm.yaml", address: AddressOpt = None) -> None:
-    """The whole lifecycle on MovieLens, stage by stage (today: data preparation)."""
+    """The whole lifecycle on MovieLens, stage by stage (today: data preparation, training)."""
     from .spec import load_spec
 
     job = load_spec(spec)
@@ -144,7 +210,14 @@ def demo(spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/mo
     console.print("[bold]1. data[/]: validate, split, fit the preprocessor on train, write shards")
     result = _preprocess_with_status(job, None, address)
     print_preprocess_summary(result)
-    console.print(f"[green]done[/]: shards, features.json and summary.json in {result.out_dir}")
+    from .train.trainer import fit
+
+    console.print(f"[bold]2. train[/]: {job.model.name} for up to {job.train.epochs} epochs")
+    with console.status("training..."):
+        trained = fit(job, address=address)
+    print_training(trained)
+    auc = trained.test.get("auc") if trained.test else None
+    console.print(f"[green]done[/]: test AUC {_g(auc)}; checkpoint {trained.checkpoint}")
 
 
 def main() -> None:

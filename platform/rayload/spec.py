@@ -178,6 +178,82 @@ class FeatureSpec(_Spec):
     crosses: list[CrossFeature] = Field(default_factory=list)
 
 
+# ---------------------------------------------------------------- model, training, resources
+
+
+class ModelSpec(_Spec):
+    name: Literal["mlp", "wide_deep", "deepfm", "dlrm"] = "deepfm"
+    embedding_dim: int = Field(default=16, ge=1, le=1024)
+    hidden: list[int] = Field(default_factory=lambda: [256, 128])
+    bottom: list[int] = Field(default_factory=lambda: [64], description="DLRM bottom MLP for dense features")
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    batch_norm: bool = False
+    # Sparse gradients for embedding tables (SparseAdam) while the dense part uses AdamW:
+    # dense Adam over large tables touches every row every step.
+    sparse_embeddings: bool = False
+
+
+class EarlyStopping(_Spec):
+    metric: Literal["auc", "logloss"] = "auc"
+    patience: int = Field(default=2, ge=1)
+    min_delta: float = Field(default=0.0, ge=0.0)
+
+
+class TrainSpec(_Spec):
+    epochs: int = Field(default=5, ge=1)
+    batch_size: int = Field(default=1024, ge=1, description="per worker, per optimizer step")
+    accumulation: int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    lr: float = Field(default=1e-3, gt=0.0)
+    sparse_lr: float | None = Field(default=None, gt=0.0, description="SparseAdam lr; default: lr")
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    embedding_l2: float = Field(default=0.0, ge=0.0, description="L2 on the embedding rows a batch uses")
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    grad_clip: float | None = Field(default=None, gt=0.0)
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_decay: Literal["none", "cosine", "linear"] = "none"
+    sync_bn: bool = False
+    seed: int = 0
+    early_stopping: EarlyStopping | None = None
+    keep_checkpoints: int = Field(default=2, ge=1)
+    max_failures: int = Field(default=0, ge=-1, description="-1: retry forever")
+    run_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    storage_path: str | None = None
+    prefetch_batches: int = Field(default=2, ge=0)
+    shuffle_buffer: int = Field(default=0, ge=0, description="rows in each worker's local shuffle buffer")
+
+
+class ElasticWorkers(_Spec):
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "ElasticWorkers":
+        if self.min > self.max:
+            raise ValueError(f"min must be <= max, got min={self.min}, max={self.max}")
+        return self
+
+
+class ResourcesSpec(_Spec):
+    workers: int | ElasticWorkers = Field(default=1)
+    cpus_per_worker: float = Field(default=1.0, gt=0.0)
+    gpus_per_worker: float = Field(default=0.0, ge=0.0)
+    accelerator_type: str | None = None
+    # A job that asks for more than the cluster has fails after this long instead of hanging.
+    placement_timeout_s: float = Field(default=60.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _workers(self) -> "ResourcesSpec":
+        if isinstance(self.workers, int) and self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        return self
+
+
+class EvalSpec(_Spec):
+    split: Literal["val", "test"] = "test"
+    batch_size: int = Field(default=8192, ge=1)
+    calibration_bins: int = Field(default=10, ge=2)
+
+
 # ---------------------------------------------------------------- job
 
 
@@ -187,6 +263,10 @@ class JobSpec(_Spec):
     split: SplitSpec = Field(default_factory=SplitSpec)
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)
     features: FeatureSpec = Field(default_factory=FeatureSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
 
 
 def load_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:

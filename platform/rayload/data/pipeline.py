@@ -30,7 +30,7 @@ from ..paths import cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from .checks import check_files
-from .sources import Inputs, read_dataset, resolve_inputs
+from .sources import Inputs, read_dataset, read_parquet, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
 
@@ -47,13 +47,17 @@ class PreprocessResult:
     cached: bool = False
     files: dict[str, list[str]] = field(default_factory=dict)
 
-    def dataset(self, split: str):
-        """The preprocessed split as a lazy Ray Dataset (what Ray Train workers stream)."""
-        import ray.data
+    def dataset(self, split: str, for_training: bool = False):
+        """The preprocessed split as a lazy Ray Dataset (what Ray Train workers stream).
 
+        for_training: read tasks ask for no CPU. Training workers hold the CPUs and wait on
+        this light read; a read that asked for a CPU would wait forever on a cluster whose
+        workers hold every CPU (2 workers on 2 CPUs here).
+        """
         if not self.files.get(split):
             raise DataError(f"split '{split}' has no rows in {self.out_dir}")
-        return ray.data.read_parquet(self.files[split], file_extensions=None)
+        extra = {"num_cpus": 0} if for_training else {}
+        return read_parquet(self.files[split], **extra)
 
     @property
     def datasets(self) -> dict:

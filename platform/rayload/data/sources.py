@@ -103,19 +103,27 @@ def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
 
 
 def read_dataset(inputs: Inputs, columns: list[str]):
-    """A lazy Ray Dataset over the inputs; text files arrive whole, for loss-free parsing."""
+    """A lazy Ray Dataset over the inputs, one read task per file; text files arrive whole."""
     import ray.data
 
-    # One read task per file. Ray Data's DataSource V2 Parquet path (2.60) packed a 16-file
-    # source into a single read task (one busy CPU); the V1 reader honours override_num_blocks.
     blocks = len(inputs.paths)
+    if inputs.fmt == "parquet":
+        return read_parquet(list(inputs.paths), filesystem=inputs.filesystem, columns=columns, override_num_blocks=blocks)
+    return ray.data.read_binary_files(list(inputs.paths), filesystem=inputs.filesystem, include_paths=True, override_num_blocks=blocks)
+
+
+def read_parquet(paths: list[str], **kwargs):
+    """Ray Data's V1 Parquet reader.
+
+    The DataSource V2 path of Ray 2.60 packed a 16-file source into one read task (one busy
+    CPU), and its separate file-listing task always asks for a CPU, which a training job
+    whose workers hold every CPU never gets. V1 honours override_num_blocks and num_cpus.
+    """
+    import ray.data
+
     ctx = ray.data.DataContext.get_current()
     previous, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
-        if inputs.fmt == "parquet":
-            return ray.data.read_parquet(
-                list(inputs.paths), filesystem=inputs.filesystem, columns=columns, file_extensions=None, override_num_blocks=blocks
-            )
-        return ray.data.read_binary_files(list(inputs.paths), filesystem=inputs.filesystem, include_paths=True, override_num_blocks=blocks)
+        return ray.data.read_parquet(paths, file_extensions=None, **kwargs)
     finally:
         ctx.use_datasource_v2 = previous

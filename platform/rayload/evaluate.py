@@ -1,0 +1,104 @@
+"""Offline metrics: exact AUC (ties as half), log loss, calibration; and checkpoint evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .data.synthetic import weighted_auc
+
+
+@dataclass(frozen=True)
+class Metrics:
+    rows: int
+    auc: float | None
+    logloss: float | None
+    mean_prediction: float
+    observed_rate: float
+    calibration: float | None  # mean predicted / observed rate (1.0 = calibrated)
+    ece: float | None  # expected calibration error over equal-width bins
+    rmse: float | None = None  # regression tasks
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    labels = np.asarray(labels, dtype=np.float64)
+    return weighted_auc(np.asarray(scores, dtype=np.float64), labels, 1.0 - labels)
+
+
+def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> Metrics:
+    y = np.asarray(labels, dtype=np.float64)
+    p = np.clip(np.asarray(probs, dtype=np.float64), 1e-7, 1 - 1e-7)
+    both = 0 < y.sum() < len(y)
+    logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+    edges = np.minimum((p * bins).astype(np.int64), bins - 1)
+    counts = np.bincount(edges, minlength=bins)
+    gap = np.abs(np.bincount(edges, weights=p, minlength=bins) - np.bincount(edges, weights=y, minlength=bins))
+    rate = float(y.mean())
+    return Metrics(
+        rows=len(y), auc=auc(y, p) if both else None, logloss=logloss,
+        mean_prediction=float(p.mean()), observed_rate=rate,
+        calibration=float(p.mean() / rate) if rate > 0 else None,
+        ece=float(gap.sum() / max(counts.sum(), 1)),
+    )
+
+
+def regression_metrics(targets: np.ndarray, preds: np.ndarray) -> Metrics:
+    y, p = np.asarray(targets, np.float64), np.asarray(preds, np.float64)
+    return Metrics(rows=len(y), auc=None, logloss=None, mean_prediction=float(p.mean()), observed_rate=float(y.mean()),
+                   calibration=None, ece=None, rmse=float(np.sqrt(np.mean((y - p) ** 2))))
+
+
+def metrics_for(task: str, labels: np.ndarray, outputs: np.ndarray, bins: int = 10) -> Metrics:
+    """outputs: probabilities for binary tasks, predictions for regression."""
+    return binary_metrics(labels, outputs, bins) if task == "binary" else regression_metrics(labels, outputs)
+
+
+def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, outputs) for every row of a preprocessed Ray Dataset, on CPU in this process."""
+    import torch
+
+    from .train.batch import collate
+
+    labels, outputs = [], []
+    with torch.no_grad():
+        for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+            batch = collate(table, layout)
+            out = model(*batch.inputs()).float()
+            outputs.append((torch.sigmoid(out) if binary else out).numpy())
+            labels.append(batch.label.numpy())
+    return np.concatenate(labels), np.concatenate(outputs)
+
+
+def evaluate_checkpoint(path: str, dataset, eval_spec=None) -> Metrics:
+    from .train import checkpoint as ckpt
+    from .train.batch import Layout
+
+    loaded = ckpt.load(path)
+    binary = loaded.features.label.task == "binary"
+    bins = eval_spec.calibration_bins if eval_spec else 10
+    y, p = predict(loaded.model, dataset, Layout.from_features(loaded.features), eval_spec.batch_size if eval_spec else 8192, binary)
+    return metrics_for(loaded.features.label.task, y, p, bins)
+
+
+def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | None = None) -> Metrics:
+    """Evaluate a checkpoint on a split of the spec's preprocessed data.
+
+    The shards must come from the same fitted preprocessor as the checkpoint; otherwise IDs
+    and scales would silently mean something else, so that is refused.
+    """
+    from .data.pipeline import preprocess
+    from .errors import DataError
+    from .features import FittedFeatures
+
+    pre = preprocess(spec, address=address)
+    trained = FittedFeatures.load(f"{checkpoint}/features.json")
+    if trained != pre.features:
+        raise DataError(
+            f"checkpoint {checkpoint} was trained on a different preprocessing than the spec's data "
+            "(features.json differs); evaluate with the job spec (and --set overrides) it was trained with"
+        )
+    return evaluate_checkpoint(checkpoint, pre.dataset(split), spec.eval)

@@ -1,0 +1,67 @@
+"""Shared input layer: one embedding table per categorical column, EmbeddingBag per bag column.
+
+Sizes come from `features.json` (via `InputShape`), so a checkpoint rebuilds the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class InputShape:
+    dense: int  # number of float features
+    sparse: tuple[int, ...]  # cardinality per single-ID column
+    bags: tuple[int, ...]  # cardinality per multi-ID column
+
+    @classmethod
+    def from_features(cls, features) -> "InputShape":
+        return cls(len(features.dense_columns), tuple(features.sparse_columns.values()), tuple(features.bag_columns.values()))
+
+    @property
+    def fields(self) -> int:
+        return len(self.sparse) + len(self.bags)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class FieldEmbeddings(nn.Module):
+    """Embeds every ID field into `dim` dimensions: output [batch, fields, dim]."""
+
+    def __init__(self, shape: InputShape, dim: int, sparse_grad: bool = False):
+        super().__init__()
+        self.dim = dim
+        self.last_sq: torch.Tensor | None = None  # mean squared norm of the rows used (for L2)
+        self.tables = nn.ModuleList(nn.Embedding(n, dim, sparse=sparse_grad) for n in shape.sparse)
+        self.bags = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="mean", sparse=sparse_grad) for n in shape.bags)
+        for m in [*self.tables, *self.bags]:
+            nn.init.normal_(m.weight, std=0.01)
+
+    def forward(self, sparse: torch.Tensor, bag_values: list[torch.Tensor], bag_offsets: list[torch.Tensor]) -> torch.Tensor:
+        parts = [table(sparse[:, i]) for i, table in enumerate(self.tables)]
+        parts += [bag(v, o) for bag, v, o in zip(self.bags, bag_values, bag_offsets)]
+        if not parts:
+            return torch.zeros((sparse.shape[0], 0, self.dim), device=sparse.device)
+        out = torch.stack(parts, dim=1)
+        # Regularise only the rows this batch used: L2 over whole tables would touch every row.
+        self.last_sq = out.float().pow(2).sum() / max(out.shape[0], 1) if self.training else None
+        return out
+
+
+def mlp(sizes: list[int], dropout: float, batch_norm: bool, out: int | None = 1) -> nn.Sequential:
+    """Linear-(BatchNorm)-ReLU-Dropout blocks, then an optional output layer."""
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers.append(nn.Linear(a, b))
+        if batch_norm:
+            layers.append(nn.BatchNorm1d(b))
+        layers.append(nn.ReLU())
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+    if out is not None:
+        layers.append(nn.Linear(sizes[-1], out))
+    return nn.Sequential(*layers)

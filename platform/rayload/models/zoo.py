@@ -1,0 +1,97 @@
+"""The registered CTR models. Each maps (dense, sparse, bag values, bag offsets) to logits [B]."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._inputs import FieldEmbeddings, InputShape, mlp
+
+
+class _Base(nn.Module):
+    def __init__(self, shape: InputShape, cfg: dict):
+        super().__init__()
+        self.shape, self.cfg = shape, cfg
+        self.embed = FieldEmbeddings(shape, cfg["embedding_dim"], cfg["sparse_embeddings"])
+
+    def _deep(self, inputs: int) -> nn.Sequential:
+        return mlp([inputs, *self.cfg["hidden"]], self.cfg["dropout"], self.cfg["batch_norm"])
+
+
+class MLP(_Base):
+    """Concatenated embeddings and dense features through an MLP."""
+
+    def __init__(self, shape: InputShape, cfg: dict):
+        super().__init__(shape, cfg)
+        self.deep = self._deep(shape.fields * cfg["embedding_dim"] + shape.dense)
+
+    def forward(self, dense, sparse, bag_values, bag_offsets):
+        emb = self.embed(sparse, bag_values, bag_offsets)
+        return self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(-1)
+
+
+class _FirstOrder(nn.Module):
+    """A weight per ID and per dense feature: the linear ("wide") part."""
+
+    def __init__(self, shape: InputShape, sparse_grad: bool):
+        super().__init__()
+        self.ids = FieldEmbeddings(shape, 1, sparse_grad)
+        self.dense = nn.Linear(shape.dense, 1) if shape.dense else None
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, dense, sparse, bag_values, bag_offsets):
+        out = self.ids(sparse, bag_values, bag_offsets).sum(dim=(1, 2)) + self.bias
+        return out + self.dense(dense).squeeze(-1) if self.dense is not None else out
+
+
+class WideDeep(_Base):
+    def __init__(self, shape: InputShape, cfg: dict):
+        super().__init__(shape, cfg)
+        self.wide = _FirstOrder(shape, cfg["sparse_embeddings"])
+        self.deep = self._deep(shape.fields * cfg["embedding_dim"] + shape.dense)
+
+    def forward(self, dense, sparse, bag_values, bag_offsets):
+        emb = self.embed(sparse, bag_values, bag_offsets)
+        deep = self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(-1)
+        return self.wide(dense, sparse, bag_values, bag_offsets) + deep
+
+
+class DeepFM(_Base):
+    """First order + factorization machine over all fields (dense ones as scaled vectors) + MLP."""
+
+    def __init__(self, shape: InputShape, cfg: dict):
+        super().__init__(shape, cfg)
+        dim = cfg["embedding_dim"]
+        self.first = _FirstOrder(shape, cfg["sparse_embeddings"])
+        self.dense_vectors = nn.Parameter(torch.randn(shape.dense, dim) * 0.01)
+        self.deep = self._deep((shape.fields + shape.dense) * dim)
+
+    def forward(self, dense, sparse, bag_values, bag_offsets):
+        emb = self.embed(sparse, bag_values, bag_offsets)
+        fields = torch.cat([emb, dense.unsqueeze(-1) * self.dense_vectors], dim=1)
+        fm = 0.5 * (fields.sum(dim=1).pow(2) - fields.pow(2).sum(dim=1)).sum(dim=1)
+        deep = self.deep(fields.flatten(1)).squeeze(-1)
+        return self.first(dense, sparse, bag_values, bag_offsets) + fm + deep
+
+
+class DLRM(_Base):
+    """Bottom MLP for dense features, pairwise dot interactions of all vectors, top MLP."""
+
+    def __init__(self, shape: InputShape, cfg: dict):
+        super().__init__(shape, cfg)
+        dim = cfg["embedding_dim"]
+        self.bottom = mlp([shape.dense, *cfg["bottom"], dim], 0.0, cfg["batch_norm"], out=None) if shape.dense else None
+        n = shape.fields + (1 if self.bottom is not None else 0)
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("pairs", torch.stack([rows, cols]), persistent=False)
+        self.top = self._deep(len(rows) + (dim if self.bottom is not None else 0))
+
+    def forward(self, dense, sparse, bag_values, bag_offsets):
+        vectors = [self.embed(sparse, bag_values, bag_offsets)]
+        if self.bottom is not None:
+            bottom = self.bottom(dense)
+            vectors.insert(0, bottom.unsqueeze(1))
+        z = torch.cat(vectors, dim=1)
+        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        top_in = torch.cat([bottom, dots], dim=1) if self.bottom is not None else dots
+        return self.top(top_in).squeeze(-1)

@@ -1,0 +1,123 @@
+"""The checkpoint contract: a directory that serving, evaluation and resumption all read.
+
+    model.pt        CPU state dict of the unwrapped model (no "module." prefix)
+    train_state.pt  optimizers, scheduler, grad scaler, RNG states, epoch, step, early-stop state
+    features.json   the fitted preprocessor (requests are transformed with it)
+    model.json      architecture: model config and input shape
+    manifest.json   package versions, seed, data content hash, the resolved spec, metrics
+
+Everything loads with `torch.load(..., weights_only=True)`: no pickled code is executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _stdlib_platform
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..features import FittedFeatures
+from ..models import InputShape, build_model, model_json
+
+MODEL, STATE, FEATURES, MODEL_JSON, MANIFEST = "model.pt", "train_state.pt", "features.json", "model.json", "manifest.json"
+
+
+@dataclass
+class TrainState:
+    epoch: int = -1  # last completed epoch
+    step: int = 0  # optimizer steps taken
+    best: float | None = None
+    bad_epochs: int = 0
+    history: list[dict] = field(default_factory=list)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, "module") else model
+
+
+def rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+             "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(_as_tuple(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(x):
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def save(path: str, model, features: FittedFeatures, model_config: dict, train: dict, manifest: dict) -> None:
+    """train: optimizers, scheduler, scaler state dicts and a TrainState."""
+    os.makedirs(path, exist_ok=True)
+    weights = {k: v.detach().to("cpu").clone() for k, v in unwrap(model).state_dict().items()}
+    torch.save(weights, os.path.join(path, MODEL))
+    ts: TrainState = train["state"]
+    torch.save({
+        "optimizers": [o.state_dict() for o in train["optimizers"]],
+        "scheduler": train["scheduler"].state_dict() if train.get("scheduler") else None,
+        "scaler": train["scaler"].state_dict() if train.get("scaler") else None,
+        "rng": rng_state(),
+        "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs,
+        "history": json.dumps(ts.history),
+    }, os.path.join(path, STATE))
+    features.save(os.path.join(path, FEATURES))
+    shape = InputShape.from_features(features)
+    _write_json(os.path.join(path, MODEL_JSON), model_json(model_config, shape))
+    _write_json(os.path.join(path, MANIFEST), manifest)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+
+
+def load_train_state(path: str) -> dict:
+    raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
+    raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]))
+    return raw
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    features: FittedFeatures
+    config: dict
+    manifest: dict
+
+
+def load(path: str, device: str | torch.device = "cpu") -> LoadedModel:
+    """Rebuild the model from a checkpoint directory (on CPU unless told otherwise), in eval mode."""
+    with open(os.path.join(path, MODEL_JSON)) as f:
+        spec = json.load(f)
+    shape = InputShape(spec["shape"]["dense"], tuple(spec["shape"]["sparse"]), tuple(spec["shape"]["bags"]))
+    model = build_model(spec["config"], shape)
+    model.load_state_dict(torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu"))
+    features = FittedFeatures.load(os.path.join(path, FEATURES))
+    manifest_path = os.path.join(path, MANIFEST)
+    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
+    return LoadedModel(model.to(device).eval(), features, spec["config"], manifest)
+
+
+def versions() -> dict:
+    import pyarrow
+    import ray
+
+    from .. import __version__
+
+    return {"rayload": __version__, "torch": torch.__version__, "ray": ray.__version__, "numpy": np.__version__,
+            "pyarrow": pyarrow.__version__, "python": _stdlib_platform.python_version()}

@@ -1,0 +1,260 @@
+"""THE training loop: one function per worker, for `rayload train`, tuning trials and the SDK.
+
+DDP (through the session), mixed precision, gradient accumulation with `no_sync`, clipping,
+warmup and decay, SyncBatchNorm, seeded initialisation, class weights, early stopping and
+resumable checkpoints at the end of every epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import shutil
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..evaluate import metrics_for
+from ..features import FittedFeatures
+from ..models import InputShape, build_model
+from ..models._inputs import FieldEmbeddings
+from ..spec import JobSpec
+from . import checkpoint as ckpt
+from .batch import Batch, Layout
+from .session import RaySession, Session, scratch_dir
+
+log = logging.getLogger(__name__)
+LOWER_IS_BETTER = {"logloss", "rmse"}
+
+
+def worker_entry(config: dict) -> None:
+    """Ray Train's train_loop_per_worker: dicts exist only at this boundary."""
+    spec = JobSpec.model_validate(config["spec"])
+    features = FittedFeatures.from_json(config["features"])
+    session = RaySession(loader_options(spec, features))
+    run(spec, features, session, config["context"])
+
+
+def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False) -> dict:
+    t = spec.train
+    return {"prefetch_batches": t.prefetch_batches, "shuffle_buffer": t.shuffle_buffer, "seed": t.seed,
+            "layout": Layout.from_features(features), "use_gpu": use_gpu}
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.Module:
+    seed_everything(spec.train.seed)  # the same initial weights on every rank
+    model = build_model(spec.model.model_dump(), InputShape.from_features(features))
+    if spec.train.sync_bn and session.world_size > 1:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return session.prepare(model)
+
+
+def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimizer]:
+    """AdamW for dense weights; SparseAdam for embedding tables with sparse gradients."""
+    t, sparse_ids = spec.train, set()
+    if spec.model.sparse_embeddings:
+        for module in model.modules():
+            if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
+                sparse_ids.add(id(module.weight))
+    dense = [p for p in model.parameters() if id(p) not in sparse_ids]
+    sparse = [p for p in model.parameters() if id(p) in sparse_ids]
+    opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
+    if sparse:
+        opts.append(torch.optim.SparseAdam(sparse, lr=t.sparse_lr or t.lr))
+    return opts
+
+
+def lr_lambda(spec: JobSpec, total_steps: int):
+    t = spec.train
+
+    def factor(step: int) -> float:
+        if t.warmup_steps and step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.lr_decay == "none" or total_steps <= t.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - t.warmup_steps) / max(1, total_steps - t.warmup_steps))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if t.lr_decay == "cosine" else 1.0 - progress
+
+    return factor
+
+
+class Trainer:
+    """Per-worker state of one run: model, optimizers, scaler, schedule, counters."""
+
+    def __init__(self, spec: JobSpec, features: FittedFeatures, session: Session, steps_per_epoch: int):
+        self.spec, self.features, self.session = spec, features, session
+        self.precision = resolve_precision(spec.train.precision, session.device)
+        self.model = make_model(spec, features, session)
+        self.optimizers = make_optimizers(self.model, spec)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizers[0], lr_lambda(spec, steps_per_epoch * spec.train.epochs))
+        self.scaler = torch.amp.GradScaler(session.device.type) if self.precision == "fp16" else None
+        self.state = ckpt.TrainState()
+        self.binary = features.label.task == "binary"
+        weights = features.label.class_weights or {}
+        self.class_weights = (float(weights.get("0.0", 1.0)), float(weights.get("1.0", 1.0))) if weights else None
+
+    # ------------------------------------------------------------ one optimizer step
+
+    def autocast(self):
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.session.device.type, dtype=dtype)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        with self.autocast():
+            out = self.model(*batch.inputs()).float()
+        if self.binary:
+            weight = None
+            if self.class_weights is not None:
+                w0, w1 = self.class_weights
+                weight = torch.where(batch.label > 0.5, w1, w0)
+            loss = nn.functional.binary_cross_entropy_with_logits(out, batch.label, weight=weight)
+        else:
+            loss = nn.functional.mse_loss(out, batch.label)
+        if self.spec.train.embedding_l2:
+            reg = sum(m.last_sq for m in self.model.modules() if isinstance(m, FieldEmbeddings) and m.last_sq is not None)
+            loss = loss + self.spec.train.embedding_l2 * reg
+        return loss
+
+    def step(self, micro_batches: list[Batch]) -> float:
+        """One optimizer step over k micro-batches; gradients sync only on the last one."""
+        k, total = len(micro_batches), 0.0
+        for i, batch in enumerate(micro_batches):
+            sync = i == k - 1 or not hasattr(self.model, "no_sync")
+            with contextlib.nullcontext() if sync else self.model.no_sync():
+                loss = self.loss(batch.to(self.session.device)) / k
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += float(loss.detach())
+        self._apply()
+        return total
+
+    def _apply(self) -> None:
+        if self.scaler:
+            for opt in self.optimizers[:1]:
+                self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
+        if self.spec.train.grad_clip:
+            dense = [p for p in self.optimizers[0].param_groups[0]["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(dense, self.spec.train.grad_clip)
+        for opt in self.optimizers:
+            self.scaler.step(opt) if self.scaler else opt.step()
+        if self.scaler:
+            self.scaler.update()
+        self.scheduler.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        self.state.step += 1
+
+    # ------------------------------------------------------------ epochs
+
+    def train_epoch(self, epoch: int) -> dict:
+        self.model.train()
+        k = self.spec.train.accumulation
+        micro = max(1, self.spec.train.batch_size // k)
+        group, losses, rows, start = [], [], 0, time.perf_counter()
+        for batch in self.session.train_batches(epoch, micro):
+            group.append(batch)
+            rows += len(batch)
+            if len(group) == k:
+                losses.append(self.step(group))
+                group = []
+        if group:  # a short last group still steps; every rank has the same count
+            losses.append(self.step(group))
+        seconds = time.perf_counter() - start
+        return {"train_loss": float(np.mean(losses)) if losses else None, "train_rows": rows * self.session.world_size,
+                "samples_per_s": rows * self.session.world_size / seconds if seconds else None}
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        outs, labels = [], []
+        for batch in self.session.val_batches(self.spec.eval.batch_size):
+            with self.autocast():
+                out = self.model(*batch.to(self.session.device).inputs()).float()
+            outs.append((torch.sigmoid(out) if self.binary else out).cpu().numpy())
+            labels.append(batch.label.numpy())
+        y = self.session.gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
+        p = self.session.gather(np.concatenate(outs) if outs else np.zeros(0, np.float32))
+        m = metrics_for(self.features.label.task, y, p, self.spec.eval.calibration_bins)
+        return {f"val_{k}": v for k, v in m.to_dict().items() if v is not None}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def restore(self, path: str) -> None:
+        raw = ckpt.load_train_state(path)
+        weights = torch.load(f"{path}/{ckpt.MODEL}", weights_only=True, map_location="cpu")
+        ckpt.unwrap(self.model).load_state_dict(weights)
+        for opt, sd in zip(self.optimizers, raw["optimizers"]):
+            opt.load_state_dict(sd)
+        if raw["scheduler"] is not None:
+            self.scheduler.load_state_dict(raw["scheduler"])
+        if self.scaler and raw["scaler"] is not None:
+            self.scaler.load_state_dict(raw["scaler"])
+        self.state = raw["state"]
+        ckpt.set_rng_state(raw["rng"])
+
+    def save(self, manifest: dict) -> str | None:
+        if self.session.rank != 0:
+            return None
+        path = scratch_dir()
+        ckpt.save(path, self.model, self.features, self.spec.model.model_dump(),
+                  {"optimizers": self.optimizers, "scheduler": self.scheduler, "scaler": self.scaler, "state": self.state},
+                  manifest)
+        return path
+
+    def early_stop(self, metrics: dict) -> bool:
+        """Update the best score; True when `patience` epochs passed without improvement."""
+        rule = self.spec.train.early_stopping
+        name = rule.metric if rule else ("auc" if self.binary else "rmse")
+        value = metrics.get(f"val_{name}")
+        if value is None:
+            return False
+        better = (lambda a, b: a < b - (rule.min_delta if rule else 0.0)) if name in LOWER_IS_BETTER else (lambda a, b: a > b + (rule.min_delta if rule else 0.0))
+        if self.state.best is None or better(value, self.state.best):
+            self.state.best, self.state.bad_epochs = value, 0
+        else:
+            self.state.bad_epochs += 1
+        return rule is not None and self.state.bad_epochs >= rule.patience
+
+
+def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
+    """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
+    steps = max(1, context["train_rows"] // max(1, session.world_size * spec.train.batch_size))
+    trainer = Trainer(spec, features, session, steps)
+    with session.latest_checkpoint() as path:
+        if path:
+            trainer.restore(path)
+            log.info("rank %d resumed from %s at epoch %d, step %d", session.rank, path, trainer.state.epoch + 1, trainer.state.step)
+    for epoch in range(trainer.state.epoch + 1, spec.train.epochs):
+        metrics = {"epoch": epoch, **trainer.train_epoch(epoch)}
+        metrics.update(trainer.validate())
+        stop = trainer.early_stop(metrics)
+        trainer.state.epoch = epoch
+        metrics.update(step=trainer.state.step, world_size=session.world_size, early_stopped=stop)
+        trainer.state.history.append(metrics)
+        manifest = dict(context["manifest"], epoch=epoch, metrics=metrics)
+        path = trainer.save(manifest)
+        session.report(metrics, path, f"epoch_{epoch:04d}")
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
+        if stop:
+            break
+    return {"history": trainer.state.history}

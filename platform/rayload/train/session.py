@@ -1,0 +1,176 @@
+"""Where the training loop meets its runtime: a Ray Train worker, or this process.
+
+The loop (`loop.run`) only talks to a Session, so one function serves `rayload train` on a
+cluster (RaySession inside TorchTrainer workers) and in-process runs with one worker
+(LocalSession: no worker group to start, which keeps tuning trials cheap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .batch import Layout, collate
+
+try:  # Ray >= 2.40 lets collate functions receive Arrow tables directly
+    from ray.data.collate_fn import ArrowBatchCollateFn
+except ImportError:  # pragma: no cover
+    ArrowBatchCollateFn = object
+
+
+class ArrowCollate(ArrowBatchCollateFn):
+    def __init__(self, layout: Layout):
+        super().__init__()
+        self.layout = layout
+
+    def __call__(self, batch):
+        return collate(batch, self.layout)
+
+
+class Session:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    def __init__(self, loader: dict):
+        self.loader = loader  # batch_size, prefetch_batches, shuffle_buffer, seed, layout
+
+    def _iter(self, source, batch_size: int, seed: int | None, drop_last: bool):
+        opts = self.loader
+        return source.iter_torch_batches(
+            batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
+            drop_last=drop_last, local_shuffle_buffer_size=opts["shuffle_buffer"] or None,
+            local_shuffle_seed=seed if opts["shuffle_buffer"] else None, device="cpu",
+        )
+
+    def train_batches(self, epoch: int, batch_size: int):
+        # Data order differs per rank and epoch; model initialisation uses the shared seed.
+        seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
+        return self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
+
+    def val_batches(self, batch_size: int):
+        """Every rank reads the whole validation split and keeps its stride of batches, so
+        gathering gives every row exactly once (an equal split could drop rows)."""
+        for i, batch in enumerate(self._iter(self._val_source(), batch_size, None, drop_last=False)):
+            if i % self.world_size == self.rank:
+                yield batch
+
+    def gather(self, array: np.ndarray) -> np.ndarray:
+        if self.world_size == 1:
+            return array
+        parts: list = [None] * self.world_size
+        dist.all_gather_object(parts, array)
+        return np.concatenate(parts)
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+
+class LocalSession(Session):
+    """One worker in this process; checkpoints kept under `run_dir`, top-k by the metric."""
+
+    def __init__(self, loader: dict, datasets: dict, run_dir: str, keep: int, score: str, mode: str):
+        super().__init__(loader)
+        self.datasets, self.run_dir, self.keep, self.score, self.mode = datasets, run_dir, keep, score, mode
+        self.device = torch.device("cuda" if torch.cuda.is_available() and loader.get("use_gpu") else "cpu")
+        os.makedirs(run_dir, exist_ok=True)
+
+    def _train_source(self):
+        return self.datasets["train"]
+
+    def _val_source(self):
+        return self.datasets["val"]
+
+    @property
+    def _index_path(self) -> str:
+        return os.path.join(self.run_dir, "checkpoints.json")
+
+    def index(self) -> list[dict]:
+        if not os.path.exists(self._index_path):
+            return []
+        with open(self._index_path) as f:
+            return json.load(f)
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self):
+        entries = self.index()
+        yield entries[-1]["path"] if entries else None
+
+    def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
+        if checkpoint_dir is None:
+            return
+        dest = os.path.join(self.run_dir, name)
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(checkpoint_dir, dest)
+        entries = [e for e in self.index() if e["path"] != dest] + [{"path": dest, "metrics": metrics}]
+        keep = set(e["path"] for e in best_of(entries, self.score, self.mode)[: self.keep]) | {dest}
+        for e in entries:
+            if e["path"] not in keep:
+                shutil.rmtree(e["path"], ignore_errors=True)
+        entries = [e for e in entries if e["path"] in keep]
+        tmp = self._index_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, self._index_path)  # the index never points at a half-written list
+
+
+def best_of(entries: list[dict], score: str, mode: str) -> list[dict]:
+    sign = -1 if mode == "max" else 1
+    scored = [e for e in entries if e["metrics"].get(score) is not None]
+    return sorted(scored, key=lambda e: sign * e["metrics"][score])
+
+
+class RaySession(Session):
+    """Inside a Ray Train worker (Train V2)."""
+
+    def __init__(self, loader: dict):
+        import ray.train
+        import ray.train.torch
+
+        super().__init__(loader)
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    def _train_source(self):
+        import ray.train
+
+        return ray.train.get_dataset_shard("train")
+
+    def _val_source(self):
+        import ray.train
+
+        return ray.train.get_dataset_shard("val")
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self):
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as path:
+            yield path
+
+    def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
+        import ray.train
+
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir and self.rank == 0 else None
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model)
+
+
+def scratch_dir() -> str:
+    return tempfile.mkdtemp(prefix="rayload-ckpt-")

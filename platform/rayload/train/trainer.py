@@ -1,0 +1,167 @@
+"""`fit(spec)`: preprocess, then run the training loop in this process or as a TorchTrainer."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+from .._ray import ensure_ray
+from ..data.pipeline import PreprocessResult, preprocess
+from ..errors import RayloadError
+from ..paths import runs_root
+from ..spec import JobSpec
+from . import checkpoint as ckpt
+from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
+from .resources import check_resources, check_storage
+from .session import LocalSession, best_of
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RayloadError):
+    """Training failed after its retries; the message names the rank and the original error."""
+
+
+@dataclass
+class TrainResult:
+    run_name: str
+    run_dir: str
+    checkpoint: str  # the best checkpoint by the validation metric
+    metrics: dict  # validation metrics of that checkpoint
+    history: list[dict] = field(default_factory=list)
+    test: dict | None = None
+    preprocessed: PreprocessResult | None = None
+
+
+def score_metric(spec: JobSpec, task: str) -> tuple[str, str]:
+    rule = spec.train.early_stopping
+    name = rule.metric if rule else ("auc" if task == "binary" else "rmse")
+    return f"val_{name}", "min" if name in LOWER_IS_BETTER else "max"
+
+
+def run_name_for(spec: JobSpec) -> str:
+    """A given train.run_name resumes that run; otherwise every launch is a new run."""
+    return spec.train.run_name or f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+
+
+def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
+    ensure_ray(address)
+    pre = preprocess(spec, address=address)
+    storage = spec.train.storage_path or os.path.join(runs_root(), "train")
+    name = run_name_for(spec)
+    context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre)}
+    in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
+    if in_process:
+        result = _fit_local(spec, pre, os.path.join(storage, name), context)
+    else:
+        check_resources(spec.resources)
+        check_storage(storage)
+        result = _fit_ray(spec, pre, storage, name, context)
+    result.preprocessed = pre
+    if evaluate_test and pre.files.get(spec.eval.split):
+        from ..evaluate import evaluate_checkpoint
+
+        result.test = evaluate_checkpoint(result.checkpoint, pre.dataset(spec.eval.split), spec.eval).to_dict()
+    return result
+
+
+def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
+    return {"versions": ckpt.versions(), "seed": spec.train.seed, "data_hash": pre.cache_key,
+            "git_commit": _git_commit(), "spec": spec.model_dump(mode="json")}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict) -> TrainResult:
+    score, mode = score_metric(spec, pre.features.label.task)
+    session = LocalSession(loader_options(spec, pre.features), {"train": pre.dataset("train"), "val": pre.dataset("val")},
+                           run_dir, spec.train.keep_checkpoints, score, mode)
+    out = run(spec, pre.features, session, context)
+    best = best_of(session.index(), score, mode)
+    if not best:
+        raise TrainingError(f"no checkpoint with {score} was written in {run_dir}")
+    return TrainResult(os.path.basename(run_dir), run_dir, best[0]["path"], best[0]["metrics"], out["history"])
+
+
+def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict) -> TrainResult:
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    res = spec.resources
+    score, mode = score_metric(spec, pre.features.label.task)
+    workers = res.workers if isinstance(res.workers, int) else (res.workers.min, res.workers.max)
+    per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
+    # Ray Train retries a worker group that cannot be placed forever; this bounds the wait.
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(res.placement_timeout_s)
+    trainer = TorchTrainer(
+        worker_entry,
+        train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": context},
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=res.gpus_per_worker > 0,
+                                               resources_per_worker=per_worker, accelerator_type=res.accelerator_type),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=spec.train.max_failures, controller_failure_limit=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=spec.train.keep_checkpoints,
+                                                         checkpoint_score_attribute=score, checkpoint_score_order=mode),
+        ),
+        datasets=training_datasets(pre),
+        dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
+    )
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as exc:
+        raise TrainingError(_failure_message(exc, spec)) from exc
+    best = sorted(result.best_checkpoints, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
+    checkpoint, metrics = best[0]
+    history = ckpt.load_train_state(result.checkpoint.path)["state"].history
+    return TrainResult(name, os.path.join(storage, name), checkpoint.path, metrics, history)
+
+
+def training_datasets(pre: PreprocessResult) -> dict:
+    train, val = pre.dataset("train", for_training=True), pre.dataset("val", for_training=True)
+    # Every rank reads all of val and keeps every world_size-th batch (exact metrics, no
+    # dropped rows); that needs the same batches in the same order on every rank.
+    val.context.execution_options.preserve_order = True
+    for ds in (train, val):
+        ds.context.enable_progress_bars = False
+    return {"train": train, "val": val}
+
+
+def _failure_message(exc, spec: JobSpec) -> str:
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        ranks = ", ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items()))
+        return f"training failed after {spec.train.max_failures} retr{'y' if spec.train.max_failures == 1 else 'ies'} (train.max_failures); {ranks}"
+    cause = getattr(exc, "controller_failure", None) or exc
+    return f"training could not run: {type(cause).__name__}: {cause}"
+
+
+@dataclass
+class KFoldResult:
+    folds: list[TrainResult]
+    mean: dict
+    std: dict
+
+
+def kfold(spec: JobSpec, k: int, address: str | None = None) -> KFoldResult:
+    """Train once per fold (split.kind=kfold); mean and std of each fold's best validation metrics."""
+    import numpy as np
+
+    folds = []
+    for fold in range(k):
+        split = spec.split.model_copy(update={"kind": "kfold", "k": k, "fold": fold})
+        train = spec.train.model_copy(update={"run_name": f"{run_name_for(spec)}-fold{fold}"})
+        fold_spec = JobSpec.model_validate(spec.model_copy(update={"split": split, "train": train}).model_dump())
+        folds.append(fit(fold_spec, address=address, evaluate_test=False))
+    keys = [key for key, v in folds[0].metrics.items() if key.startswith("val_") and isinstance(v, (int, float))]
+    values = {key: np.array([f.metrics[key] for f in folds], dtype=float) for key in keys}
+    return KFoldResult(folds, {k_: float(v.mean()) for k_, v in values.items()}, {k_: float(v.std(ddof=1)) if len(v) > 1 else 0.0 for k_, v in values.items()})
