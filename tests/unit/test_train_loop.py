@@ -1,0 +1,162 @@
+"""The training loop in-process on in-memory batches: steps, accumulation, precision, checkpoints."""
+
+import copy
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from rayload.features import CategoricalState, FittedFeatures, LabelState, NumericState
+from rayload.errors import SpecError
+from rayload.spec import JobSpec
+from rayload.train import checkpoint as ckpt
+from rayload.train.batch import Layout, collate
+from rayload.train.loop import Trainer, run
+from rayload.train.session import Session
+
+
+def features() -> FittedFeatures:
+    return FittedFeatures(
+        numeric=[NumericState("x", 0.0, None, None, False, "zscore")],
+        categorical=[CategoricalState("c", "vocab", vocab=[str(i) for i in range(30)]),
+                     CategoricalState("b", "vocab", multi=True, vocab=["p", "q", "r"])],
+        crosses=[], label=LabelState("y", "binary"), columns=[],
+    )
+
+
+def table(n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    c = rng.integers(2, 32, n)
+    x = rng.normal(size=n).astype(np.float32)
+    logit = 1.5 * x + np.where(c % 2 == 0, 1.0, -1.0)
+    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    bags = [list(rng.integers(2, 5, rng.integers(1, 3))) for _ in range(n)]
+    return pa.table({"x": x, "c": c.astype(np.int64), "b": pa.array(bags, pa.list_(pa.int64())), "label": y})
+
+
+class MemorySession(Session):
+    """Batches from an in-memory table (the Ray sessions are exercised in integration tests)."""
+
+    def __init__(self, train: pa.Table, val: pa.Table, folder: str):
+        super().__init__({"layout": Layout(("x",), ("c",), ("b",)), "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 0})
+        self.train, self.val, self.folder, self.reports = train, val, folder, []
+
+    def _batches(self, t: pa.Table, size: int):
+        for start in range(0, t.num_rows, size):
+            yield collate(t.slice(start, size), self.loader["layout"])
+
+    def train_batches(self, epoch, batch_size):
+        return self._batches(self.train, batch_size)
+
+    def val_batches(self, batch_size):
+        return self._batches(self.val, batch_size)
+
+    def latest_checkpoint(self):
+        import contextlib
+
+        return contextlib.nullcontext(self.reports[-1][1] if self.reports else None)
+
+    def report(self, metrics, checkpoint_dir, name):
+        dest = os.path.join(self.folder, name)
+        if checkpoint_dir:
+            import shutil
+
+            shutil.copytree(checkpoint_dir, dest)
+        self.reports.append((metrics, dest))
+
+
+def job(**train) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "t", "data": {"source": {"kind": "movielens"}},
+        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0},
+        "train": {"batch_size": 256, "lr": 0.01, **train},
+    })
+
+
+def test_training_learns_and_reports_every_epoch(tmp_path):
+    session = MemorySession(table(4096, 0), table(2048, 1), str(tmp_path))
+    out = run(job(epochs=3), features(), session, {"train_rows": 4096, "manifest": {}})
+    aucs = [m["val_auc"] for m, _ in session.reports]
+    assert len(aucs) == 3 and aucs[-1] > 0.75 and aucs[-1] > aucs[0] - 0.01
+    assert out["history"][-1]["step"] == 3 * 16
+    assert os.path.exists(os.path.join(session.reports[-1][1], "model.pt"))
+
+
+def test_accumulation_matches_one_large_batch():
+    t = table(256, 3)
+    big = Trainer(job(batch_size=256, accumulation=1), features(), MemorySession(t, t, "."), 1)
+    small = Trainer(job(batch_size=256, accumulation=4), features(), MemorySession(t, t, "."), 1)
+    layout = Layout(("x",), ("c",), ("b",))
+    big.step([collate(t, layout)])
+    small.step([collate(t.slice(i * 64, 64), layout) for i in range(4)])
+    for (name, a), b in zip(big.model.named_parameters(), small.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+def test_bf16_autocast_on_cpu_trains(tmp_path):
+    t = table(1024, 4)
+    trainer = Trainer(job(precision="bf16"), features(), MemorySession(t, t, str(tmp_path)), 4)
+    layout = Layout(("x",), ("c",), ("b",))
+    seen = []
+    trainer.model.deep[0].register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    with trainer.autocast():
+        trainer.model(*collate(t.slice(0, 8), layout).inputs())
+    assert seen == [torch.bfloat16]  # the MLP's matmuls ran in bf16
+    before = copy.deepcopy(trainer.model.state_dict())
+    loss = trainer.step([collate(t.slice(0, 256), layout)])
+    assert np.isfinite(loss)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_checkpoint_round_trip_loads_with_weights_only(tmp_path):
+    session = MemorySession(table(1024, 0), table(512, 1), str(tmp_path))
+    run(job(epochs=1), features(), session, {"train_rows": 1024, "manifest": {"seed": 0}})
+    path = session.reports[-1][1]
+    weights = torch.load(os.path.join(path, "model.pt"), weights_only=True, map_location="cpu")
+    assert not any(k.startswith("module.") for k in weights)
+    loaded = ckpt.load(path)
+    assert loaded.features == features()
+    state = ckpt.load_train_state(path)
+    assert state["state"].epoch == 0 and state["state"].step == 4
+    batch = collate(table(16, 9), Layout(("x",), ("c",), ("b",)))
+    trainer = Trainer(job(), features(), MemorySession(table(16, 9), table(16, 9), "."), 1)
+    trainer.restore(path)
+    trainer.model.eval()
+    torch.testing.assert_close(trainer.model(*batch.inputs()), loaded.model(*batch.inputs()))
+
+
+def test_resume_continues_at_the_next_epoch_with_the_same_rng(tmp_path):
+    first = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "a"))
+    run(job(epochs=2), features(), first, {"train_rows": 1024, "manifest": {}})
+    resumed = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "b"))
+    resumed.reports = [first.reports[0]]  # as if the run died after epoch 0
+    out = run(job(epochs=2), features(), resumed, {"train_rows": 1024, "manifest": {}})
+    assert [h["epoch"] for h in out["history"]] == [0, 1]
+    assert len(resumed.reports) == 2 and resumed.reports[1][0]["epoch"] == 1
+    assert resumed.reports[1][0]["val_auc"] == pytest.approx(first.reports[1][0]["val_auc"], abs=1e-6)
+
+
+def test_early_stopping_stops_after_patience(tmp_path):
+    session = MemorySession(table(512, 0), table(256, 1), str(tmp_path))
+    out = run(job(epochs=30, lr=0.2, early_stopping={"metric": "logloss", "patience": 2}), features(), session, {"train_rows": 512, "manifest": {}})
+    assert len(out["history"]) < 30 and out["history"][-1]["early_stopped"]
+
+
+def test_invalid_training_settings_fail_at_spec_load():
+    for bad, field in [({"model": {"name": "xgboost"}}, "model.name"), ({"train": {"accumulation": 0}}, "train.accumulation"),
+                       ({"train": {"precision": "bf61"}}, "train.precision")]:
+        with pytest.raises(Exception) as info:
+            JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "movielens"}}, **bad})
+        assert field.split(".")[-1] in str(info.value)
+
+
+def test_load_spec_names_the_field(tmp_path):
+    from rayload import load_spec
+
+    path = tmp_path / "j.yaml"
+    path.write_text("name: t\ndata: {source: {kind: movielens}}\nmodel: {name: xgboost}\ntrain: {accumulation: 0, precision: bf61}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert {i.path for i in info.value.issues} == {"model.name", "train.accumulation", "train.precision"}
