@@ -33,6 +33,7 @@ class TrainState:
     best: float | None = None
     bad_epochs: int = 0
     history: list[dict] = field(default_factory=list)
+    restarts: int = 0  # times this run resumed from a checkpoint (worker or driver failures)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -72,7 +73,7 @@ def save(path: str, model, features: FittedFeatures, model_config: dict, train: 
         "scheduler": train["scheduler"].state_dict() if train.get("scheduler") else None,
         "scaler": train["scaler"].state_dict() if train.get("scaler") else None,
         "rng": rng_state(),
-        "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs,
+        "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs, "restarts": ts.restarts,
         "history": json.dumps(ts.history),
     }, os.path.join(path, STATE))
     features.save(os.path.join(path, FEATURES))
@@ -88,7 +89,7 @@ def _write_json(path: str, obj) -> None:
 
 def load_train_state(path: str) -> dict:
     raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
-    raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]))
+    raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"])
     return raw
 
 

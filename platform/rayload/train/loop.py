@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import random
 import shutil
 import time
@@ -165,12 +166,14 @@ class Trainer:
 
     # ------------------------------------------------------------ epochs
 
-    def train_epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int, fault: "Fault | None" = None) -> dict:
         self.model.train()
         k = self.spec.train.accumulation
         micro = max(1, self.spec.train.batch_size // k)
         group, losses, rows, start = [], [], 0, time.perf_counter()
-        for batch in self.session.train_batches(epoch, micro):
+        for i, batch in enumerate(self.session.train_batches(epoch, micro)):
+            if fault is not None:
+                fault.maybe_fail(epoch, self.session.rank, i)
             group.append(batch)
             rows += len(batch)
             if len(group) == k:
@@ -235,6 +238,34 @@ class Trainer:
         return rule is not None and self.state.bad_epochs >= rule.patience
 
 
+class Fault:
+    """Fault injection for recovery tests and drills: $RAYLOAD_FAULT="epoch=1,rank=1,batch=50,marker=/p[,always=1]".
+
+    It fires before the given batch of the epoch (default 0): mid-epoch, as real crashes do.
+    The driver copies the variable into the loop's context (workers do not inherit the
+    driver's environment). "once" exits the worker process hard (os._exit) unless the marker
+    exists, creating it first; "always" raises on every attempt.
+    """
+
+    def __init__(self, text: str | None):
+        self.conf = dict(part.partition("=")[::2] for part in text.split(",")) if text else {}
+
+    @classmethod
+    def from_context(cls, context: dict) -> "Fault":
+        return cls(context.get("fault"))
+
+    def maybe_fail(self, epoch: int, rank: int, batch: int) -> None:
+        conf = self.conf
+        if not conf or int(conf.get("epoch", -1)) != epoch or int(conf.get("rank", 0)) != rank or int(conf.get("batch", 0)) != batch:
+            return
+        if "always" in self.conf:
+            raise RuntimeError(f"injected failure at epoch {epoch} on rank {rank}")
+        marker = self.conf["marker"]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)  # a hard crash: no exception, no cleanup, like a killed process
+
+
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
     steps = max(1, context["train_rows"] // max(1, session.world_size * spec.train.batch_size))
@@ -242,13 +273,15 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
     with session.latest_checkpoint() as path:
         if path:
             trainer.restore(path)
+            trainer.state.restarts += 1
             log.info("rank %d resumed from %s at epoch %d, step %d", session.rank, path, trainer.state.epoch + 1, trainer.state.step)
+    fault = Fault.from_context(context)
     for epoch in range(trainer.state.epoch + 1, spec.train.epochs):
-        metrics = {"epoch": epoch, **trainer.train_epoch(epoch)}
+        metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}
         metrics.update(trainer.validate())
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch
-        metrics.update(step=trainer.state.step, world_size=session.world_size, early_stopped=stop)
+        metrics.update(step=trainer.state.step, world_size=session.world_size, early_stopped=stop, restarts=trainer.state.restarts)
         trainer.state.history.append(metrics)
         manifest = dict(context["manifest"], epoch=epoch, metrics=metrics)
         path = trainer.save(manifest)

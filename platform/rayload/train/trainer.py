@@ -52,7 +52,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     pre = preprocess(spec, address=address)
     storage = spec.train.storage_path or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
-    context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre)}
+    context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT")}
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     if in_process:
         result = _fit_local(spec, pre, os.path.join(storage, name), context)
