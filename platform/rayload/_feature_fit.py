@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import target_stats
+from .derived import derive
 from .errors import DataError
 from .features import (
     CategoricalState,
@@ -44,19 +46,30 @@ class FitPlan:
     crosses: tuple[CrossState, ...]
     columns: tuple[dict, ...]
     label: dict
+    oof_key: tuple[str, ...] = ()  # the split key: target-statistic folds hash it
+    oof_seed: int = 0
+    derived: tuple[tuple[str, dict], ...] = ()
+
+    @property
+    def target_columns(self) -> list[tuple[str, CategoricalFeature]]:
+        return [(name, cfg) for name, cfg, multi, _ in self.categorical if cfg.target_stats and not multi]
 
     @classmethod
-    def from_spec(cls, features, schema) -> "FitPlan":
+    def from_spec(cls, features, schema, split=None) -> "FitPlan":
         numeric, categorical = [], []
-        for col in schema.columns:
+        derived = tuple((name, d.model_dump()) for name, d in features.derived.items())
+        columns = list(schema.columns) + [{"name": name, "role": "numeric"} for name, _ in derived]
+        for col in columns:
             name, role = col["name"], col["role"]
             if role == "numeric":
                 numeric.append((name, features.numeric.get(name, NumericFeature())))
             elif role in ("categorical", "multi_categorical"):
                 cfg = features.categorical.get(name, CategoricalFeature())
-                categorical.append((name, cfg, role == "multi_categorical", col["separator"]))
+                categorical.append((name, cfg, role == "multi_categorical", col.get("separator", "|")))
         crosses = tuple(CrossState(list(x.columns), x.buckets) for x in features.crosses)
-        return cls(tuple(numeric), tuple(categorical), crosses, schema.columns, schema.label)
+        key = tuple(split.key) if split is not None else ()
+        seed = split.seed if split is not None else 0
+        return cls(tuple(numeric), tuple(categorical), crosses, schema.columns, schema.label, key, seed, derived)
 
 
 # ---------------------------------------------------------------- per batch
@@ -64,6 +77,7 @@ class FitPlan:
 
 def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
     """Statistics of one batch of validated training rows; `merge_stats` combines them."""
+    table = derive(table, dict(plan.derived))
     y = table.column(plan.label["column"]).to_numpy()
     out = {"rows": table.num_rows, "label_sum": float(y.sum()), "label_pos": int((y == 1).sum())}
     for name, cfg in plan.numeric:
@@ -73,6 +87,12 @@ def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
             out["cat:" + name] = _value_counts(table.column(name), multi, sep)
         else:
             out["cat:" + name] = {"nulls": table.column(name).null_count, "counts": None}
+    targets = plan.target_columns
+    if targets:
+        folds = {cfg.target_folds for _, cfg in targets}
+        by_k = {k: target_stats.row_folds(table, plan.oof_key, plan.oof_seed, k) for k in folds}
+        for name, cfg in targets:
+            out["te:" + name] = [target_stats.partial(table, name, plan.label["column"], by_k[cfg.target_folds])]
     return out
 
 
@@ -136,10 +156,10 @@ def merge_stats(parts: list[dict]) -> dict:
     merged: dict = {"rows": 0, "label_sum": 0.0, "label_pos": 0}
     for part in parts:
         for key, value in part.items():
-            if not key.startswith(("num:", "cat:")):
-                merged[key] += value
+            if not key.startswith(("num:", "cat:", "te:")) or key.startswith("te:") and key in merged:
+                merged[key] += value  # numbers add up; target-statistic partials are lists
             elif key not in merged:
-                merged[key] = _copy_part(value)
+                merged[key] = list(value) if key.startswith("te:") else _copy_part(value)
             elif key.startswith("num:"):
                 _merge_numeric(merged[key], value)
             else:
@@ -191,7 +211,11 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
         class_weights=class_weights,
         positive_rate=merged["label_pos"] / rows if plan.label["task"] == "binary" else None,
     )
-    return FittedFeatures(numeric, categorical, list(plan.crosses), label, [dict(c) for c in plan.columns])
+    prior = merged["label_sum"] / rows
+    targets = [target_stats.finalize(name, merged["te:" + name], prior, cfg.smoothing, cfg.target_folds, plan.oof_key, plan.oof_seed)
+               for name, cfg in plan.target_columns]
+    return FittedFeatures(numeric, categorical, list(plan.crosses), label, [dict(c) for c in plan.columns], target=targets,
+                          derived={name: dict(d) for name, d in plan.derived})
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray:

@@ -49,12 +49,22 @@ def _check_label(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
 
 def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     issues = []
+    for name, d in spec.features.derived.items():
+        if name in roles:
+            issues.append(SpecIssue(f"features.derived.{name}", f"'{name}' is already a column of data.columns; pick another name"))
+        if roles.get(d.source) != "timestamp":
+            issues.append(_role_issue(f"features.derived.{name}.source", d.source, roles, "timestamp"))
+        if d.minus is not None and roles.get(d.minus) != "numeric":
+            issues.append(_role_issue(f"features.derived.{name}.minus", d.minus, roles, "numeric"))
+    roles = {**roles, **{name: "numeric" for name in spec.features.derived}}
     for name in spec.features.numeric:
         if roles.get(name) != "numeric":
             issues.append(_role_issue(f"features.numeric.{name}", name, roles, "numeric"))
     for name, feat in spec.features.categorical.items():
         if roles.get(name) not in _CATEGORICAL:
             issues.append(_role_issue(f"features.categorical.{name}", name, roles, "categorical or multi_categorical"))
+        elif feat.target_stats and roles[name] == "multi_categorical":
+            issues.append(SpecIssue(f"features.categorical.{name}.target_stats", "target statistics need a single-valued categorical column", True, True))
         elif feat.encode == "onehot" and roles[name] == "multi_categorical":
             issues.append(SpecIssue(f"features.categorical.{name}.encode", "onehot needs a single-valued column; use vocab or hash for multi_categorical", "onehot", True))
     for i, cross in enumerate(spec.features.crosses):

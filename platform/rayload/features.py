@@ -21,7 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import target_stats
+from .derived import derive
 from .hashing import combine, hash_strings, seed_key
+from .target_stats import TargetState
 
 MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
 FORMAT_VERSION = 1
@@ -89,6 +92,8 @@ class FittedFeatures:
     crosses: list[CrossState]
     label: LabelState
     columns: list[dict]  # the validated input schema (name, role, separator, required)
+    target: list[TargetState] = field(default_factory=list)
+    derived: dict[str, dict] = field(default_factory=dict)  # name -> source, part, minus
     version: int = FORMAT_VERSION
 
     # ------------------------------------------------------------ outputs
@@ -99,6 +104,8 @@ class FittedFeatures:
         for c in self.categorical:
             if c.encode == "onehot":
                 out += [f"{c.name}__oh{i}" for i in range(len(c.vocab) + 1)]
+        for t in self.target:
+            out += t.outputs
         return out
 
     @property
@@ -128,6 +135,8 @@ class FittedFeatures:
             crosses=[CrossState(**x) for x in raw["crosses"]],
             label=LabelState(**raw["label"]),
             columns=raw["columns"],
+            target=[TargetState(**t) for t in raw.get("target", [])],
+            derived=raw.get("derived", {}),
         )
 
     def save(self, path: str) -> None:
@@ -141,8 +150,11 @@ class FittedFeatures:
 
     # ------------------------------------------------------------ transforms
 
-    def transform_table(self, table: pa.Table) -> pa.Table:
-        """Validated rows in, model-ready columns out (label included when present)."""
+    def transform_table(self, table: pa.Table, training: bool = False) -> pa.Table:
+        """Validated rows in, model-ready columns out (label included when present).
+
+        training=True encodes target statistics out of fold (training rows only)."""
+        table = derive(table, self.derived)
         cols: dict[str, pa.Array] = {}
         for num in self.numeric:
             cols.update(transform_numeric(num, table.column(num.name)))
@@ -150,6 +162,8 @@ class FittedFeatures:
             cols.update(transform_categorical(cat, table.column(cat.name)))
         for cross in self.crosses:
             cols[cross.name] = transform_cross(cross, [table.column(c) for c in cross.columns])
+        for target in self.target:
+            cols.update(target_stats.transform(target, table, out_of_fold=training))
         if self.label.column in table.column_names:
             cols["label"] = pc.cast(table.column(self.label.column), pa.float32())
         return pa.table(cols)
@@ -161,7 +175,8 @@ class FittedFeatures:
         """
         from .data.validate import validate_request
 
-        return self.transform_table(validate_request(rows, self.columns))
+        needed = {d["source"] for d in self.derived.values()}
+        return self.transform_table(validate_request(rows, self.columns, needed))
 
 
 def _numeric_values(state: NumericState, column) -> np.ndarray:

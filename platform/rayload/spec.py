@@ -165,6 +165,19 @@ class CategoricalFeature(_Spec):
     buckets: int = Field(default=100_000, ge=2, description="hash buckets (encode=hash)")
     max_onehot: int = Field(default=64, ge=1)
     max_bag: int = Field(default=16, ge=1, description="IDs kept per row of a multi_categorical column")
+    # Adds two dense features fitted on train: the smoothed label mean of the value and the log
+    # of its count, out of fold for training rows (see target_stats.py).
+    target_stats: bool = False
+    smoothing: float = Field(default=20.0, ge=0.0, description="prior weight, in rows, of the smoothed mean")
+    target_folds: int = Field(default=5, ge=2)
+
+
+class DerivedFeature(_Spec):
+    """A numeric feature computed from a timestamp: a calendar part, optionally minus a column."""
+
+    source: str = Field(description="a column with role timestamp")
+    part: Literal["year", "month", "dayofweek", "hour", "days"] = "year"
+    minus: str | None = Field(default=None, description="a numeric column subtracted from the part")
 
 
 class CrossFeature(_Spec):
@@ -173,6 +186,8 @@ class CrossFeature(_Spec):
 
 
 class FeatureSpec(_Spec):
+    # Derived columns are numeric features: configure their transforms under `numeric`.
+    derived: dict[str, DerivedFeature] = Field(default_factory=dict)
     numeric: dict[str, NumericFeature] = Field(default_factory=dict)
     categorical: dict[str, CategoricalFeature] = Field(default_factory=dict)
     crosses: list[CrossFeature] = Field(default_factory=list)

@@ -108,7 +108,7 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
             if split == "train" and plan.rebalance is not None:
                 u = rb.row_rebalance_unit(rows, plan.split.key, plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
-            manifest.append(_write(fs, base, split, name, plan.features.transform_table(rows)))
+            manifest.append(_write(fs, base, split, name, plan.features.transform_table(rows, training=split == "train")))
         manifest.append(_write(fs, base, "quarantine", name, bad.cast(QUARANTINE_SCHEMA)))
     return pa.Table.from_pylist([m for m in manifest if m["rows"]], schema=MANIFEST_SCHEMA)
 

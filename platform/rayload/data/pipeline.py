@@ -78,7 +78,8 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
         log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
         return cached
     check_files(inputs, schema)
-    plan = BatchPlan(inputs.fmt, schema, SplitPlan.from_spec(spec.split, schema), FitPlan.from_spec(spec.features, schema))
+    split = SplitPlan.from_spec(spec.split, schema)
+    plan = BatchPlan(inputs.fmt, schema, split, FitPlan.from_spec(spec.features, schema, split))
     ds = RayEngine(inputs, schema.names, address) if engine == "ray" else LocalEngine(inputs, schema.names)
     timings = {}
     on_stage(f"reading {len(inputs.paths)} {inputs.fmt} file(s)")

@@ -183,9 +183,11 @@ def malformed_rows(items: list[tuple[str, str]], source: str) -> pa.Table:
     )
 
 
-def validate_request(rows: list[dict], columns: list[dict]) -> pa.Table:
-    """Serving path: request dicts through the same column validation as training data."""
-    feature_cols = [c for c in columns if c["role"] not in ("label", "id", "timestamp")]
+def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = frozenset()) -> pa.Table:
+    """Serving path: request dicts through the same column validation as training data.
+
+    Timestamps are read only when a derived feature needs them (`needed`)."""
+    feature_cols = [c for c in columns if c["role"] not in ("label", "id", "timestamp") or c["name"] in needed]
     raw = {}
     for col in feature_cols:
         values = [r.get(col["name"]) for r in rows]
