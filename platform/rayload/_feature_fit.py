@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import target_stats
+from .data.validate import RAW_LABEL
 from .derived import derive
 from .errors import DataError
 from .features import (
@@ -93,6 +94,8 @@ def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
         by_k = {k: target_stats.row_folds(table, plan.oof_key, plan.oof_seed, k) for k in folds}
         for name, cfg in targets:
             out["te:" + name] = [target_stats.partial(table, name, plan.label["column"], by_k[cfg.target_folds])]
+            if cfg.target_raw:
+                out["tr:" + name] = [target_stats.partial(table, name, RAW_LABEL, by_k[cfg.target_folds])]
     return out
 
 
@@ -156,10 +159,10 @@ def merge_stats(parts: list[dict]) -> dict:
     merged: dict = {"rows": 0, "label_sum": 0.0, "label_pos": 0}
     for part in parts:
         for key, value in part.items():
-            if not key.startswith(("num:", "cat:", "te:")) or key.startswith("te:") and key in merged:
+            if not key.startswith(("num:", "cat:", "te:", "tr:")) or key.startswith(("te:", "tr:")) and key in merged:
                 merged[key] += value  # numbers add up; target-statistic partials are lists
             elif key not in merged:
-                merged[key] = list(value) if key.startswith("te:") else _copy_part(value)
+                merged[key] = list(value) if key.startswith(("te:", "tr:")) else _copy_part(value)
             elif key.startswith("num:"):
                 _merge_numeric(merged[key], value)
             else:
@@ -212,8 +215,12 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
         positive_rate=merged["label_pos"] / rows if plan.label["task"] == "binary" else None,
     )
     prior = merged["label_sum"] / rows
-    targets = [target_stats.finalize(name, merged["te:" + name], prior, cfg.smoothing, cfg.target_folds, plan.oof_key, plan.oof_seed)
-               for name, cfg in plan.target_columns]
+    targets = []
+    for name, cfg in plan.target_columns:
+        args = (cfg.smoothing, cfg.target_folds, plan.oof_key, plan.oof_seed)
+        targets.append(target_stats.finalize(name, merged["te:" + name], prior, *args))
+        if cfg.target_raw:
+            targets.append(target_stats.finalize(name, merged["tr:" + name], None, *args, source="raw"))
     return FittedFeatures(numeric, categorical, list(plan.crosses), label, [dict(c) for c in plan.columns], target=targets,
                           derived={name: dict(d) for name, d in plan.derived})
 

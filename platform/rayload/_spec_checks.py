@@ -13,7 +13,20 @@ def check_job(spec: JobSpec) -> list[SpecIssue]:
     if issues:
         return issues  # the other checks need a usable schema
     roles = {c.name: c.role for c in spec.data.resolved_columns()}
-    return _check_label(spec, roles) + _check_features(spec, roles) + _check_split(spec, roles)
+    return _check_label(spec, roles) + _check_features(spec, roles) + _check_split(spec, roles) + _check_training(spec)
+
+
+def _check_training(spec: JobSpec) -> list[SpecIssue]:
+    issues = []
+    if spec.train.sync_bn and not spec.model.batch_norm:
+        issues.append(SpecIssue("train.sync_bn", "there is no batch norm to synchronise; set model.batch_norm: true", True, True))
+    if spec.train.sync_bn and spec.resources.gpus_per_worker == 0:
+        issues.append(SpecIssue("train.sync_bn", "PyTorch synchronises batch norm only on GPUs; set resources.gpus_per_worker or sync_bn: false", True, True))
+    if spec.train.batch_size < spec.train.accumulation:
+        issues.append(SpecIssue("train.batch_size", f"must be at least train.accumulation={spec.train.accumulation} (micro-batches of batch_size / accumulation rows)", spec.train.batch_size, True))
+    if spec.model.sparse_embeddings and spec.resources.gpus_per_worker > 0:
+        issues.append(SpecIssue("model.sparse_embeddings", "sparse gradients need the gloo backend; NCCL (GPU workers) cannot all-reduce them", True, True))
+    return issues
 
 
 def _check_schema(spec: JobSpec) -> list[SpecIssue]:

@@ -168,6 +168,8 @@ class CategoricalFeature(_Spec):
     # Adds two dense features fitted on train: the smoothed label mean of the value and the log
     # of its count, out of fold for training rows (see target_stats.py).
     target_stats: bool = False
+    # Also the smoothed mean of the label's raw value before the threshold (e.g. the star rating).
+    target_raw: bool = False
     smoothing: float = Field(default=20.0, ge=0.0, description="prior weight, in rows, of the smoothed mean")
     target_folds: int = Field(default=5, ge=2)
 

@@ -30,9 +30,12 @@ class TargetState:
     folds: int
     key: list[str] = field(default_factory=list)
     seed: int = 0
+    source: str = "label"  # label | raw (the label's value before its threshold)
 
     @property
     def outputs(self) -> list[str]:
+        if self.source == "raw":
+            return [f"{self.name}__te_raw"]
         return [f"{self.name}__te", f"{self.name}__logcount"]
 
 
@@ -48,7 +51,7 @@ def partial(table: pa.Table, name: str, label: str, folds: np.ndarray) -> pa.Tab
     return t.group_by(["value", "fold"]).aggregate([("y", "sum"), ("y", "count")])
 
 
-def finalize(name: str, parts: list[pa.Table], prior: float, smoothing: float, folds: int, key, seed: int) -> TargetState:
+def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: float, folds: int, key, seed: int, source: str = "label") -> TargetState:
     t = pa.concat_tables(parts).group_by(["value", "fold"]).aggregate([("y_sum", "sum"), ("y_count", "sum")])
     t = t.filter(pc.is_valid(t.column("value")))
     values, inverse = np.unique(t.column("value").to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
@@ -56,8 +59,10 @@ def finalize(name: str, parts: list[pa.Table], prior: float, smoothing: float, f
     fold_sums, fold_counts = np.zeros((folds, len(values))), np.zeros((folds, len(values)))
     np.add.at(fold_sums, (fold, inverse), t.column("y_sum_sum").to_numpy())
     np.add.at(fold_counts, (fold, inverse), t.column("y_count_sum").to_numpy())
+    if prior is None:  # the mean over all training rows
+        prior = float(fold_sums.sum() / max(fold_counts.sum(), 1.0))
     return TargetState(name, values.tolist(), fold_sums.sum(0).tolist(), fold_counts.sum(0).tolist(),
-                       fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed)
+                       fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed, source)
 
 
 def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[str, pa.Array]:
@@ -74,6 +79,8 @@ def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[st
     sums, counts = np.where(known, sums, 0.0), np.where(known, counts, 0.0)
     mean = (sums + state.prior * state.smoothing) / (counts + state.smoothing)
     # Centred on the prior and scaled to about [-1, 1] so they enter the model like z-scores.
+    if state.source == "raw":
+        return {state.outputs[0]: pa.array((mean - state.prior).astype(np.float32))}
     scale = max(np.log1p(max(state.counts, default=0.0)), 1.0)
     return {state.outputs[0]: pa.array((2 * (mean - state.prior)).astype(np.float32)),
             state.outputs[1]: pa.array((np.log1p(counts) / scale).astype(np.float32))}

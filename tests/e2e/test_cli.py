@@ -61,9 +61,27 @@ def test_synth_then_preprocess(tmp_path):
     assert "features (fitted on train)" in r.stdout and "C26" in r.stdout
 
 
-def test_demo_prepares_movielens(tmp_path):
+def test_demo_prepares_movielens_and_trains(tmp_path):
     r = cli("demo", home=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "100004" in r.stdout and "userId" in r.stdout
+    auc = float(r.stdout.split("test AUC ")[1].split(";")[0])
+    assert 0.75 < auc < 0.9
     done = [p for p in (tmp_path / "cache" / "preprocessed").iterdir() if (p / "_SUCCESS").exists()]
     assert len(done) == 1 and (done[0] / "features.json").exists()
+
+
+def test_train_then_evaluate_a_checkpoint(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(open(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")).read())
+    r = cli("train", str(spec), "--set", "train.epochs=1", "--set", "model.hidden=[16]", "--run-name", "e2e", home=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    checkpoint = r.stdout.split("best checkpoint: ")[1].split()[0]
+    assert os.path.basename(checkpoint) == "epoch_0000" and "test metrics" in r.stdout
+    out = tmp_path / "metrics.json"
+    r = cli("evaluate", str(spec), "--set", "train.epochs=1", "--checkpoint", checkpoint, "--split", "test", "--out", str(out), home=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["rows"] > 15000 and 0.6 < metrics["auc"] < 0.9
+    r = cli("evaluate", str(spec), "--set", "features.categorical.userId.min_count=3", "--checkpoint", checkpoint, home=tmp_path)
+    assert r.returncode == 2 and "different preprocessing" in r.stderr

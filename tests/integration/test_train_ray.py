@@ -86,3 +86,9 @@ def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path
     with pytest.raises(RayloadError, match=r"3 worker\(s\) with CPU=1 each, but the cluster has CPU=2"):
         fit(job(movielens_subset, resources={"workers": 3}, train={"storage_path": str(tmp_path)}))
     assert time.monotonic() - start < 60
+
+
+def test_elastic_workers_start_with_what_the_cluster_holds(movielens_subset, tmp_path):
+    res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"epochs": 1, "storage_path": str(tmp_path)}),
+              evaluate_test=False)
+    assert res.history[-1]["world_size"] == 2 and res.metrics["val_auc"] > 0.6

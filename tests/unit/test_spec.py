@@ -109,3 +109,14 @@ def test_clip_and_buckets_need_one_kind(tmp_path):
                                           "features.numeric.year.buckets={}"])
     text = str(info.value)
     assert "either min/max bounds or quantiles" in text and "either boundaries" in text
+
+
+def test_training_settings_that_cannot_work_are_refused(tmp_path):
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, GOOD), ["train.sync_bn=true", "train.accumulation=8", "train.batch_size=4",
+                                          "model.sparse_embeddings=true", "resources.gpus_per_worker=1"])
+    paths = [i.path for i in info.value.issues]
+    assert paths.count("train.sync_bn") == 1 and "train.batch_size" in paths and "model.sparse_embeddings" in paths
+    with pytest.raises(SpecError, match="min must be <= max"):
+        load_spec(write(tmp_path, GOOD), ["resources.workers={min: 3, max: 2}"])
+    assert load_spec(write(tmp_path, GOOD), ["resources.workers={min: 1, max: 2}"]).resources.workers.max == 2

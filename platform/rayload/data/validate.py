@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from ..errors import DataError
 
+RAW_LABEL = "__label_raw"  # the label before thresholding (target statistics may use it)
 QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
 _STRING_ROLES = ("categorical", "multi_categorical", "id")
 
@@ -59,7 +60,8 @@ def validate_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[p
     out = {}
     for col in schema.columns:
         out[col["name"]] = _validate_column(table.column(col["name"]), col, reasons)
-    out[schema.label["column"]] = _validate_label(table.column(schema.label["column"]), schema.label, reasons)
+    out[schema.label["column"]], raw = _validate_label(table.column(schema.label["column"]), schema.label, reasons)
+    out[RAW_LABEL] = raw
     good_mask = ~reasons.bad
     good = pa.table(out).filter(pa.array(good_mask))
     return good, _quarantine(table, reasons, source)
@@ -140,7 +142,7 @@ def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
     return parsed
 
 
-def _validate_label(column, label: dict, reasons: _Reasons) -> pa.Array:
+def _validate_label(column, label: dict, reasons: _Reasons) -> tuple[pa.Array, pa.Array]:
     name = label["column"]
     values = _as_float(column, name, reasons)
     y = values.to_numpy(zero_copy_only=False)
@@ -149,6 +151,7 @@ def _validate_label(column, label: dict, reasons: _Reasons) -> pa.Array:
     reasons.add(~missing & np.isnan(y), f"{name}: label is NaN")
     reasons.add(np.isinf(y), f"{name}: label is infinite")
     y = np.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
+    raw = pa.array(y, pa.float64())
     if label["task"] == "binary":
         if label.get("threshold") is not None:
             y = (y >= label["threshold"]).astype(np.float64)
@@ -157,7 +160,7 @@ def _validate_label(column, label: dict, reasons: _Reasons) -> pa.Array:
     elif label.get("domain") is not None:
         low, high = label["domain"]
         reasons.add((y < low) | (y > high), f"{name}: label outside the domain [{low}, {high}]")
-    return pa.array(y, pa.float64())
+    return pa.array(y, pa.float64()), raw
 
 
 def _quarantine(table: pa.Table, reasons: _Reasons, source: str) -> pa.Table:
