@@ -27,7 +27,10 @@ test-integration: $(STAMP)
 	$(BIN)/python -m pytest -q tests/integration
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/bench_preprocess.py
+	$(BIN)/python benchmarks/bench_training.py
+	$(BIN)/python benchmarks/bench_movielens_accuracy.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -83,8 +83,10 @@ def _git_commit() -> str | None:
 
 def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict) -> TrainResult:
     score, mode = score_metric(spec, pre.features.label.task)
-    session = LocalSession(loader_options(spec, pre.features), {"train": pre.dataset("train"), "val": pre.dataset("val")},
-                           run_dir, spec.train.keep_checkpoints, score, mode)
+    datasets = training_datasets(pre)
+    # One process: read blocks in order so a seed reproduces the run exactly.
+    datasets["train"].context.execution_options.preserve_order = True
+    session = LocalSession(loader_options(spec, pre.features), datasets, run_dir, spec.train.keep_checkpoints, score, mode)
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
     if not best:
