@@ -92,3 +92,15 @@ def test_elastic_workers_start_with_what_the_cluster_holds(movielens_subset, tmp
     res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"epochs": 1, "storage_path": str(tmp_path)}),
               evaluate_test=False)
     assert res.history[-1]["world_size"] == 2 and res.metrics["val_auc"] > 0.6
+
+
+def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
+    from rayload.train.trainer import kfold
+
+    spec = job(movielens_subset, resources={"workers": 1}, train={"epochs": 1, "storage_path": str(tmp_path)},
+               model={"hidden": [16]})
+    result = kfold(spec, 2)
+    assert len(result.folds) == 2
+    aucs = [f.metrics["val_auc"] for f in result.folds]
+    assert result.mean["val_auc"] == pytest.approx(sum(aucs) / 2) and result.std["val_auc"] >= 0
+    assert result.folds[0].preprocessed.out_dir != result.folds[1].preprocessed.out_dir  # a split per fold
