@@ -237,6 +237,9 @@ class TrainSpec(_Spec):
     storage_path: str | None = None
     prefetch_batches: int = Field(default=2, ge=0)
     shuffle_buffer: int = Field(default=0, ge=0, description="rows in each worker's local shuffle buffer")
+    # Keep the decoded training rows in Ray's object store after one read (spilled to disk when
+    # they do not fit): later epochs skip Parquet decoding, which competes with training for CPU.
+    cache_dataset: bool = True
 
 
 class ElasticWorkers(_Spec):

@@ -160,3 +160,17 @@ def test_load_spec_names_the_field(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(str(path))
     assert {i.path for i in info.value.issues} == {"model.name", "train.accumulation", "train.precision"}
+
+
+def test_class_weights_weight_the_loss():
+    t = table(512, 5)
+    f = features()
+    f.label.class_weights = {"0.0": 0.5, "1.0": 2.0}
+    weighted = Trainer(job(), f, MemorySession(t, t, "."), 1)
+    plain = Trainer(job(), features(), MemorySession(t, t, "."), 1)
+    batch = collate(t, Layout(("x",), ("c",), ("b",)))
+    with torch.no_grad():
+        logits = plain.model(*batch.inputs())
+        w = torch.where(batch.label > 0.5, 2.0, 0.5)
+        expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label, weight=w)
+        torch.testing.assert_close(weighted.loss(batch), expected)

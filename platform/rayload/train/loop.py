@@ -187,11 +187,14 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        self.model.eval()
+        # The unwrapped module: DDP's forward broadcasts buffers from rank 0, and ranks run
+        # different numbers of validation batches, so the wrapped forward could deadlock.
+        model = ckpt.unwrap(self.model)
+        model.eval()
         outs, labels = [], []
         for batch in self.session.val_batches(self.spec.eval.batch_size):
             with self.autocast():
-                out = self.model(*batch.to(self.session.device).inputs()).float()
+                out = model(*batch.to(self.session.device).inputs()).float()
             outs.append((torch.sigmoid(out) if self.binary else out).cpu().numpy())
             labels.append(batch.label.numpy())
         y = self.session.gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))

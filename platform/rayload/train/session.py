@@ -55,12 +55,28 @@ class Session:
         seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
         return self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
 
+    VAL_CACHE_ROWS = 2_000_000
+
     def val_batches(self, batch_size: int):
         """Every rank reads the whole validation split and keeps its stride of batches, so
-        gathering gives every row exactly once (an equal split could drop rows)."""
+        gathering gives every row exactly once (an equal split could drop rows).
+
+        This rank's batches are kept after the first epoch (up to VAL_CACHE_ROWS rows): a
+        fresh Ray Data execution per epoch cost more than the validation itself."""
+        cached = getattr(self, "_val_cache", None)
+        if cached is not None:
+            yield from cached
+            return
+        kept, rows = [], 0
         for i, batch in enumerate(self._iter(self._val_source(), batch_size, None, drop_last=False)):
             if i % self.world_size == self.rank:
+                rows += len(batch)
+                if kept is not None and rows <= self.VAL_CACHE_ROWS:
+                    kept.append(batch)
+                else:
+                    kept = None
                 yield batch
+        self._val_cache = kept
 
     def gather(self, array: np.ndarray) -> np.ndarray:
         if self.world_size == 1:

@@ -83,7 +83,7 @@ def _git_commit() -> str | None:
 
 def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict) -> TrainResult:
     score, mode = score_metric(spec, pre.features.label.task)
-    datasets = training_datasets(pre)
+    datasets = training_datasets(pre, spec.train.cache_dataset)
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
     session = LocalSession(loader_options(spec, pre.features), datasets, run_dir, spec.train.keep_checkpoints, score, mode)
@@ -115,7 +115,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=spec.train.keep_checkpoints,
                                                          checkpoint_score_attribute=score, checkpoint_score_order=mode),
         ),
-        datasets=training_datasets(pre),
+        datasets=training_datasets(pre, spec.train.cache_dataset),
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
@@ -128,8 +128,10 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     return TrainResult(name, os.path.join(storage, name), checkpoint.path, metrics, history)
 
 
-def training_datasets(pre: PreprocessResult) -> dict:
+def training_datasets(pre: PreprocessResult, cache: bool = True) -> dict:
     train, val = pre.dataset("train", for_training=True), pre.dataset("val", for_training=True)
+    if cache:
+        train = train.materialize()
     # Every rank reads all of val and keeps every world_size-th batch (exact metrics, no
     # dropped rows); that needs the same batches in the same order on every rank.
     val.context.execution_options.preserve_order = True
