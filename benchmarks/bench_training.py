@@ -26,11 +26,9 @@ each side's figure is the median of its measurements.
    all_gather, the same metrics) and saves a checkpoint on rank 0. Both run as fresh
    subprocesses (one Ray per fit; OMP_NUM_THREADS=1 per worker on both sides), each
    stopped after --child-timeout seconds. eval.batch_size is set to half the validation
-   rows, so each rank validates exactly one batch: `Trainer.validate` runs the
-   DDP-wrapped model, whose forward broadcasts module buffers (DLRM's `pairs`) from rank
-   0, and with a stride of val batches the ranks can run different numbers of forwards,
-   which deadlocks (seen with one val batch: rank 0 waits in the buffer broadcast, rank 1
-   in `all_gather_object`).
+   rows so both sides validate one batch per rank. (That first avoided a deadlock, since
+   fixed in `Trainer.validate`, which now runs the unwrapped module: DDP's forward
+   broadcasts buffers from rank 0 and the ranks run different numbers of val batches.)
    - throughput: median per-epoch samples/s, epoch 0 skipped as warm-up (rayload: the
      `samples_per_s` of `result.history`; plain: the same formula, rows x world / seconds
      of rank 0's epoch loop).  ratio = rayload / plain, target >= 0.95.
