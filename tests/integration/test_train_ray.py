@@ -89,7 +89,7 @@ def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path
 
 
 def test_elastic_workers_start_with_what_the_cluster_holds(movielens_subset, tmp_path):
-    res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"epochs": 1, "storage_path": str(tmp_path)}),
+    res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"epochs": 2, "storage_path": str(tmp_path)}),
               evaluate_test=False)
     assert res.history[-1]["world_size"] == 2 and res.metrics["val_auc"] > 0.6
 
