@@ -159,14 +159,15 @@ def merge_stats(parts: list[dict]) -> dict:
     merged: dict = {"rows": 0, "label_sum": 0.0, "label_pos": 0}
     for part in parts:
         for key, value in part.items():
-            if not key.startswith(("num:", "cat:", "te:", "tr:")) or key.startswith(("te:", "tr:")) and key in merged:
-                merged[key] += value  # numbers add up; target-statistic partials are lists
-            elif key not in merged:
-                merged[key] = list(value) if key.startswith(("te:", "tr:")) else _copy_part(value)
-            elif key.startswith("num:"):
-                _merge_numeric(merged[key], value)
-            else:
-                _merge_categorical(merged[key], value)
+            if key.startswith(("num:", "cat:")):
+                if key not in merged:
+                    merged[key] = _copy_part(value)
+                elif key.startswith("num:"):
+                    _merge_numeric(merged[key], value)
+                else:
+                    _merge_categorical(merged[key], value)
+            else:  # counts add up; target-statistic partials ("te:", "tr:") are lists that concatenate
+                merged[key] = merged[key] + value if key in merged else list(value) if isinstance(value, list) else value
     return merged
 
 
