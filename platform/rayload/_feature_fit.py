@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from . import target_stats
 from .data.validate import RAW_LABEL
 from .derived import derive
+from .hashing import as_array
 from .errors import DataError
 from .features import (
     CategoricalState,
@@ -31,7 +32,7 @@ from .features import (
     FittedFeatures,
     LabelState,
     NumericState,
-    signed_log1p,
+    clip_log,
     split_bag,
 )
 from .spec import CategoricalFeature, NumericFeature
@@ -119,10 +120,7 @@ def _numeric_partial(column, cfg: NumericFeature) -> dict:
 
 
 def _g(x: np.ndarray, cfg: NumericFeature, low, high) -> np.ndarray:
-    """The value transform before scaling: clip, then the optional log."""
-    if low is not None or high is not None:
-        x = np.clip(x, low, high)
-    return signed_log1p(x) if cfg.log else x
+    return clip_log(x, low, high, cfg.log)
 
 
 def _moments(x: np.ndarray) -> tuple[float, float, float]:
@@ -144,7 +142,7 @@ def _merge_moments(a, b):
 
 
 def _value_counts(column, multi: bool, sep: str) -> dict:
-    values = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = as_array(column)
     nulls = values.null_count
     if multi:
         values = split_bag(CategoricalState(name="", encode="vocab", separator=sep), values).values

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from . import target_stats
 from .derived import derive
-from .hashing import combine, hash_strings, seed_key
+from .hashing import as_array, combine, hash_strings, seed_key
 from .target_stats import TargetState
 
 MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
@@ -179,14 +179,19 @@ class FittedFeatures:
         return self.transform_table(validate_request(rows, self.columns, needed))
 
 
+def clip_log(x: np.ndarray, low: float | None, high: float | None, log: bool) -> np.ndarray:
+    """The value transform before scaling or bucketing: clip, then the optional log.
+
+    Fitting uses it too (on raw values, sketches and the imputed value), so the statistics
+    describe exactly what the transform produces."""
+    if low is not None or high is not None:
+        x = np.clip(x, low, high)
+    return signed_log1p(x) if log else x
+
+
 def _numeric_values(state: NumericState, column) -> np.ndarray:
-    x = pc.fill_null(column, state.impute_value).to_numpy()
-    x = np.asarray(x, dtype=np.float64)
-    if state.clip_low is not None or state.clip_high is not None:
-        x = np.clip(x, state.clip_low, state.clip_high)
-    if state.log:
-        x = signed_log1p(x)
-    return x
+    x = np.asarray(pc.fill_null(column, state.impute_value).to_numpy(), dtype=np.float64)
+    return clip_log(x, state.clip_low, state.clip_high, state.log)
 
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:
@@ -201,12 +206,6 @@ def transform_numeric(state: NumericState, column) -> dict[str, pa.Array]:
     return {state.name: pa.array(((x - state.offset) / state.divisor).astype(np.float32))}
 
 
-def _strings(column) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    return column
-
-
 def encode_ids(state: CategoricalState, values: pa.Array) -> np.ndarray:
     """Strings (with nulls) to int64 IDs by vocabulary or stable hash."""
     if state.encode == "hash":
@@ -218,7 +217,7 @@ def encode_ids(state: CategoricalState, values: pa.Array) -> np.ndarray:
 
 
 def transform_categorical(state: CategoricalState, column) -> dict[str, pa.Array]:
-    values = _strings(column)
+    values = as_array(column)
     if state.multi:
         return {state.name: _bags(state, values)}
     ids = encode_ids(state, values)
@@ -261,7 +260,7 @@ def _bags(state: CategoricalState, values: pa.Array) -> pa.Array:
 
 
 def transform_cross(state: CrossState, columns) -> pa.Array:
-    hashes = [hash_strings(_strings(c), _HASH_KEY) for c in columns]
+    hashes = [hash_strings(as_array(c), _HASH_KEY) for c in columns]
     h = hashes[0]
     for other in hashes[1:]:
         h = combine(h, other)

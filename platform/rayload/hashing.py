@@ -22,24 +22,23 @@ def seed_key(seed: int, salt: str = "") -> str:
     return hashlib.blake2b(f"{salt}:{seed}".encode(), digest_size=8).hexdigest()
 
 
+def as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous Array (a table column may arrive in chunks); no copy for one chunk."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
 def hash_strings(values: pa.Array | pa.ChunkedArray, key: str) -> np.ndarray:
     """uint64 hash per element of a string array; nulls hash like the missing token.
 
     Dictionary-encodes first so each distinct value is hashed once: categorical columns repeat.
     """
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
-    values = pc.fill_null(values, _MISSING)
+    values = pc.fill_null(as_array(values), _MISSING)
     encoded = pc.dictionary_encode(values)
     uniques = encoded.dictionary.to_numpy(zero_copy_only=False).astype(object)
     hashed = hash_array(uniques, hash_key=key, categorize=False)
     return hashed[encoded.indices.to_numpy(zero_copy_only=False)]
-
-
-def hash_python(values: list, key: str) -> np.ndarray:
-    """The same hash for Python values (one serving request)."""
-    arr = np.array([_MISSING if v is None else v for v in values], dtype=object)
-    return hash_array(arr, hash_key=key, categorize=False)
 
 
 def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DataError
+from ..hashing import as_array
 
 RAW_LABEL = "__label_raw"  # the label before thresholding (target statistics may use it)
 QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
@@ -91,14 +92,8 @@ def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
     return values
 
 
-def _combined(column) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    return column
-
-
 def _as_string(column, name: str) -> pa.Array:
-    arr = _combined(column)
+    arr = as_array(column)
     t = arr.type
     if pa.types.is_dictionary(t):
         arr, t = arr.cast(t.value_type), t.value_type
@@ -111,7 +106,7 @@ def _as_string(column, name: str) -> pa.Array:
 
 
 def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> pa.Array:
-    arr = _combined(column)
+    arr = as_array(column)
     t = arr.type
     if pa.types.is_dictionary(t):
         arr, t = arr.cast(t.value_type), t.value_type

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..hashing import as_array
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -48,10 +50,7 @@ class Batch:
 
 
 def _column(table, name: str):
-    col = table.column(name) if isinstance(table, pa.Table) else table[name]
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return col
+    return as_array(table.column(name) if isinstance(table, pa.Table) else table[name])
 
 
 def _numpy(col, dtype) -> np.ndarray:
