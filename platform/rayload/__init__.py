@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError"]
+__all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError",
+           "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec"]
 
 from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
 from .errors import DataError, SpecError
@@ -16,6 +17,20 @@ def train(spec, address: str | None = None, evaluate_test: bool = True):
     from .train.trainer import fit
 
     return fit(spec, address=address, evaluate_test=evaluate_test)
+
+
+def tune(search, resume: str | None = None, address: str | None = None, overrides=()):
+    """Run (or resume) a hyperparameter search from a search spec; returns a TuneResult."""
+    from .tuning import tune as run
+
+    return run(search, resume=resume, address=address, overrides=overrides)
+
+
+def tune_function(fn, space: dict, **options):
+    """Search any Python objective `fn(config) -> float | dict` with rayload's strategies."""
+    from .tuning import tune_function as run
+
+    return run(fn, space, **options)
 
 
 def __getattr__(name: str):
@@ -32,6 +47,14 @@ def __getattr__(name: str):
         from .evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint
+    if name in ("load_search_spec", "SearchSpec"):
+        from . import search_spec
+
+        return getattr(search_spec, name)
+    if name == "TuneResult":
+        from .tuning import TuneResult
+
+        return TuneResult
     if name == "synth":
         from .data.synthetic import write_synthetic
 

@@ -174,6 +174,56 @@ def evaluate(
         console.print(f"wrote {out}")
 
 
+@app.command()
+@_friendly
+def tune(
+    spec: Annotated[str, typer.Argument(help="search spec YAML (tune/*.yaml), or `status` followed by a run")],
+    run: Annotated[Optional[str], typer.Argument(help="with `status`: the run name or folder")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="continue this interrupted search (run name or folder)")] = None,
+    set_: SetOpt = None, address: AddressOpt = None,
+) -> None:
+    """Search a job spec's hyperparameters (`rayload tune SPEC`), or show a search (`rayload tune status RUN`)."""
+    from . import tuning
+
+    if spec == "status":
+        if not run:
+            raise typer.BadParameter("rayload tune status RUN: name the run (or its folder)")
+        print_search_status(tuning.status(run))
+        return
+    with console.status(f"searching {spec}..."):
+        result = tuning.tune(spec, resume=resume, address=address, overrides=set_ or [])
+    print_trials(result.trials, result.metric, f"search {result.run_name}")
+    counts = ", ".join(f"{n} {state}" for state, n in result.counts().items())
+    console.print(f"trials: {counts}; run folder [bold]{result.run_dir}[/]")
+    if result.best:
+        console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
+                      f"[bold]rayload train {result.best_spec}[/]")
+    for path in result.plots:
+        console.print(f"plot: {path}")
+
+
+def print_trials(rows: list[dict], metric: str, title: str, limit: int = 30) -> None:
+    names = sorted({k for r in rows for k in r["params"]})
+    table = Table("trial", "state", metric, "epochs", "seconds", *names, title=title)
+    for r in rows[:limit]:
+        table.add_row(str(r["number"]), r["state"], _g(r["value"]), str(r["epochs"] or "-"), _g(r["seconds"]),
+                      *[_param(r["params"].get(n)) for n in names])
+    console.print(table)
+    if len(rows) > limit:
+        console.print(f"... and {len(rows) - limit} more trials (trials.csv in the run folder has them all)")
+
+
+def _param(value) -> str:
+    return _g(value) if isinstance(value, float) else str(value)
+
+
+def print_search_status(state: dict) -> None:
+    done = sum(r["state"] in ("complete", "pruned", "fail") for r in state["trials"])
+    print_trials(state["trials"], state["metric"], f"{state['run_dir']}: {state['state']}, {done} of {state['total']} trials finished")
+    if state["best"]:
+        console.print(f"best so far: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")
+
+
 @data_app.command("synth")
 @_friendly
 def synth(
@@ -201,8 +251,14 @@ def synth(
 
 @app.command()
 @_friendly
-def demo(spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/movielens_deepfm.yaml", address: AddressOpt = None) -> None:
-    """The whole lifecycle on MovieLens, stage by stage (today: data preparation, training)."""
+def demo(
+    spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/movielens_deepfm.yaml",
+    search: Annotated[str, typer.Option(help="the demo search spec")] = "tune/movielens_bayes.yaml",
+    trials: Annotated[int, typer.Option(help="trials of the demo search")] = 8,
+    search_epochs: Annotated[int, typer.Option(help="most epochs of one search trial")] = 8,
+    address: AddressOpt = None,
+) -> None:
+    """The whole lifecycle on MovieLens, stage by stage (today: data, training, tuning)."""
     from .spec import load_spec
 
     job = load_spec(spec)
@@ -216,8 +272,31 @@ def demo(spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/mo
     with console.status("training..."):
         trained = fit(job, address=address)
     print_training(trained)
-    auc = trained.test.get("auc") if trained.test else None
-    console.print(f"[green]done[/]: test AUC {_g(auc)}; checkpoint {trained.checkpoint}")
+    console.print(f"[bold]3. tune[/]: {trials} trials of Bayesian search (TPE) with ASHA early stopping ({search})")
+    _demo_search(search, trials, search_epochs, trained, address)
+
+
+def _demo_search(search: str, trials: int, epochs: int, baseline, address) -> None:
+    from .evaluate import evaluate_checkpoint
+    from .search_spec import load_search_spec
+    from .spec import load_spec
+    from .tuning import tune as run
+
+    spec = load_search_spec(search, [f"num_samples={trials}", f"startup_trials={max(2, trials // 2)}", f"scheduler.max_epochs={epochs}"])
+    with console.status("searching..."):
+        found = run(spec, address=address)
+    print_trials(found.trials, found.metric, f"search {found.run_name}")
+    table = Table("", "val auc", "test auc", "epochs", title="best trial against the baseline")
+    base_test = (baseline.test or {}).get("auc")
+    table.add_row("baseline (jobs spec)", _g(baseline.metrics.get("val_auc")), _g(base_test), str(len(baseline.history)))
+    test = None
+    if found.best:
+        pre = baseline.preprocessed
+        test = evaluate_checkpoint(found.best["checkpoint"], pre.dataset("test"), load_spec(found.best_spec).eval).auc
+        table.add_row(f"best trial {found.best['number']}", _g(found.best_value), _g(test), str(found.best["epochs"]))
+    console.print(table)
+    console.print(f"[green]done[/]: baseline test AUC {_g(base_test)}; best trial test AUC {_g(test)}; "
+                  f"best configuration {found.best_spec} (train it with rayload train); plots in {found.run_dir}/plots")
 
 
 def main() -> None:

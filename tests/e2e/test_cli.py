@@ -61,12 +61,16 @@ def test_synth_then_preprocess(tmp_path):
     assert "features (fitted on train)" in r.stdout and "C26" in r.stdout
 
 
-def test_demo_prepares_movielens_and_trains(tmp_path):
-    r = cli("demo", home=tmp_path, timeout=600)
+def test_demo_prepares_movielens_trains_and_searches(tmp_path):
+    r = cli("demo", "--trials", "2", "--search-epochs", "2", home=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "100004" in r.stdout and "userId" in r.stdout
-    auc = float(r.stdout.split("test AUC ")[1].split(";")[0])
+    auc = float(r.stdout.split("baseline test AUC ")[1].split(";")[0])
     assert 0.75 < auc < 0.9
+    best = float(r.stdout.split("best trial test AUC ")[1].split(";")[0])
+    assert 0.7 < best < 0.9  # two trials of at most two epochs: below the baseline is expected
+    best_yaml = r.stdout.split("best configuration ")[1].split()[0]
+    assert os.path.exists(best_yaml)
     done = [p for p in (tmp_path / "cache" / "preprocessed").iterdir() if (p / "_SUCCESS").exists()]
     assert len(done) == 1 and (done[0] / "features.json").exists()
 

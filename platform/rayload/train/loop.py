@@ -284,7 +284,8 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
         metrics.update(trainer.validate())
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch
-        metrics.update(step=trainer.state.step, world_size=session.world_size, early_stopped=stop, restarts=trainer.state.restarts)
+        metrics.update(step=trainer.state.step, epochs_done=epoch + 1, world_size=session.world_size, early_stopped=stop,
+                       restarts=trainer.state.restarts)
         trainer.state.history.append(metrics)
         manifest = dict(context["manifest"], epoch=epoch, metrics=metrics)
         path = trainer.save(manifest)

@@ -52,7 +52,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     pre = preprocess(spec, address=address)
     storage = spec.train.storage_path or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
-    context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT")}
+    context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     if in_process:
         result = _fit_local(spec, pre, os.path.join(storage, name), context)
@@ -68,6 +68,11 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     return result
 
 
+def loop_context(spec: JobSpec, pre: PreprocessResult) -> dict:
+    """What the loop needs besides the spec and features (plain data: it crosses to workers)."""
+    return {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT")}
+
+
 def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
     return {"versions": ckpt.versions(), "seed": spec.train.seed, "data_hash": pre.cache_key,
             "git_commit": _git_commit(), "spec": spec.model_dump(mode="json")}
@@ -81,12 +86,15 @@ def _git_commit() -> str | None:
         return None
 
 
-def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict) -> TrainResult:
+def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict,
+               session_cls=LocalSession, datasets: dict | None = None) -> TrainResult:
+    """The loop in this process (one worker); `session_cls` lets a tuning trial report to Tune."""
     score, mode = score_metric(spec, pre.features.label.task)
-    datasets = training_datasets(pre, spec.train.cache_dataset)
+    datasets = datasets or training_datasets(pre, spec.train.cache_dataset)
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
-    session = LocalSession(loader_options(spec, pre.features), datasets, run_dir, spec.train.keep_checkpoints, score, mode)
+    use_gpu = spec.resources.gpus_per_worker > 0
+    session = session_cls(loader_options(spec, pre.features, use_gpu=use_gpu), datasets, run_dir, spec.train.keep_checkpoints, score, mode)
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
     if not best:
@@ -94,7 +102,8 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     return TrainResult(os.path.basename(run_dir), run_dir, best[0]["path"], best[0]["metrics"], out["history"])
 
 
-def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict) -> TrainResult:
+def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict, callbacks: list | None = None,
+             datasets: dict | None = None) -> TrainResult:
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -110,12 +119,12 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=res.gpus_per_worker > 0,
                                                resources_per_worker=per_worker, accelerator_type=res.accelerator_type),
         run_config=ray.train.RunConfig(
-            name=name, storage_path=storage,
+            name=name, storage_path=storage, callbacks=callbacks,
             failure_config=ray.train.FailureConfig(max_failures=spec.train.max_failures, controller_failure_limit=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=spec.train.keep_checkpoints,
                                                          checkpoint_score_attribute=score, checkpoint_score_order=mode),
         ),
-        datasets=training_datasets(pre, spec.train.cache_dataset),
+        datasets=datasets or training_datasets(pre, spec.train.cache_dataset),
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:

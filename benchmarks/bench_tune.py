@@ -1,0 +1,196 @@
+"""Tuning benchmarks (issue 4). Every figure is a ratio measured side by side in one run.
+
+    .venv/bin/python benchmarks/bench_tune.py overhead            # ideal / actual wall time, 50 trials at 2 concurrent
+    .venv/bin/python benchmarks/bench_tune.py branin              # trials to target: random / TPE, 5+ seeds
+    .venv/bin/python benchmarks/bench_tune.py movielens           # the same on the MovieLens DeepFM job
+    .venv/bin/python benchmarks/bench_tune.py asha                # MovieLens time to target: without ASHA / with
+
+overhead: `rayload.tune_function` runs N trials whose body sleeps T seconds (no CPU, so
+the two cores measure only the search machinery: Optuna ask/tell on SQLite, Tune's trial
+scheduling, actor reuse). ideal = N x T / concurrency.
+
+branin: trials until the best value is within 0.05 of Branin's minimum 0.397887, per seed,
+for Optuna's RandomSampler and rayload's TPE configuration, each driven through rayload's
+StudySearcher (the searcher Tune drives) one trial at a time in this process; a run that
+does not reach the target by the cap counts as the cap (which understates the ratio).
+
+movielens / asha: real searches with `rayload.tune` over jobs/movielens_deepfm.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BRANIN_MIN = 0.397887
+
+
+def branin(c: dict) -> float:
+    x, y = c["x"], c["y"]
+    return (y - 5.1 / (4 * math.pi**2) * x * x + 5 / math.pi * x - 6) ** 2 + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x) + 10
+
+
+def sleeper(seconds: float):
+    def trial(config: dict) -> float:
+        time.sleep(seconds)
+        return config["x"]
+
+    return trial
+
+
+def bench_overhead(args) -> None:
+    import ray
+
+    import rayload
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ideal = args.trials * args.trial_s / 2
+    for label in ("cold (first search in this process: imports of Tune, Optuna, matplotlib included)", "warm (a second search)"):
+        start = time.perf_counter()
+        res = rayload.tune_function(sleeper(args.trial_s), {"x": {"uniform": [0, 1]}}, strategy="random", num_samples=args.trials,
+                                    max_concurrent=2, seed=0)
+        wall = time.perf_counter() - start
+        assert res.counts() == {"complete": args.trials}, res.counts()
+        print(f"overhead, {label}: {args.trials} trials x {args.trial_s:.2f} s at 2 concurrent: ideal {ideal:.1f} s, "
+              f"actual {wall:.1f} s (start-up, trials table and plots included) -> ideal/actual = {ideal / wall:.2f}; "
+              f"{(wall - ideal) * 2 / args.trials:.3f} s overhead per trial", flush=True)
+
+
+def trials_to_target(strategy: str, seed: int, cap: int) -> int:
+    """Drive rayload's StudySearcher one trial at a time until Branin is within 0.05 of its minimum."""
+    from rayload._study import StudySearcher, make_sampler, open_study
+    from rayload.search_spec import Param
+
+    space = {"x": Param(uniform=(-5, 10)), "y": Param(uniform=(0, 15))}
+    sampler = make_sampler(strategy, "tpe", space, seed, startup=10, concurrent=False)
+    study = open_study(None, f"{strategy}-{seed}", "min", sampler, create=True)
+    searcher = StudySearcher(study, space, cap, "value", "min")
+    for i in range(cap):
+        config = searcher.suggest(str(i))
+        value = branin(config["params"])
+        searcher.on_trial_complete(str(i), {"value": value, "training_iteration": 1})
+        if value <= BRANIN_MIN + 0.05:
+            return i + 1
+    return cap
+
+
+def bench_branin(args) -> None:
+    seeds = range(args.seeds)
+    random_n = [trials_to_target("random", s, args.cap) for s in seeds]
+    tpe_n = [trials_to_target("bayes", s, args.cap) for s in seeds]
+    print(f"branin trials to within 0.05 of {BRANIN_MIN} ({args.seeds} seeds, cap {args.cap}):")
+    print(f"  random: {random_n} mean {statistics.mean(random_n):.1f}")
+    print(f"  TPE:    {tpe_n} mean {statistics.mean(tpe_n):.1f}")
+    print(f"  random / TPE = {statistics.mean(random_n) / statistics.mean(tpe_n):.2f}")
+
+
+MOVIELENS_SPACE = {
+    "train.lr": {"loguniform": [0.0003, 0.01]},
+    "train.embedding_l2": {"loguniform": [0.000001, 0.001]},
+    "model.embedding_dim": {"choice": [8, 16, 32, 64]},
+    "model.dropout": {"uniform": [0.0, 0.5]},
+}
+
+
+def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: int, asha: dict | None, concurrent: int):
+    import rayload
+    from rayload.search_spec import SearchSpec
+
+    spec = SearchSpec.model_validate({
+        "name": name, "base": os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "space": MOVIELENS_SPACE,
+        "strategy": strategy, "num_samples": trials, "seed": seed, "startup_trials": 4, "max_concurrent": concurrent,
+        "fixed": {"train.epochs": epochs, "train.early_stopping": None}, "scheduler": asha,
+    })
+    start = time.perf_counter()
+    res = rayload.tune(spec)
+    return res, time.perf_counter() - start
+
+
+def best_so_far(res) -> list[tuple[float, float]]:
+    """(finish time since the search began, best value so far) in the order trials finished."""
+    import optuna
+
+    from rayload.tuning import read_state
+
+    study = optuna.load_study(study_name=read_state(res.run_dir)["study"], storage=res.storage)
+    done = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
+    if not done:
+        return []
+    t0, best, out = min(t.datetime_start for t in study.trials if t.datetime_start), -1.0, []
+    for t in done:
+        value = t.user_attrs.get("rayload", {}).get("best_value", t.value if t.value is not None else -1.0)
+        best = max(best, value)
+        out.append(((t.datetime_complete - t0).total_seconds(), best))
+    return out
+
+
+def bench_movielens(args) -> None:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    runs = {}
+    for seed in range(args.seeds):
+        for strategy in ("random", "bayes"):
+            res, wall = movielens_search(f"bench-{strategy}-{seed}", strategy, seed, args.trials, args.epochs, None, 2)
+            runs[(strategy, seed)] = best_so_far(res)
+            print(f"  {strategy} seed {seed}: best {runs[(strategy, seed)][-1][1]:.4f} in {wall:.0f} s", flush=True)
+    target = max(curve[-1][1] for curve in runs.values()) - 0.002
+    count = {s: [next((i + 1 for i, (_, b) in enumerate(runs[(s, seed)]) if b >= target), args.trials + 1) for seed in range(args.seeds)]
+             for s in ("random", "bayes")}
+    print(f"movielens DeepFM val AUC target {target:.4f} (best of any strategy - 0.002), {args.trials} trials x {args.epochs} epochs, "
+          f"{args.seeds} seeds; not reached counts as {args.trials + 1}:")
+    print(f"  random: {count['random']} mean {statistics.mean(count['random']):.1f}")
+    print(f"  TPE:    {count['bayes']} mean {statistics.mean(count['bayes']):.1f}")
+    print(f"  random / TPE = {statistics.mean(count['random']) / statistics.mean(count['bayes']):.2f}")
+
+
+def bench_asha(args) -> None:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    asha = {"kind": "asha", "grace_period": args.grace, "reduction_factor": 3, "max_epochs": args.epochs}
+    # The same seeded random sampler proposes the same configurations in the same order.
+    plain, plain_wall = movielens_search("bench-plain", "random", args.seed, args.trials, args.epochs, None, 1)
+    stopped, stopped_wall = movielens_search("bench-asha", "random", args.seed, args.trials, args.epochs, asha, 1)
+    curves = {"without": best_so_far(plain), "with": best_so_far(stopped)}
+    target = max(c[-1][1] for c in curves.values()) - 0.002
+    reach = {k: next((t for t, b in c if b >= target), None) for k, c in curves.items()}
+    print(f"asha: {args.trials} random trials (seed {args.seed}) x up to {args.epochs} epochs, one at a time, grace period "
+          f"{args.grace}, reduction factor 3; target val AUC {target:.4f}")
+    print(f"  without ASHA: search {plain_wall:.0f} s, target reached at {reach['without']} s")
+    print(f"  with ASHA:    search {stopped_wall:.0f} s, target reached at {reach['with']} s ({stopped.counts()})")
+    if reach["without"] and reach["with"]:
+        print(f"  time to target without / with = {reach['without'] / reach['with']:.2f}; whole search {plain_wall / stopped_wall:.2f}")
+
+
+def main() -> None:
+    sys.path.insert(0, os.path.join(ROOT, "platform"))
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--trials", type=int, default=50)
+    o.add_argument("--trial-s", type=float, default=1.0)
+    b = sub.add_parser("branin")
+    b.add_argument("--seeds", type=int, default=10)
+    b.add_argument("--cap", type=int, default=4000)
+    m = sub.add_parser("movielens")
+    m.add_argument("--seeds", type=int, default=5)
+    m.add_argument("--trials", type=int, default=10)
+    m.add_argument("--epochs", type=int, default=4)
+    a = sub.add_parser("asha")
+    a.add_argument("--trials", type=int, default=12)
+    a.add_argument("--epochs", type=int, default=9)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
+    args = p.parse_args()
+    {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

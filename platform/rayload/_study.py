@@ -1,0 +1,210 @@
+"""A persistent Optuna study driven by Ray Tune: distributions, samplers, and the Searcher.
+
+The study (SQLite or PostgreSQL) is the durable record of a search. The searcher asks it for
+each new trial and tells it every result as it arrives, so a driver killed at any moment
+leaves finished trials finished; `resume` re-attaches the trials that were running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+from ray.tune.search import Searcher
+
+from .search_spec import Param
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+_SCALAR = (type(None), bool, int, float, str)
+
+
+def distribution(param: Param) -> BaseDistribution:
+    kind = param.kind
+    if kind == "uniform":
+        return FloatDistribution(*param.uniform, step=param.step)
+    if kind == "loguniform":
+        return FloatDistribution(*param.loguniform, log=True)
+    if kind == "int":
+        return IntDistribution(*param.int, log=param.log, step=int(param.step or 1))
+    return CategoricalDistribution([encode(v) for v in param.values])
+
+
+def encode(value: Any) -> Any:
+    """Optuna stores scalars only; lists and mappings (e.g. `model.hidden`) travel as JSON."""
+    return value if isinstance(value, _SCALAR) else "json:" + json.dumps(value)
+
+
+def decode(value: Any) -> Any:
+    return json.loads(value[5:]) if isinstance(value, str) and value.startswith("json:") else value
+
+
+def make_sampler(strategy: str, sampler: str | None, space: dict[str, Param], seed: int, startup: int, concurrent: bool):
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if strategy == "grid":
+        grid = {}
+        for path, p in space.items():
+            values = list(range(p.int[0], p.int[1] + 1, int(p.step or 1))) if p.kind == "int" else p.values
+            grid[path] = [encode(v) for v in values]
+        return _Grid(grid, seed=seed)
+    if sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    # constant_liar keeps concurrent TPE trials from all proposing the same point.
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, constant_liar=concurrent)
+
+
+class _Grid(optuna.samplers.GridSampler):
+    """GridSampler whose exhausted grid does not call study.stop() (which raises outside
+    study.optimize); the searcher's budget already ends the search with the grid."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def open_study(storage: str | None, name: str, mode: str, sampler, create: bool) -> optuna.Study:
+    direction = "maximize" if mode == "max" else "minimize"
+    storage = _storage(storage)
+    if create:
+        return optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler, load_if_exists=False)
+    return optuna.load_study(storage=storage, study_name=name, sampler=sampler)
+
+
+def _storage(url: str | None):
+    """SQLite in WAL mode with synchronous=NORMAL: every commit survives a killed driver
+    (only an OS crash could lose the last commits), at a fraction of the fsync cost of the
+    default journal; the searcher commits several times per trial."""
+    if url is None or not url.startswith("sqlite:"):
+        return url
+    import sqlalchemy
+
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}})
+
+    @sqlalchemy.event.listens_for(storage.engine, "connect")
+    def _pragmas(connection, _record):
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    storage.engine.dispose()  # connections opened before the listener get the pragmas too
+    return storage
+
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+class StudySearcher(Searcher):
+    """Ray Tune searcher over a persistent Optuna study.
+
+    Each Tune trial gets `{"number": optuna trial number, "params": {name: value}}`.
+    Trials still RUNNING in the study (a killed driver's) are handed out first, with their
+    number, so they continue in their own folder; then new trials are asked until the study
+    holds `total` trials. Results report intermediate values (pruning history, plots); a trial
+    is told COMPLETE, PRUNED (stopped by the scheduler) or FAIL.
+    """
+
+    def __init__(self, study: optuna.Study, space: dict[str, Param], total: int, metric: str, mode: str,
+                 step_attr: str = "epochs_done", points: list[dict] | None = None):
+        super().__init__(metric=metric, mode=mode)
+        self.study, self.total, self.step_attr = study, total, step_attr
+        self.distributions = {path: distribution(p) for path, p in space.items()}
+        self.live: dict[str, optuna.trial.Trial] = {}
+        self.stopped_early: set[str] = set()  # filled by StoppingAsha
+        self.best: dict[str, float] = {}
+        self.steps: dict[str, int] = {}
+        self.best_checkpoint: dict[str, str | None] = {}
+        trials = study.get_trials(deepcopy=False)
+        self.resumable = [t for t in trials if t.state == TrialState.RUNNING]
+        self.asked = sum(t.state != TrialState.WAITING for t in trials)  # running ones included
+        for point in points or []:  # a resumed study has them already: skip_if_exists
+            study.enqueue_trial({k: encode(v) for k, v in point.items()}, skip_if_exists=True)
+
+    @property
+    def finished(self) -> int:
+        return sum(t.state in FINISHED for t in self.study.get_trials(deepcopy=False))
+
+    def remaining(self) -> int:
+        """Trials this run still has to start (re-attached running ones included)."""
+        return max(0, self.total - self.finished)
+
+    def suggest(self, trial_id: str) -> dict | None:
+        if self.resumable:
+            frozen = self.resumable.pop(0)
+            trial = optuna.trial.Trial(self.study, frozen._trial_id)
+            log.info("re-attaching trial %d (running when the search stopped)", frozen.number)
+        elif self.asked >= self.total:
+            return Searcher.FINISHED
+        else:
+            trial = self.study.ask(self.distributions)
+            self.asked += 1
+        self.live[trial_id] = trial
+        return {"number": trial.number, "params": {k: decode(v) for k, v in trial.params.items()}}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        trial, value = self.live.get(trial_id), result.get(self.metric)
+        if trial is None or not _finite(value):
+            return
+        if trial_id not in self.best or (value > self.best[trial_id]) == (self.mode == "max"):
+            self.best[trial_id] = float(value)
+            # The checkpoint of the best epoch (TuneSession: "checkpoint"; Ray Train's TuneReportCallback: "checkpoint_path").
+            self.best_checkpoint[trial_id] = result.get("checkpoint") or result.get("checkpoint_path")
+        step = result.get(self.step_attr, result.get("training_iteration"))
+        if step is not None and self.steps.get(trial_id) != step:  # Tune may hand the last result twice
+            self.steps[trial_id] = step
+            trial.report(float(value), int(step))
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if result and not error:
+            self.on_trial_result(trial_id, result)
+        trial, best = self.live.pop(trial_id, None), self.best.pop(trial_id, None)
+        self.steps.pop(trial_id, None)
+        checkpoint = self.best_checkpoint.pop(trial_id, None)
+        if trial is None:
+            return
+        if error or best is None:
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        # One attribute, one commit: epochs (or steps) run, the best value, the checkpoint folder.
+        trial.set_user_attr("rayload", {"epochs_done": result.get(self.step_attr), "best_value": best,
+                                        "checkpoint": checkpoint})
+        if trial_id in self.stopped_early:
+            # Stopped by the scheduler: Optuna keeps its last intermediate value; TPE weighs it by how far it got.
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, best)
+
+    # Tune checkpoints searchers with its experiment state; the study is our state.
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as f:
+            json.dump({"study": self.study.study_name}, f)
+
+    def restore(self, checkpoint_path: str) -> None:  # pragma: no cover - resume goes through the study
+        pass
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def stopping_asha(searcher: StudySearcher, time_attr: str, max_t: int, **kwargs):
+    """ASHA that tells the searcher which trials it stopped before max_t (Tune marks those
+    results `done` like any finished trial)."""
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+    class StoppingAsha(ASHAScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            decision = super().on_trial_result(tune_controller, trial, result)
+            if decision == TrialScheduler.STOP and result.get(time_attr, max_t) < max_t:
+                searcher.stopped_early.add(trial.trial_id)
+            return decision
+
+    return StoppingAsha(time_attr=time_attr, max_t=max_t, **kwargs)

@@ -1,0 +1,316 @@
+"""Typed search specs (`tune/*.yaml`) and `load_search_spec`.
+
+A search spec names a base job spec and the hyperparameters to search, as dotted paths into
+that job spec (`train.lr`, `model.embedding_dim`). Everything that can be checked before a
+trial runs is checked here: every path exists, bounds are ordered, log scales are positive,
+choices are not empty, the strategy can use the parameter kinds, and every extreme value of
+the space still makes a valid job spec.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import SpecIssue
+
+
+# Parameters under these sections change the preprocessed data; the driver prepares each variant.
+PREPROCESSING = ("data", "split", "rebalance", "features")
+MAX_VARIANTS = 8
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_int = int  # `int` is also a field name of Param
+
+
+class Param(_Spec):
+    """One searched value. Exactly one of the kinds; a bare YAML list is a grid."""
+
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    int: tuple[_int, _int] | None = None
+    choice: list[Any] | None = None
+    grid: list[Any] | None = None
+    log: bool = False  # for int: sample on a log scale
+    step: float | None = Field(default=None, gt=0)  # for uniform/int: a quantised range
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_list_is_grid(cls, value):
+        return {"grid": value} if isinstance(value, list) else value
+
+    @property
+    def kind(self) -> str:
+        kinds = [k for k in ("uniform", "loguniform", "int", "choice", "grid") if getattr(self, k) is not None]
+        return kinds[0] if len(kinds) == 1 else ""
+
+    @property
+    def values(self) -> list[Any]:
+        """The values a check can try: both bounds of a range, every choice or grid value."""
+        found = getattr(self, self.kind)
+        return list(found)
+
+    def problems(self) -> list[str]:
+        kinds = [k for k in ("uniform", "loguniform", "int", "choice", "grid") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            return [f"give exactly one of uniform, loguniform, int, choice or a grid list (got {', '.join(kinds) or 'none'})"]
+        kind = kinds[0]
+        if kind in ("choice", "grid"):
+            values = getattr(self, kind)
+            if not values:
+                return [f"{kind} needs at least one value"]
+            if len({repr(v) for v in values}) != len(values):
+                return [f"{kind} lists a value twice: {values}"]
+            return []
+        low, high = getattr(self, kind)
+        out = []
+        if low > high:
+            out.append(f"low > high ({low} > {high})")
+        if (kind == "loguniform" or self.log) and low <= 0:
+            out.append(f"a log scale needs low > 0 (got low={low})")
+        if self.log and self.step is not None:
+            out.append("log and step cannot be combined")
+        return out
+
+
+class Asha(_Spec):
+    kind: Literal["asha"] = "asha"
+    grace_period: int = Field(default=1, ge=1, description="epochs every trial runs before it can be stopped")
+    reduction_factor: float = Field(default=3, gt=1)
+    max_epochs: int | None = Field(default=None, ge=1, description="default: the base job's train.epochs")
+
+
+class TrialResources(_Spec):
+    workers: int = Field(default=1, ge=1, description="1: the loop runs inside the trial; more: a TorchTrainer per trial")
+    cpus_per_worker: float | None = Field(default=None, gt=0, description="default: the base job's")
+    gpus_per_worker: float | None = Field(default=None, ge=0, description="default: the base job's")
+
+
+class SearchSpec(_Spec):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    base: str = Field(description="the job spec to search; relative paths are relative to this file")
+    space: dict[str, Param] = Field(min_length=1)
+    fixed: dict[str, Any] = Field(default_factory=dict, description="changes to the base job for every trial")
+    strategy: Literal["random", "grid", "bayes"] = "bayes"
+    sampler: Literal["tpe", "gp"] | None = None
+    num_samples: int | None = Field(default=None, ge=1, description="default: the grid's size, else 16")
+    startup_trials: int | None = Field(default=None, ge=1, description="random trials before TPE/GP model the space")
+    points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list, description="configurations tried first")
+    metric: str = "val_auc"
+    mode: Literal["max", "min"] | None = None
+    seed: int = 0
+    scheduler: Asha | None = None
+    trial_resources: TrialResources = Field(default_factory=TrialResources)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises before it is recorded failed")
+    storage: str | None = Field(default=None, description="Optuna storage URL; default: SQLite in the run folder")
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler_words(cls, value):
+        if value in (None, "none", {"kind": "none"}):
+            return None
+        return {"kind": "asha"} if value == "asha" else value
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_url(cls, value):
+        if value is not None and not value.startswith(("sqlite:///", "postgresql", "mysql")):
+            raise ValueError("an SQLAlchemy URL: sqlite:///path/study.db or postgresql://user@host:5432/db")
+        return value
+
+    @property
+    def score_mode(self) -> str:
+        from .train.loop import LOWER_IS_BETTER
+
+        return self.mode or ("min" if self.metric.removeprefix("val_") in LOWER_IS_BETTER else "max")
+
+
+def base_path(spec: SearchSpec, spec_file: str | None) -> str:
+    if os.path.isabs(spec.base) or spec_file is None:
+        return spec.base
+    here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(spec_file)), spec.base))
+    # Relative to the search spec's folder; fall back to the working directory (repo root).
+    return here if os.path.exists(here) else os.path.abspath(spec.base)
+
+
+def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
+    """Problems of the space itself and of the strategy with this space."""
+    issues = [SpecIssue(f"space.{path}", msg) for path, p in spec.space.items() for msg in p.problems()]
+    kinds = {path: p.kind for path, p in spec.space.items()}
+    if spec.strategy == "grid":
+        for path, kind in kinds.items():
+            if kind in ("uniform", "loguniform", "int") and (kind != "int" or (spec.space[path].log)):
+                issues.append(SpecIssue(f"space.{path}", f"grid search needs a list of values, not a {kind} range"))
+    else:
+        for path, kind in kinds.items():
+            if kind == "grid":
+                issues.append(SpecIssue(f"space.{path}", f"a grid list needs strategy: grid; the {spec.strategy} "
+                                        f"strategy{' with sampler ' + (spec.sampler or 'tpe') if spec.strategy == 'bayes' else ''} "
+                                        "samples, so write it as {choice: [...]}"))
+    if spec.sampler and spec.strategy != "bayes":
+        issues.append(SpecIssue("sampler", f"sampler is for strategy: bayes, not {spec.strategy}", spec.sampler, True))
+    if spec.strategy == "grid" and spec.num_samples is not None and spec.num_samples != grid_size(spec):
+        issues.append(SpecIssue("num_samples", f"a grid search runs its grid exactly once: {grid_size(spec)} trials; leave num_samples out",
+                                spec.num_samples, True))
+    for i, point in enumerate(spec.points_to_evaluate):
+        for path, value in point.items():
+            if path not in spec.space:
+                issues.append(SpecIssue(f"points_to_evaluate.{i}.{path}", "not a path in space", value, True))
+    return issues
+
+
+def grid_size(spec: SearchSpec) -> int:
+    size = 1
+    for p in spec.space.values():
+        if p.kind == "int":
+            low, high = p.int
+            size *= len(range(low, high + 1, int(p.step or 1)))
+        else:
+            size *= len(p.values) if p.kind in ("choice", "grid") else 1
+    return size
+
+
+def trials_wanted(spec: SearchSpec) -> int:
+    return grid_size(spec) if spec.strategy == "grid" else spec.num_samples or 16
+
+
+# ---------------------------------------------------------------- loading and job-spec checks
+
+
+def load_search_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> SearchSpec:
+    """Read a search spec, check it and its base job spec; raises SpecError listing every problem."""
+    from ._spec_load import load_model
+
+    spec = load_model(SearchSpec, path, overrides, check=lambda spec: job_issues(spec, path))
+    # Pin the base to where it was found: the spec then works from any working directory
+    # (the SDK, the demo and a resumed search all pass the object, not the file).
+    return spec.model_copy(update={"base": base_path(spec, path)})
+
+
+def base_raw(spec: SearchSpec, spec_file: str | None) -> dict:
+    from ._spec_load import _set_path, read_yaml
+
+    raw = read_yaml(base_path(spec, spec_file))
+    issues: list[SpecIssue] = []
+    for key, value in spec.fixed.items():
+        _set_path(raw, key.split("."), value, issues)
+    if issues:
+        from .errors import SpecError
+
+        raise SpecError(issues)
+    return raw
+
+
+def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
+    """Strategy problems, unknown paths (with the valid paths near them), and extreme values
+    of the space that make the base job spec invalid."""
+    from .errors import SpecError
+
+    issues = strategy_issues(spec)
+    where = base_path(spec, spec_file)
+    try:
+        raw = base_raw(spec, spec_file)
+        base = job_from(raw, {})
+    except SpecError as exc:
+        return issues + [SpecIssue("base", f"{where}: {i.render()}") for i in exc.issues]
+    known = known_paths(base)
+    for path in list(spec.fixed) + list(spec.space):
+        if path not in known:
+            section = "fixed" if path in spec.fixed else "space"
+            issues.append(SpecIssue(f"{section}.{path}", f"not a field of the job spec {os.path.basename(where)}; near it: {', '.join(near_paths(path, known))}"))
+    if issues:
+        return issues
+    issues += _preprocessing_issues(spec)
+    for path, param in spec.space.items():
+        for value in param.values:
+            try:
+                job_from(raw, {path: value})
+            except SpecError as exc:
+                issues += [SpecIssue(f"space.{path}", f"value {value!r} makes the job spec invalid: {i.render()}") for i in exc.issues]
+    return issues
+
+
+def _preprocessing_issues(spec: SearchSpec) -> list[SpecIssue]:
+    paths = [p for p in spec.space if p.split(".")[0] in PREPROCESSING]
+    issues = [SpecIssue(f"space.{p}", "a parameter that changes preprocessing must be a choice or grid list: each "
+                        "variant is preprocessed once before the trials start") for p in paths if spec.space[p].kind not in ("choice", "grid")]
+    variants = 1
+    for p in paths:
+        variants *= len(spec.space[p].values)
+    if not issues and variants > MAX_VARIANTS:
+        issues.append(SpecIssue("space", f"the preprocessing parameters ({', '.join(paths)}) make {variants} data variants; at most {MAX_VARIANTS}"))
+    return issues
+
+
+def job_from(raw: dict, params: dict):
+    """The job spec with `params` ({dotted path: value}) applied to a copy of `raw`."""
+    import copy
+
+    from pydantic import ValidationError
+
+    from ._spec_checks import check_job
+    from ._spec_load import _set_path, pydantic_issues
+    from .errors import SpecError
+    from .spec import JobSpec
+
+    raw = copy.deepcopy(raw)
+    issues: list[SpecIssue] = []
+    for path, value in params.items():
+        _set_path(raw, path.split("."), value, issues)
+    try:
+        job = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(issues + pydantic_issues(exc, JobSpec)) from None
+    issues += check_job(job)
+    if issues:
+        raise SpecError(issues)
+    return job
+
+
+def known_paths(job) -> set[str]:
+    """Every dotted path of a job spec: its values, sections, list items, and the fields of
+    sections that are unset (None)."""
+    from ._spec_load import _fields_at
+    from .spec import JobSpec
+
+    out: set[str] = set()
+
+    def walk(node, prefix: list[str]):
+        if prefix:
+            out.add(".".join(prefix))
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, prefix + [str(key)])
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, prefix + [str(i)])
+        elif node is None:
+            for field in _fields_at(JobSpec, prefix):
+                out.add(".".join(prefix + [field]))
+
+    walk(job.model_dump(mode="json"), [])
+    return out
+
+
+def near_paths(path: str, known: set[str], n: int = 6) -> list[str]:
+    import difflib
+
+    parts = path.split(".")
+    close = difflib.get_close_matches(path, sorted(known), n=n, cutoff=0.6)
+    for depth in range(len(parts) - 1, 0, -1):  # siblings under the longest prefix that exists
+        prefix = ".".join(parts[:depth])
+        if prefix in known:
+            siblings = sorted(p for p in known if p.startswith(prefix + ".") and p.count(".") == depth)
+            close += [p for p in siblings if p not in close]
+            break
+    else:
+        close += [p for p in sorted(known) if "." not in p and p not in close]
+    return close[:n]
+

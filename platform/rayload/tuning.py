@@ -1,0 +1,359 @@
+"""Hyperparameter search: a search spec (or any Python function) -> Ray Tune trials steered
+by a persistent Optuna study (random, grid, TPE, GP), ASHA early stopping, resume.
+
+Trials of a job-spec search run `rayload train`'s loop (see `_tune_trial`). The driver keeps
+`search.json` in the run folder (spec, storage, state); the study keeps every trial's
+parameters and results, so `tune(..., resume=RUN)` after a killed driver runs only what is
+missing: finished trials stay finished and running ones continue from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ._ray import ensure_ray
+from .errors import RayloadError, SpecError
+from .paths import runs_root
+from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneResult:
+    run_name: str
+    run_dir: str
+    storage: str
+    metric: str
+    mode: str
+    trials: list[dict]  # best first; see _tune_report.trial_rows
+    best: dict | None
+    best_spec: str | None = None  # best.yaml (job-spec searches)
+    plots: list[str] = field(default_factory=list)
+
+    @property
+    def best_params(self) -> dict | None:
+        return self.best["params"] if self.best else None
+
+    @property
+    def best_value(self) -> float | None:
+        return self.best["value"] if self.best else None
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.trials:
+            out[row["state"]] = out.get(row["state"], 0) + 1
+        return out
+
+
+@dataclass
+class _Plan:
+    spec: SearchSpec
+    run_dir: str
+    storage: str
+    resources: dict[str, float]  # one Tune trial's own resources
+    concurrency: int
+    step_attr: str = "epochs_done"
+    max_t: int | None = None
+
+
+# ---------------------------------------------------------------- job-spec searches
+
+
+def tune(search: str | SearchSpec, resume: str | None = None, address: str | None = None, overrides=()) -> TuneResult:
+    """Run (or with `resume`, continue) the search in a search spec file or SearchSpec."""
+    ensure_ray(address)
+    if resume:
+        run_dir = find_run(resume)
+        state = read_state(run_dir)
+        spec, raw = SearchSpec.model_validate(state["spec"]), state["base_raw"]
+    else:
+        spec, raw = _load(search, overrides)
+        run_dir = os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    base = job_from(raw, {})
+    from .train.resources import check_storage
+
+    check_storage(run_dir)  # trials on other nodes write their checkpoints under the run folder
+    max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
+    raw = _with_epochs(raw, max_t)
+    tr = spec.trial_resources
+    cpus, gpus = tr.cpus_per_worker or base.resources.cpus_per_worker, tr.gpus_per_worker if tr.gpus_per_worker is not None else base.resources.gpus_per_worker
+    per_worker = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    _check_shape(tr.workers, cpus, gpus, base.resources.accelerator_type)
+    # Every trial's job spec asks for what its trial holds (the in-process loop then uses the GPU it was given).
+    raw["resources"] = {**raw.get("resources", {}), "workers": tr.workers, "cpus_per_worker": cpus, "gpus_per_worker": gpus}
+    paths = tuple(p for p in spec.space if p.split(".")[0] in PREPROCESSING)
+    from ._tune_trial import JobSearch, job_trial
+
+    job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers)
+    # A TorchTrainer places its own workers; the trial itself only drives it (Tune refuses an
+    # empty resource request, hence a hundredth of a CPU).
+    own = per_worker if tr.workers == 1 else {"CPU": 0.01}
+    need = {k: v * tr.workers for k, v in per_worker.items()}
+    plan = _Plan(spec, run_dir, _storage(spec, run_dir), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
+    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage,
+                study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
+    study = _run(plan, job_trial, {"search": job}, resume=bool(resume))
+    return _finish(plan, study, raw)
+
+
+def _load(search, overrides) -> tuple[SearchSpec, dict]:
+    if isinstance(search, SearchSpec):
+        issues = job_issues(search, None)
+        if issues:
+            raise SpecError(issues)
+        return search, base_raw(search, None)
+    spec = load_search_spec(search, list(overrides))
+    return spec, base_raw(spec, search)
+
+
+def _with_epochs(raw: dict, epochs: int) -> dict:
+    import copy
+
+    raw = copy.deepcopy(raw)
+    raw.setdefault("train", {})["epochs"] = epochs
+    return raw
+
+
+def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], address) -> dict[str, tuple]:
+    """Preprocess every data variant the space can ask for and build its datasets, here,
+    before trials hold the CPUs (a trial waiting for Ray Data tasks that need a CPU would
+    never finish)."""
+    from ._tune_trial import variant_key
+    from .data.pipeline import preprocess
+    from .train.trainer import training_datasets
+
+    values = [spec.space[p].values for p in paths]
+    out = {}
+    for combo in itertools.product(*values):
+        params = dict(zip(paths, combo))
+        job = job_from(raw, params)
+        pre = preprocess(job, address=address)
+        out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset))
+    return out
+
+
+# ---------------------------------------------------------------- any Python objective
+
+
+def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: str = "bayes", sampler: str | None = None,
+                  num_samples: int | None = None, metric: str = "value", mode: str = "min", seed: int = 0,
+                  scheduler: dict | str | None = None, max_concurrent: int | None = None, cpus: float = 1,
+                  max_failures: int = 0, storage: str | None = None, name: str = "function",
+                  points_to_evaluate: list[dict] | None = None, startup_trials: int | None = None,
+                  resume: str | None = None, address: str | None = None) -> TuneResult:
+    """Search `fn(config) -> float | dict` with the same strategies, scheduler and storage as
+    job specs. `space` uses the search-spec syntax: {"x": {"uniform": [-5, 10]}, "k": [1, 2]}.
+    `fn` may instead call `ray.tune.report({...})` once per step (for ASHA) and return None."""
+    from pydantic import ValidationError
+
+    from ._spec_load import pydantic_issues
+
+    raw = {"name": name, "base": "<python function>", "space": space, "strategy": strategy, "sampler": sampler,
+           "num_samples": num_samples, "metric": metric, "mode": mode, "seed": seed, "scheduler": scheduler,
+           "max_concurrent": max_concurrent, "max_failures": max_failures, "storage": storage,
+           "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials}
+    try:
+        spec = SearchSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(pydantic_issues(exc, SearchSpec)) from None
+    if issues := strategy_issues(spec):
+        raise SpecError(issues)
+    ensure_ray(address)
+    _ship_by_value(fn)
+    run_dir = find_run(resume) if resume else os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    _check_shape(1, cpus, 0, None)
+    max_t = spec.scheduler.max_epochs if spec.scheduler else None
+    plan = _Plan(spec, run_dir, _storage(spec, run_dir), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
+                 step_attr="training_iteration", max_t=max_t)
+    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name,
+                total=trials_wanted(spec), metric=metric, mode=mode)
+    study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
+    return _finish(plan, study, None)
+
+
+def _ship_by_value(fn) -> None:
+    """Trial processes may not import the objective's module (a script, a test file, a
+    notebook): send its code along instead of a reference, unless it is an installed package."""
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    installed = path.startswith((sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]))
+    if module is not None and module.__name__ != "__main__" and path and not installed:
+        cloudpickle.register_pickle_by_value(module)
+
+
+def _function_trial(config: dict, fn, metric: str) -> None:
+    import ray.tune
+
+    out = fn(dict(config["params"]))
+    if out is not None:
+        # done=True ends the trial with this result; otherwise Tune asks once more and waits
+        # up to 0.2 s (its result-queue timeout) to notice the function has returned.
+        ray.tune.report({**(dict(out) if isinstance(out, dict) else {metric: float(out)}), "done": True})
+
+
+# ---------------------------------------------------------------- the search itself
+
+
+def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
+    import ray.tune
+    from ray.tune.logger import JsonLoggerCallback
+
+    from ._study import StudySearcher, make_sampler, open_study, stopping_asha
+
+    spec = plan.spec
+    total = trials_wanted(spec)
+    startup = spec.startup_trials or min(10, max(3, total // 4))
+    sampler = make_sampler(spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)
+    study = open_study(plan.storage, spec.name, spec.score_mode, sampler, create=not resume)
+    searcher = StudySearcher(study, spec.space, total, spec.metric, spec.score_mode, plan.step_attr, spec.points_to_evaluate)
+    todo = searcher.remaining()
+    write_state(plan.run_dir, state="running", pid=os.getpid(), host=socket.gethostname())
+    if todo:
+        scheduler = None
+        if spec.scheduler:
+            scheduler = stopping_asha(searcher, plan.step_attr, plan.max_t or 100, metric=spec.metric, mode=spec.score_mode,
+                                      grace_period=spec.scheduler.grace_period, reduction_factor=spec.scheduler.reduction_factor)
+        # Results live in the study; Tune keeps only its JSON log (no CSV, no TensorBoard).
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        tuner = ray.tune.Tuner(
+            ray.tune.with_resources(ray.tune.with_parameters(trainable, **parameters), plan.resources),
+            tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=todo, reuse_actors=True,
+                                            max_concurrent_trials=min(plan.concurrency, todo),
+                                            trial_dirname_creator=lambda t: t.trial_id),
+            run_config=ray.tune.RunConfig(name=f"attempt_{_attempt(plan.run_dir)}", storage_path=os.path.join(plan.run_dir, "tune"),
+                                          failure_config=ray.tune.FailureConfig(max_failures=spec.max_failures), verbose=0,
+                                          callbacks=[JsonLoggerCallback()]),
+        )
+        tuner.fit()
+    write_state(plan.run_dir, state="finished", finished=_now())
+    return study
+
+
+def _finish(plan: _Plan, study, raw: dict | None) -> TuneResult:
+    from ._tune_report import best_row, trial_rows, write_best_spec, write_csv, write_plots
+
+    rows = trial_rows(study)
+    write_csv(rows, os.path.join(plan.run_dir, "trials.csv"))
+    best = best_row(rows)
+    best_spec = None
+    if best and raw is not None:
+        best_spec = os.path.join(plan.run_dir, "best.yaml")
+        write_best_spec(raw, best["params"], best_spec, [
+            f"rayload train {best_spec}",
+            f"best of search {os.path.basename(plan.run_dir)}: trial {best['number']}, {plan.spec.metric}={best['value']:.6g}",
+            "searched: " + ", ".join(f"{k}={v!r}" for k, v in best["params"].items()),
+        ])
+    plots = write_plots(study, os.path.join(plan.run_dir, "plots"))
+    return TuneResult(os.path.basename(plan.run_dir), plan.run_dir, plan.storage, plan.spec.metric, plan.spec.score_mode,
+                      rows, best, best_spec, plots)
+
+
+def _storage(spec: SearchSpec, run_dir: str) -> str:
+    os.makedirs(run_dir, exist_ok=True)
+    return spec.storage or f"sqlite:///{os.path.join(run_dir, 'study.db')}"
+
+
+def _attempt(run_dir: str) -> int:
+    folder = os.path.join(run_dir, "tune")
+    return len(os.listdir(folder)) if os.path.isdir(folder) else 0
+
+
+# ---------------------------------------------------------------- resources
+
+
+class SearchResourceError(RayloadError):
+    pass
+
+
+def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None) -> None:
+    """A trial the cluster can never hold is refused before the search starts."""
+    from .spec import ResourcesSpec
+    from .train.resources import ResourceError, check_resources
+
+    try:
+        check_resources(ResourcesSpec(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, accelerator_type=accelerator))
+    except ResourceError as exc:
+        raise SearchResourceError(f"trial_resources: one trial can never run here: {exc}") from None
+
+
+def _concurrency(requested: int | None, need: dict[str, float], total: int) -> int:
+    """Default: the cluster's free resources divided by one trial's needs."""
+    import ray
+
+    if requested:
+        return min(requested, total)
+    free = ray.available_resources()
+    fits = [int(free.get(k, 0) // v) for k, v in need.items() if v > 0]
+    return max(1, min([total, *fits]))
+
+
+# ---------------------------------------------------------------- run folders and status
+
+
+def find_run(run: str) -> str:
+    candidates = [run, os.path.join(runs_root(), "tune", run)]
+    for path in candidates:
+        if os.path.exists(os.path.join(path, "search.json")):
+            return os.path.abspath(path)
+    raise RayloadError(f"no search run {run!r}: looked for search.json in {', '.join(candidates)}")
+
+
+def read_state(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "search.json")) as f:
+        return json.load(f)
+
+
+def write_state(run_dir: str, **updates) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "search.json")
+    state = read_state(run_dir) if os.path.exists(path) else {"started": _now()}
+    state.update(updates, updated=_now())
+    with open(path + ".tmp", "w") as f:
+        json.dump(state, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def status(run: str) -> dict:
+    """State of a running, finished or interrupted search: its trials, counts and best trial."""
+    import optuna
+
+    from ._tune_report import best_row, trial_rows
+
+    run_dir = find_run(run)
+    state = read_state(run_dir)
+    study = optuna.load_study(storage=state["storage"], study_name=state["study"])
+    rows = trial_rows(study)
+    if state.get("state") == "running" and not _alive(state.get("pid"), state.get("host")):
+        state["state"] = "interrupted (driver gone; continue with --resume)"
+    return {"run_dir": run_dir, "state": state["state"], "total": state["total"], "metric": state["metric"],
+            "mode": state["mode"], "trials": rows, "best": best_row(rows)}
+
+
+def _alive(pid: int | None, host: str | None) -> bool:
+    if not pid or host != socket.gethostname():
+        return host != socket.gethostname() and pid is not None  # another machine's driver: assume it runs
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
+__all__ = ["tune", "tune_function", "status", "TuneResult"]

@@ -1,0 +1,94 @@
+"""`rayload tune` as a user runs it: a search whose driver is SIGKILLed resumes to N trials."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
+
+
+def specs(tmp_path) -> str:
+    from rayload.data.builtin import materialize
+    from rayload.spec import JobSpec
+
+    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(tmp_path / "cache"))[0]
+    pq.write_table(pq.read_table(src).slice(0, 5000), tmp_path / "subset.parquet")
+    job = {"name": "ml-tiny",
+           "data": {"source": {"kind": "parquet", "path": str(tmp_path / "subset.parquet")},
+                    "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                                {"name": "year", "role": "numeric"}],
+                    "label": {"column": "rating", "threshold": 4.0}},
+           "model": {"name": "mlp", "embedding_dim": 4, "hidden": [8]},
+           "train": {"epochs": 3, "batch_size": 256}}
+    (tmp_path / "job.yaml").write_text("# rayload train job.yaml\n" + yaml.safe_dump(job))
+    search = {"name": "resumable", "base": str(tmp_path / "job.yaml"), "strategy": "random", "num_samples": 5,
+              "max_concurrent": 1, "space": {"train.lr": {"loguniform": [1e-3, 3e-2]}}}
+    (tmp_path / "search.yaml").write_text("# rayload tune search.yaml\n" + yaml.safe_dump(search))
+    return str(tmp_path / "search.yaml")
+
+
+def finished(run_dir: str) -> list:
+    if not os.path.exists(os.path.join(run_dir, "study.db")):
+        return []
+    try:
+        study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
+    except KeyError:  # created, not yet written
+        return []
+    return [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_path):
+    spec, home = specs(tmp_path), tmp_path / "runs"
+    env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
+    driver = subprocess.Popen([RAYLOAD, "tune", spec], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline, run_dir = time.time() + 240, None
+        while time.time() < deadline and driver.poll() is None:
+            runs = glob.glob(str(home / "tune" / "resumable-*"))
+            run_dir = runs[0] if runs else None
+            if run_dir and len(finished(run_dir)) >= 2:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the search ended before it could be killed"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        before = {t.number: t.datetime_complete for t in finished(run_dir)}
+        assert 2 <= len(before) < 5
+        stamps = {n: os.path.getmtime(os.path.join(run_dir, "trials", f"trial_{n:04d}", "checkpoints.json")) for n in before}
+        status = subprocess.run([RAYLOAD, "tune", "status", run_dir], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "interrupted" in status.stdout, status.stdout + status.stderr
+    finally:
+        _kill_group(driver)
+    time.sleep(2)
+    resumed = subprocess.run([RAYLOAD, "tune", spec, "--resume", os.path.basename(run_dir)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = finished(run_dir)
+    study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
+    assert len(study.trials) == 5 and len(done) == 5  # N in total: nothing re-run, nothing lost
+    for t in done:
+        if t.number in before:
+            assert t.datetime_complete == before[t.number]
+            path = os.path.join(run_dir, "trials", f"trial_{t.number:04d}", "checkpoints.json")
+            assert os.path.getmtime(path) == stamps[t.number]
+    assert os.path.exists(os.path.join(run_dir, "best.yaml")) and "5 complete" in resumed.stdout
+    status = subprocess.run([RAYLOAD, "tune", "status", os.path.basename(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert ": finished, 5 of 5 trials finished" in " ".join(status.stdout.split()), status.stdout
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver's embedded Ray, if it outlived the driver
+    except ProcessLookupError:
+        pass

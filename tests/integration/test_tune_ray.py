@@ -1,0 +1,145 @@
+"""Searches on a local Ray with a tiny DeepFM: every strategy, ASHA, failures, PostgreSQL."""
+
+import itertools
+import math
+import os
+
+import optuna
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+import rayload
+from rayload.spec import JobSpec
+
+pytestmark = pytest.mark.integration
+PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="module")
+def base_job(ray_local, tmp_path_factory):
+    """A job spec over the first 6,000 MovieLens ratings with a tiny DeepFM."""
+    from rayload.data.builtin import materialize
+
+    folder = tmp_path_factory.mktemp("tune")
+    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(folder / "cache"))[0]
+    pq.write_table(pq.read_table(src).slice(0, 6000), folder / "subset.parquet")
+    raw = {"name": "ml-tiny",
+           "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
+                    "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                                {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                    "label": {"column": "rating", "threshold": 4.0}},
+           "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
+           "train": {"epochs": 2, "batch_size": 256, "lr": 0.005}}
+    path = folder / "job.yaml"
+    path.write_text("# rayload train job.yaml\n" + yaml.safe_dump(raw))
+    return str(path)
+
+
+def search(base: str, tmp_path, **fields) -> str:
+    raw = {"name": "s", "base": base, "space": {"train.lr": {"loguniform": [1e-3, 3e-2]}, "model.embedding_dim": {"choice": [4, 8]}},
+           "num_samples": 3, "max_concurrent": 2, **fields}
+    path = tmp_path / "search.yaml"
+    path.write_text("# rayload tune search.yaml\n" + yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_random_search_table_best_yaml_plots_and_best_yaml_trains(base_job, tmp_path):
+    res = rayload.tune(search(base_job, tmp_path, strategy="random"))
+    assert res.counts() == {"complete": 3}
+    values = [r["value"] for r in res.trials]
+    assert values == sorted(values, reverse=True) and res.best_value == values[0] > 0.5
+    assert {os.path.basename(p) for p in res.plots} == {"history.png", "importances.png", "parallel_coordinates.png"}
+    assert all(os.path.getsize(p) > 10_000 for p in res.plots)
+    assert os.path.isdir(res.best["checkpoint"])
+    best = rayload.load_spec(res.best_spec)
+    assert best.train.lr == pytest.approx(res.best_params["train.lr"]) and best.model.embedding_dim == res.best_params["model.embedding_dim"]
+    trained = rayload.train(best, evaluate_test=False)
+    assert trained.metrics["val_auc"] == pytest.approx(res.best_value, abs=1e-6)  # same seed, same data: the same model
+    assert open(os.path.join(res.run_dir, "trials.csv")).read().count("\n") == 4
+
+
+def test_grid_visits_exactly_the_grid(base_job, tmp_path):
+    res = rayload.tune(search(base_job, tmp_path, strategy="grid", num_samples=None, fixed={"train.epochs": 1},
+                              space={"train.lr": [0.002, 0.02], "model.embedding_dim": [4, 8]}))
+    seen = sorted((r["params"]["train.lr"], r["params"]["model.embedding_dim"]) for r in res.trials)
+    assert seen == sorted(itertools.product([0.002, 0.02], [4, 8]))
+
+
+def test_tpe_with_a_seed_proposes_the_same_first_configurations(base_job, tmp_path):
+    spec = search(base_job, tmp_path, strategy="bayes", sampler="tpe", seed=7, fixed={"train.epochs": 1})
+    first, second = rayload.tune(spec), rayload.tune(spec)
+    params = lambda res: sorted((r["number"], tuple(sorted(r["params"].items()))) for r in res.trials)
+    assert params(first) == params(second) and first.run_dir != second.run_dir
+
+
+def test_asha_stops_a_bad_trial_early(base_job, tmp_path):
+    # Two good learning rates first, then a useless one; one trial at a time so the rung is full.
+    res = rayload.tune(search(base_job, tmp_path, strategy="random", max_concurrent=1, num_samples=3,
+                              space={"train.lr": {"loguniform": [1e-7, 3e-2]}},
+                              points_to_evaluate=[{"train.lr": 0.01}, {"train.lr": 0.02}, {"train.lr": 1e-7}],
+                              scheduler={"kind": "asha", "grace_period": 1, "reduction_factor": 2, "max_epochs": 3}))
+    by_lr = {r["params"]["train.lr"]: r for r in res.trials}
+    assert by_lr[1e-7]["state"] == "pruned" and by_lr[1e-7]["epochs"] == 1
+    assert by_lr[0.01]["state"] == "complete" and by_lr[0.01]["epochs"] == 3  # first at every rung: never stopped
+    assert by_lr[0.02]["epochs"] >= 2 and res.best["params"]["train.lr"] in (0.01, 0.02)
+
+
+def branin(c):
+    x, y = c["x"], c["y"]
+    return (y - 5.1 / (4 * math.pi**2) * x * x + 5 / math.pi * x - 6) ** 2 + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x) + 10
+
+
+BRANIN = {"x": {"uniform": [-5, 10]}, "y": {"uniform": [0, 15]}}
+
+
+def test_tune_function_finds_branins_minimum_region_with_tpe(ray_local):
+    res = rayload.tune_function(branin, BRANIN, strategy="bayes", sampler="tpe", num_samples=60, seed=0, max_concurrent=1)
+    assert res.best_value < 0.397887 + 0.1
+    minima = [(-math.pi, 12.275), (math.pi, 2.275), (9.42478, 2.475)]
+    x, y = res.best_params["x"], res.best_params["y"]
+    assert min(math.hypot(x - a, y - b) for a, b in minima) < 0.5
+
+
+def test_gp_sampler_runs(ray_local):
+    res = rayload.tune_function(branin, BRANIN, strategy="bayes", sampler="gp", num_samples=4, startup_trials=2, seed=0)
+    assert res.counts() == {"complete": 4}
+
+
+def test_a_failing_trial_is_retried_then_recorded_failed_and_the_search_goes_on(ray_local, tmp_path):
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+
+    def objective(c):
+        if c["k"] == 2:
+            (attempts / f"try{len(list(attempts.iterdir()))}").touch()
+            raise RuntimeError("k=2 is broken")
+        return float(c["k"])
+
+    res = rayload.tune_function(objective, {"k": [1, 2, 3]}, strategy="grid", max_failures=1, mode="max")
+    states = {r["params"]["k"]: r["state"] for r in res.trials}
+    assert states == {1: "complete", 2: "fail", 3: "complete"}
+    assert len(list(attempts.iterdir())) == 2  # the first run and one retry
+    assert res.best_params == {"k": 3}
+
+
+def test_study_in_postgresql(ray_local):
+    name = f"rayload-test-{os.getpid()}"
+    try:
+        res = rayload.tune_function(branin, BRANIN, strategy="random", num_samples=3, storage=PG, name=name)
+        study = optuna.load_study(study_name=name, storage=PG)
+        assert len(study.trials) == 3 and study.best_value == pytest.approx(res.best_value)
+        assert rayload.tuning.status(res.run_dir)["state"] == "finished"
+    finally:
+        optuna.delete_study(study_name=name, storage=PG)
+    assert name not in [s.study_name for s in optuna.get_all_study_summaries(storage=PG)]
+
+
+def test_a_two_worker_trial_runs_a_torch_trainer(base_job, tmp_path):
+    res = rayload.tune(search(base_job, tmp_path, strategy="random", num_samples=1, trial_resources={"workers": 2, "cpus_per_worker": 0.9},
+                              fixed={"train.epochs": 2}))
+    assert res.counts() == {"complete": 1} and res.trials[0]["epochs"] == 2
+    trial = os.path.join(res.run_dir, "trials", "trial_0000")
+    assert os.path.exists(os.path.join(trial, "checkpoint_manager_snapshot.json"))  # Ray Train's run folder
+    checkpoint = res.best["checkpoint"]
+    assert checkpoint.startswith(trial) and os.path.exists(os.path.join(checkpoint, "model.pt"))

@@ -1,0 +1,102 @@
+"""Search specs: every bad input is refused before a trial runs, with the field named."""
+
+import os
+
+import pytest
+import yaml
+
+from rayload import load_search_spec
+from rayload.errors import SpecError
+from rayload.search_spec import grid_size, known_paths, trials_wanted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASE = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
+
+
+def write(tmp_path, **fields):
+    raw = {"name": "s", "base": BASE, "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}}, **fields}
+    path = tmp_path / "search.yaml"
+    path.write_text("# rayload tune search.yaml\n" + yaml.safe_dump(raw))
+    return str(path)
+
+
+def problems(tmp_path, **fields) -> str:
+    with pytest.raises(SpecError) as info:
+        load_search_spec(write(tmp_path, **fields))
+    return str(info.value)
+
+
+def test_the_shipped_bayes_spec_loads_with_defaults():
+    spec = load_search_spec(os.path.join(ROOT, "tune", "movielens_bayes.yaml"))
+    assert spec.strategy == "bayes" and spec.sampler == "tpe" and spec.score_mode == "max"
+    assert spec.scheduler.kind == "asha" and spec.scheduler.max_epochs == 12
+    assert trials_wanted(spec) == 16
+
+
+def test_a_relative_base_is_pinned_to_the_spec_folder_whatever_the_working_directory(tmp_path, monkeypatch):
+    # The demo and the SDK hand the loaded object on; its base must not depend on the cwd.
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "job.yaml").write_text(open(BASE).read())
+    (tmp_path / "tune").mkdir()
+    path = tmp_path / "tune" / "s.yaml"
+    path.write_text("# rayload tune s.yaml\n" + yaml.safe_dump({"name": "s", "base": "../jobs/job.yaml", "space": {"train.lr": [0.1, 0.2]},
+                                                               "strategy": "grid"}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    spec = load_search_spec(str(path))
+    assert spec.base == str(tmp_path / "jobs" / "job.yaml")
+    from rayload.search_spec import base_raw, job_issues
+
+    assert base_raw(spec, None)["data"]["source"]["kind"] == "movielens"
+    assert job_issues(spec, None) == []
+
+
+def test_grid_size_is_the_product_and_num_samples_defaults_to_it():
+    spec = load_search_spec(os.path.join(ROOT, "tune", "movielens_grid.yaml"))
+    assert grid_size(spec) == 9 and trials_wanted(spec) == 9
+
+
+def test_unknown_path_is_named_with_valid_paths_near_it(tmp_path):
+    msg = problems(tmp_path, space={"train.lrr": {"uniform": [0.001, 0.01]}, "modle.dropout": {"uniform": [0, 0.5]}})
+    assert "space.train.lrr" in msg and "train.lr" in msg and "train.lr_decay" in msg
+    assert "space.modle.dropout" in msg and "model.dropout" in msg
+
+
+def test_bounds_log_scale_and_empty_choice(tmp_path):
+    msg = problems(tmp_path, space={"train.lr": {"uniform": [0.1, 0.01]}, "train.embedding_l2": {"loguniform": [0, 0.1]},
+                                    "model.embedding_dim": {"choice": []}})
+    assert "space.train.lr: low > high (0.1 > 0.01)" in msg
+    assert "space.train.embedding_l2: a log scale needs low > 0" in msg
+    assert "space.model.embedding_dim: choice needs at least one value" in msg
+
+
+def test_grid_list_with_a_sampling_strategy_and_ranges_with_grid(tmp_path):
+    msg = problems(tmp_path, strategy="bayes", sampler="gp", space={"train.lr": [0.001, 0.01]})
+    assert "space.train.lr" in msg and "strategy: grid" in msg and "gp" in msg
+    msg = problems(tmp_path, strategy="grid", space={"train.lr": {"loguniform": [1e-4, 1e-2]}})
+    assert "grid search needs a list of values" in msg
+    msg = problems(tmp_path, strategy="random", sampler="tpe")
+    assert "sampler is for strategy: bayes" in msg
+
+
+def test_a_value_that_makes_the_job_invalid_is_refused(tmp_path):
+    msg = problems(tmp_path, space={"model.dropout": {"uniform": [0.0, 1.5]}})
+    assert "space.model.dropout" in msg and "1.5" in msg
+
+
+def test_preprocessing_parameters_must_be_discrete(tmp_path):
+    msg = problems(tmp_path, space={"features.categorical.userId.min_count": {"int": [1, 50]}})
+    assert "must be a choice or grid list" in msg
+
+
+def test_unknown_keys_and_bad_storage_url(tmp_path):
+    msg = problems(tmp_path, strategyy="grid", storage="redis://x")
+    assert "strategyy" in msg and "did you mean 'strategy'" in msg and "storage" in msg
+
+
+def test_known_paths_include_unset_sections_and_list_items():
+    from rayload import load_spec
+
+    paths = known_paths(load_spec(BASE))
+    assert {"train.lr", "model.hidden.0", "resources.workers", "features.categorical.userId.min_count"} <= paths

@@ -1,0 +1,53 @@
+"""The study searcher against a real SQLite Optuna study (no Ray cluster needed)."""
+
+import optuna
+from optuna.trial import TrialState
+
+from rayload._study import StudySearcher, decode, encode, make_sampler, open_study
+from rayload.search_spec import Param
+
+
+def space():
+    return {"lr": Param(loguniform=(1e-4, 1e-1)), "hidden": Param(choice=[[8], [16, 8]])}
+
+
+def searcher(storage, create=True, total=4):
+    study = open_study(storage, "s", "max", make_sampler("random", None, space(), 0, 3, False), create=create)
+    return StudySearcher(study, space(), total, "val_auc", "max")
+
+
+def test_lists_travel_as_json():
+    assert decode(encode([16, 8])) == [16, 8] and encode(3) == 3 and decode("plain") == "plain"
+
+
+def test_tells_best_value_prunes_stopped_and_fails_errors(tmp_path):
+    s = searcher(f"sqlite:///{tmp_path}/s.db")
+    configs = [s.suggest(f"t{i}") for i in range(3)]
+    assert [c["number"] for c in configs] == [0, 1, 2] and configs[0]["params"]["hidden"] in ([8], [16, 8])
+    for epoch, auc in enumerate([0.6, 0.7, 0.65], start=1):
+        s.on_trial_result("t0", {"val_auc": auc, "epochs_done": epoch})
+    s.on_trial_complete("t0", {"val_auc": 0.65, "epochs_done": 3})
+    s.on_trial_result("t1", {"val_auc": 0.5, "epochs_done": 1})
+    s.stopped_early.add("t1")
+    s.on_trial_complete("t1", {"val_auc": 0.5, "epochs_done": 1})
+    s.on_trial_complete("t2", None, error=True)
+    trials = s.study.get_trials()
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.7  # the best epoch, as its checkpoint
+    assert trials[0].intermediate_values == {1: 0.6, 2: 0.7, 3: 0.65}
+    assert trials[1].state == TrialState.PRUNED and trials[1].user_attrs["rayload"]["epochs_done"] == 1
+    assert trials[2].state == TrialState.FAIL
+
+
+def test_resume_reattaches_running_trials_then_asks_only_what_is_missing(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = searcher(storage)
+    a, b = first.suggest("a"), first.suggest("b")
+    first.on_trial_complete("a", {"val_auc": 0.7, "epochs_done": 2})
+    # the driver dies here: trial b is still RUNNING in the study
+    again = searcher(storage, create=False)
+    assert again.remaining() == 3
+    resumed = again.suggest("x")
+    assert resumed == b  # same number and parameters: it continues in its own folder
+    assert again.suggest("y")["number"] == 2 and again.suggest("z")["number"] == 3
+    assert again.suggest("w") == again.FINISHED
+    assert len(optuna.load_study(study_name="s", storage=storage).trials) == 4
