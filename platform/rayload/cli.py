@@ -300,6 +300,8 @@ def _demo_search(search: str, trials: int, epochs: int, baseline, address) -> No
 
 
 def main() -> None:
+    from . import _cli_ab  # noqa: F401  (registers `rayload serve` and `rayload ab`)
+
     try:
         app()
     except KeyboardInterrupt:

@@ -1,0 +1,177 @@
+"""`rayload serve ...` and `rayload ab ...`: thin commands over rayload.serve."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Annotated, Optional
+
+import typer
+import yaml
+from rich.table import Table
+
+from .cli import AddressOpt, SetOpt, _friendly, _g, app, console
+
+ab_app = typer.Typer(no_args_is_help=True, help="Steer and analyse a running A/B experiment.")
+app.add_typer(ab_app, name="ab")
+ABArg = Annotated[str, typer.Argument(help="A/B spec YAML (jobs/ab_*.yaml)")]
+RunArg = Annotated[str, typer.Argument(help="the experiment: its name, run folder, or A/B spec")]
+
+
+def _run_of(run: str) -> str:
+    """A spec path names its experiment's run folder; a name or folder is used as is."""
+    if run.endswith((".yaml", ".yml")) and os.path.exists(run):
+        from .ab_spec import load_ab_spec
+        from .serve.control import run_dir_for
+
+        return run_dir_for(load_ab_spec(run))
+    return run
+
+
+@app.command()
+@_friendly
+def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` followed by the spec")],
+          build_spec: Annotated[Optional[str], typer.Argument(help="with `build`: the A/B spec")] = None,
+          out: Annotated[str, typer.Option(help="with build: where to write the Serve config")] = "serve_config.yaml",
+          set_: SetOpt = None, address: AddressOpt = None,
+          auto: Annotated[bool, typer.Option(help="run the automatic ramp/decision loop")] = True,
+          detach: Annotated[bool, typer.Option(help="deploy and return (the app keeps running on a cluster)")] = False) -> None:
+    """Deploy an A/B experiment and keep serving (`rayload serve SPEC`), or write its Serve
+    config for `serve deploy` (`rayload serve build SPEC --out serve_config.yaml`)."""
+    from .ab_spec import load_ab_spec
+    from .serve import control
+
+    if spec == "build":
+        if not build_spec:
+            raise typer.BadParameter("rayload serve build SPEC: name the A/B spec")
+        _build(load_ab_spec(build_spec, set_ or []), build_spec, out, address)
+        return
+    ab = load_ab_spec(spec, set_ or [])
+    with console.status("training missing arms and deploying..."):
+        dep = control.start(ab, address=address)
+    console.print(f"serving [bold]{ab.name}[/] at [bold]{dep.url}[/] ({dep.args['mode']} mode); run folder {dep.run_dir}")
+    console.print(f"try: curl -s {dep.url}/experiment", soft_wrap=True)
+    if detach:
+        return
+    try:
+        while True:
+            time.sleep(ab.ramp.interval_s)
+            if auto and ab.ramp.auto:
+                decision, reasons = control.step(dep.run_dir)
+                if decision != "continue":
+                    console.print(f"[bold]{decision}[/]: {'; '.join(reasons)}")
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+def _build(ab, spec: str, out: str, address) -> None:
+    from .serve import control
+
+    run_dir = control.run_dir_for(ab)
+    os.makedirs(run_dir, exist_ok=True)
+    config = control.serve_config(control.app_args(ab, control.resolve_checkpoints(ab, address), run_dir))
+    with open(out, "w") as f:
+        f.write(f"# serve deploy {out}   (written by rayload serve build {spec})\n")
+        yaml.safe_dump(config, f, sort_keys=False)
+    console.print(f"wrote {out}: deploy it with [bold]serve deploy {out}[/]")
+
+
+@ab_app.command("status")
+@_friendly
+def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="print the analysis as JSON")] = False) -> None:
+    """The live analysis: CTR per arm, lift, tests, SRM, guardrails, the decision."""
+    from .serve.control import analysis_for
+
+    result = analysis_for(_run_of(run))
+    if as_json:
+        console.print_json(json.dumps(result.to_dict()))
+        return
+    print_analysis(result)
+
+
+def print_analysis(result) -> None:
+    table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", "95% CI", "errors", "p99 ms", "guardrails",
+                  title=f"experiment {result.experiment} (champion {result.champion})")
+    for a in result.arms:
+        table.add_row(a.arm, _g(result.weights.get(a.arm)), str(a.units), str(a.exposures), str(a.clicks), _g(a.ctr),
+                      f"[{_g(a.ctr_ci[0])}, {_g(a.ctr_ci[1])}]", f"{a.error_rate:.2%}", _g(a.p99_ms),
+                      "ok" if a.guardrail_ok else "; ".join(a.guardrail_reasons))
+    console.print(table)
+    if result.diff is not None:
+        console.print(f"difference {result.diff:+.4f} [{_g(result.diff_ci[0])}, {_g(result.diff_ci[1])}], lift {result.lift:+.2%} "
+                      f"[{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; fixed-horizon p={_g(result.z_p_value)}, "
+                      f"sequential (always valid) p={_g(result.sequential_p)}")
+    console.print(f"sample ratio check p={_g(result.srm_p)}{' [red]MISMATCH: results invalid[/]' if result.srm_flagged else ''}")
+    if result.mde_now is not None:
+        console.print(f"detectable effect now {_g(result.mde_now)}; about {result.units_needed} more units for the configured power")
+    console.print(f"decision: [bold]{result.decision}[/] ({'; '.join(result.reasons)})")
+
+
+@ab_app.command("set-weights")
+@_friendly
+def set_weights(run: RunArg, weights: Annotated[list[str], typer.Argument(help="arm=share ... (summing to 1)")]) -> None:
+    """Change the traffic split of a running experiment in place (Serve user_config)."""
+    from .errors import RayloadError
+    from .serve.control import set_weights as apply
+
+    parsed = {}
+    for item in weights:
+        name, _, value = item.partition("=")
+        try:
+            parsed[name] = float(value)
+        except ValueError:
+            raise RayloadError(f"weights: {item!r} is not arm=share (for example control=0.9 challenger=0.1)") from None
+    console.print(f"weights now {apply(_run_of(run), parsed)['weights']}")
+
+
+@ab_app.command("promote")
+@_friendly
+def promote(run: RunArg) -> None:
+    """The challenger takes all traffic and becomes the champion."""
+    from .serve.control import promote as apply
+
+    console.print(f"promoted: {apply(_run_of(run))}")
+
+
+@ab_app.command("rollback")
+@_friendly
+def rollback(run: RunArg) -> None:
+    """The challenger gets no traffic."""
+    from .serve.control import rollback as apply
+
+    console.print(f"rolled back: {apply(_run_of(run))}")
+
+
+@ab_app.command("simulate")
+@_friendly
+def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="simulated users")] = None,
+             requests: Annotated[Optional[int], typer.Option(help="requests in all")] = None,
+             url: Annotated[Optional[str], typer.Option(help="default: the running experiment's URL")] = None,
+             decide: Annotated[bool, typer.Option(help="run the automatic controller while traffic flows")] = True) -> None:
+    """Send simulated users to the live endpoint and report the analysis and decision."""
+    from .ab_spec import load_ab_spec
+    from .serve import control
+    from .serve.world import world_for
+    from .serve.simulate import simulate as run
+
+    ab = load_ab_spec(spec)
+    run_dir, state = control.load_state(control.run_dir_for(ab))
+    sim = ab.simulate
+    world = world_for(ab, state["config"]["applications"][0]["args"])
+    key = os.environ.get(ab.serving.api_key_env) if ab.serving.api_key_env else None
+    total = requests or sim.requests
+    chunk = max(1, total // 10)
+    done = 0
+    with console.status("simulating...") as status_line:
+        while done < total:
+            n = min(chunk, total - done)
+            out = run(url or state["url"], world, users or sim.users, n, sim.concurrency, sim.seed + done, key)
+            done += n
+            status_line.update(f"simulated {done}/{total} requests; statuses {out.status}")
+            if decide and ab.ramp.auto:
+                decision, reasons = control.step(run_dir)
+                if decision != "continue":
+                    console.print(f"[bold]{decision}[/] after {done} requests: {'; '.join(reasons)}")
+                    break
+    print_analysis(control.analysis_for(run_dir))

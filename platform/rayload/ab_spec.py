@@ -1,0 +1,211 @@
+"""Typed A/B specs (`jobs/ab_*.yaml`) and `load_ab_spec`.
+
+An A/B spec names the arms (each a checkpoint, or a job spec that is trained when no
+checkpoint is given), their traffic weights, how the models are served, where events go, and
+the rules that turn the live analysis into promote / rollback / continue.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import SpecError, SpecIssue
+
+BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% buckets
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Arm(_Spec):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    weight: float = Field(ge=0, le=1, description="share of units; all arms sum to 1.0")
+    checkpoint: str | None = Field(default=None, description="a checkpoint folder (rayload train's output)")
+    job: str | None = Field(default=None, description="a job spec to train when no checkpoint is given (relative to this file)")
+    set: list[str] = Field(default_factory=list, description="overrides for `job` (key=value), as with --set")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.checkpoint is None) == (self.job is None):
+            raise ValueError(f"arm {self.name!r}: give exactly one of checkpoint or job")
+        return self
+
+
+class Serving(_Spec):
+    mode: Literal["auto", "combined", "separate"] = Field(
+        default="auto", description="combined: every arm's model in the router replica (small models); separate: one deployment per arm")
+    combined_max_params: int = Field(default=20_000_000, ge=0, description="auto picks combined when all arms together have at most this many parameters")
+    replicas: int = Field(default=1, ge=1)
+    cpus_per_replica: float = Field(default=0.5, ge=0)
+    max_batch_size: int = Field(default=32, ge=1)
+    batch_wait_ms: float = Field(default=2.0, ge=0)
+    max_ongoing_requests: int = Field(default=64, ge=1, description="per replica")
+    max_queued_requests: int = Field(default=256, ge=1, description="beyond it a request gets 503 at once")
+    max_body_bytes: int = Field(default=65_536, ge=256)
+    max_candidates: int = Field(default=100, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    route_prefix: str = "/"
+    api_key_env: str | None = Field(default=None, description="name of an env var holding the API key; unset: no key")
+
+
+class Events(_Spec):
+    url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite (WAL) in the run folder")
+    flush_ms: float = Field(default=5.0, ge=0, description="longest wait to group writes into one commit")
+    max_batch: int = Field(default=512, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value):
+        if value is not None and not value.startswith(("sqlite:///", "postgresql")):
+            raise ValueError("an SQLAlchemy URL: sqlite:///path/events.db or postgresql://user@host:5432/db")
+        return value
+
+
+class Guardrails(_Spec):
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    max_p99_ms: float = Field(default=250.0, gt=0)
+    min_requests: int = Field(default=200, ge=1, description="requests an arm needs before its guardrails are judged")
+
+
+class Analysis(_Spec):
+    event: Literal["click", "conversion"] = "click"
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    srm_p: float = Field(default=0.001, gt=0, lt=1)
+    tau: float = Field(default=0.01, gt=0, description="mSPRT mixing standard deviation: the size of effect expected, in CTR points")
+    mde: float = Field(default=0.01, gt=0, description="minimum detectable effect (absolute CTR) for the sample-size calculator")
+    power: float = Field(default=0.8, gt=0, lt=1)
+    min_units: int = Field(default=500, ge=1, description="exposed units per arm before any decision")
+
+
+class Ramp(_Spec):
+    """Automatic decisions: the challenger's share steps up while guardrails hold; the
+    sequential test promotes (significant win) or rolls back (significant loss)."""
+
+    steps: list[float] = Field(default_factory=lambda: [0.05, 0.25, 0.5])
+    min_units_per_step: int = Field(default=500, ge=1)
+    auto: bool = True
+    interval_s: float = Field(default=5.0, gt=0, description="how often the controller looks")
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, value):
+        if not value or any(not 0 < s <= 1 for s in value) or value != sorted(value):
+            raise ValueError("ramp steps must be increasing shares in (0, 1]")
+        return value
+
+
+class Simulation(_Spec):
+    source: Literal["synthetic-ctr", "movielens"] = "movielens"
+    users: int = Field(default=2000, ge=1)
+    requests: int = Field(default=20000, ge=1)
+    concurrency: int = Field(default=8, ge=1)
+    seed: int = 0
+
+
+class ABSpec(_Spec):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    salt: str | None = Field(default=None, description="assignment salt; default: the name. A new salt reshuffles every unit")
+    arms: list[Arm] = Field(min_length=2)
+    champion: str | None = Field(default=None, description="the arm that owns the rest of the traffic; default: the first")
+    shadow: bool = Field(default=False, description="challengers score every request and are logged; the champion answers")
+    serving: Serving = Field(default_factory=Serving)
+    events: Events = Field(default_factory=Events)
+    analysis: Analysis = Field(default_factory=Analysis)
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+    ramp: Ramp = Field(default_factory=Ramp)
+    simulate: Simulation = Field(default_factory=Simulation)
+
+    @property
+    def experiment_salt(self) -> str:
+        return self.salt or self.name
+
+    @property
+    def champion_arm(self) -> str:
+        return self.champion or self.arms[0].name
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {a.name: a.weight for a in self.arms}
+
+    @property
+    def challengers(self) -> list[str]:
+        return [a.name for a in self.arms if a.name != self.champion_arm]
+
+
+def weight_issues(weights: dict[str, float], arms: list[str], champion: str, where: str = "arms") -> list[SpecIssue]:
+    """Weights must name every arm once, be >= 0, sum to 1.0 and give each challenger at most
+    its own slice of the bucket space (see serve.assign)."""
+    issues = []
+    if sorted(weights) != sorted(arms):
+        issues.append(SpecIssue(where, f"weights must name exactly the arms {arms}", list(weights), True))
+        return issues
+    negative = {k: v for k, v in weights.items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)}
+    if negative:
+        issues.append(SpecIssue(where, "every weight must be a number >= 0", negative, True))
+        return issues
+    if abs(sum(weights.values()) - 1.0) > 1e-9:
+        issues.append(SpecIssue(where, "traffic weights must sum to 1.0", list(weights.values()), True))
+    slots = len(arms) - 1
+    for name, w in weights.items():
+        if name != champion and w > 1 / slots + 1e-12:
+            issues.append(SpecIssue(f"{where}.{name}", f"with {slots} challengers each may take at most 1/{slots} of the traffic", w, True))
+        if round(w * BUCKETS, 6) != round(w * BUCKETS):
+            issues.append(SpecIssue(f"{where}.{name}", f"a weight is a whole number of 1/{BUCKETS} buckets", w, True))
+    return issues
+
+
+def spec_issues(spec: ABSpec) -> list[SpecIssue]:
+    names = [a.name for a in spec.arms]
+    issues = []
+    if len(set(names)) != len(names):
+        issues.append(SpecIssue("arms", "arm names must be unique", names, True))
+        return issues
+    if spec.champion is not None and spec.champion not in names:
+        issues.append(SpecIssue("champion", f"must be one of the arms {names}", spec.champion, True))
+        return issues
+    issues += weight_issues(spec.weights, names, spec.champion_arm)
+    if spec.ramp.auto and len(names) != 2:
+        issues.append(SpecIssue("ramp.auto", "automatic decisions need exactly two arms (champion and challenger)", len(names), True))
+    return issues
+
+
+def resolve_paths(spec: ABSpec, spec_file: str) -> ABSpec:
+    """Checkpoint and job paths relative to the spec file become absolute."""
+    folder = os.path.dirname(os.path.abspath(spec_file))
+
+    def fix(path: str | None) -> str | None:
+        if path is None or os.path.isabs(path) or "://" in path:
+            return path
+        here = os.path.join(folder, path)
+        return here if os.path.exists(here) else os.path.abspath(path)
+
+    arms = [a.model_copy(update={"checkpoint": fix(a.checkpoint), "job": fix(a.job)}) for a in spec.arms]
+    return spec.model_copy(update={"arms": arms})
+
+
+def load_ab_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ABSpec:
+    """Read an A/B spec; raises SpecError listing every problem with its field path."""
+    from ._spec_load import load_model
+
+    spec = load_model(ABSpec, path, overrides, check=spec_issues)
+    return resolve_paths(spec, path)
+
+
+def ab_from_dict(raw: dict[str, Any]) -> ABSpec:
+    from pydantic import ValidationError
+
+    from ._spec_load import pydantic_issues
+
+    try:
+        spec = ABSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(pydantic_issues(exc, ABSpec)) from None
+    if issues := spec_issues(spec):
+        raise SpecError(issues)
+    return spec

@@ -1,0 +1,180 @@
+"""The live analysis of an experiment (`GET /experiment`, `rayload ab status`) and the
+decision it supports: promote, rollback or continue."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..ab_spec import ABSpec
+from . import stats
+
+LOOKS = 40  # points of the timeline the sequential p-value is taken at (any looks are valid)
+
+
+@dataclass
+class ArmReport:
+    arm: str
+    units: int
+    exposures: int
+    clicks: int
+    ctr: float
+    ctr_ci: tuple[float, float]
+    requests: int
+    error_rate: float
+    p99_ms: float
+    guardrail_ok: bool
+    guardrail_reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Analysis:
+    experiment: str
+    champion: str
+    challenger: str | None
+    weights: dict[str, float]
+    arms: list[ArmReport]
+    diff: float | None = None
+    diff_ci: tuple[float, float] | None = None
+    lift: float | None = None
+    lift_ci: tuple[float, float] | None = None
+    z_p_value: float | None = None
+    sequential_p: float | None = None
+    sequential_significant: bool = False
+    srm_p: float = 1.0
+    srm_flagged: bool = False
+    valid: bool = True
+    units_needed: int | None = None
+    mde_now: float | None = None
+    decision: str = "continue"
+    reasons: list[str] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=_jsonable, allow_nan=True).replace("NaN", "null"))
+
+
+def _jsonable(value):
+    return float(value) if isinstance(value, np.generic) else str(value)
+
+
+def unit_sums(frame) -> "stats.ArmSums":
+    per_unit = frame.groupby("unit_id").agg(clicks=("clicked", "sum"), exposures=("clicked", "size"))
+    return stats.ArmSums.from_units(per_unit["clicks"].to_numpy(), per_unit["exposures"].to_numpy())
+
+
+def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champion: str | None = None) -> Analysis:
+    """`frame`: EventReader.frame(...) rows. Weights and champion: those in force now."""
+    weights = weights or spec.weights
+    champion = champion or spec.champion_arm
+    challengers = [a.name for a in spec.arms if a.name != champion]
+    challenger = challengers[0] if len(challengers) == 1 else None
+    frame = frame.assign(clicked=(frame["outcome"] > 0).astype(float)) if len(frame) else frame.assign(clicked=[])
+    ok = frame[frame["status"] == "ok"] if len(frame) else frame
+    result = Analysis(spec.name, champion, challenger, dict(weights), [_arm_report(frame, ok, a.name, spec) for a in spec.arms])
+    result.srm_p = stats.srm_p_value(_periods(ok))
+    result.srm_flagged = result.srm_p < spec.analysis.srm_p
+    result.valid = not result.srm_flagged
+    if challenger is not None and len(ok):
+        _compare(result, ok, champion, challenger, spec)
+    result.timeline = timeline(ok, [a.name for a in spec.arms], spec.analysis.alpha)
+    result.decision, result.reasons = decide(result, spec)
+    return result
+
+
+def _arm_report(frame, ok, arm: str, spec: ABSpec) -> ArmReport:
+    rows, good = frame[frame["arm"] == arm], ok[ok["arm"] == arm]
+    sums = unit_sums(good) if len(good) else stats.ArmSums(0, 0, 0, 0, 0, 0)
+    requests = len(rows)
+    error_rate = float((rows["status"] != "ok").mean()) if requests else 0.0
+    p99 = stats.p99(rows["latency_ms"].to_numpy()) if requests else float("nan")
+    g = spec.guardrails
+    reasons = []
+    if requests >= g.min_requests:
+        if error_rate > g.max_error_rate:
+            reasons.append(f"error rate {error_rate:.3%} > {g.max_error_rate:.3%}")
+        if p99 > g.max_p99_ms:
+            reasons.append(f"p99 latency {p99:.1f} ms > {g.max_p99_ms:.1f} ms")
+    return ArmReport(arm, sums.n, int(sums.y), int(sums.x), sums.ctr, stats.ctr_interval(sums, spec.analysis.alpha), requests,
+                     error_rate, p99, not reasons, reasons)
+
+
+def _periods(ok) -> list[tuple[dict[str, int], dict[str, float]]]:
+    """Units by the weights in force when each unit was first exposed."""
+    if not len(ok):
+        return []
+    first = ok.sort_values("ts").drop_duplicates("unit_id")
+    return [(group.groupby("arm").size().to_dict(), json.loads(layout)) for layout, group in first.groupby("layout")]
+
+
+def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec) -> None:
+    a = spec.analysis
+    control, treatment = unit_sums(ok[ok["arm"] == champion]), unit_sums(ok[ok["arm"] == challenger])
+    if control.n < 2 or treatment.n < 2:
+        return
+    cmp = stats.compare(control, treatment, a.alpha)
+    result.diff, result.diff_ci, result.lift, result.lift_ci, result.z_p_value = cmp.diff, cmp.diff_ci, cmp.lift, cmp.lift_ci, cmp.p_value
+    result.sequential_p = sequential_p(ok, champion, challenger, a.tau)
+    result.sequential_significant = result.sequential_p <= a.alpha
+    share = result.weights.get(challenger, 0.5) or 0.5
+    base = control.ctr if math.isfinite(control.ctr) and 0 < control.ctr < 1 else 0.5
+    result.units_needed = max(0, stats.sample_size(base, a.mde, a.alpha, a.power, share) - (control.n + treatment.n))
+    result.mde_now = stats.minimum_detectable_effect(control.n + treatment.n, base, a.alpha, a.power, share)
+
+
+def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
+    """Always-valid p-value: the mSPRT at LOOKS points in time, running minimum of 1/Lambda."""
+    times = np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, LOOKS + 1)[1:])
+    lambdas = []
+    for t in times:
+        upto = ok[ok["ts"] <= t]
+        control, treatment = upto[upto["arm"] == champion], upto[upto["arm"] == challenger]
+        if control["unit_id"].nunique() < 2 or treatment["unit_id"].nunique() < 2:
+            continue
+        c, tr = unit_sums(control), unit_sums(treatment)
+        lambdas.append(stats.msprt_lambda(tr.ctr - c.ctr, c.var + tr.var, tau))
+    return stats.always_valid_p(lambdas)
+
+
+def timeline(ok, arms: list[str], alpha: float, points: int = 30) -> list[dict]:
+    """Cumulative exposures, clicks and CTR with a Wilson band per arm, for the report."""
+    if not len(ok):
+        return []
+    out = []
+    for t in np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, points + 1)[1:]):
+        upto = ok[ok["ts"] <= t]
+        row = {"ts": float(t)}
+        for arm in arms:
+            part = upto[upto["arm"] == arm]
+            n, x = len(part), float(part["clicked"].sum())
+            low, high = stats.wilson(x, n, alpha) if n else (None, None)
+            row[arm] = {"exposures": n, "clicks": x, "ctr": x / n if n else None, "low": low, "high": high}
+        out.append(row)
+    return out
+
+
+def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
+    """promote | rollback | continue, with the reasons. Invalid results (SRM) never decide."""
+    if result.challenger is None:
+        return "continue", ["automatic decisions need one challenger"]
+    if result.srm_flagged:
+        return "continue", [f"sample ratio mismatch (p={result.srm_p:.2g} < {spec.analysis.srm_p}): results invalid until it is explained"]
+    arms = {a.arm: a for a in result.arms}
+    bad = arms[result.challenger]
+    if not bad.guardrail_ok:
+        return "rollback", [f"challenger guardrail: {r}" for r in bad.guardrail_reasons]
+    need = spec.analysis.min_units
+    if min(arms[result.champion].units, bad.units) < need:
+        return "continue", [f"each arm needs {need} exposed units first (have {arms[result.champion].units} and {bad.units})"]
+    if result.sequential_significant and result.diff is not None:
+        word = "promote" if result.diff > 0 else "rollback"
+        return word, [f"sequential test p={result.sequential_p:.3g} <= {spec.analysis.alpha}: CTR difference {result.diff:+.4f}"]
+    more = f"; about {result.units_needed} more units for {spec.analysis.power:.0%} power at an effect of {spec.analysis.mde}" if result.units_needed else ""
+    return "continue", [f"no significant difference yet (sequential p={_fmt(result.sequential_p)}){more}"]
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"

@@ -1,0 +1,308 @@
+"""The Serve application: an A/B router (FastAPI ingress) in front of the arms' models.
+
+`build_app(args)` is the Serve application builder (import path
+`rayload.serve.app:build_app`), so `rayload serve`, `serve deploy` of the config that
+`rayload serve build` writes, and tests all deploy the same thing. The router's
+`user_config` holds what changes at run time (weights, champion, shadow): Serve applies a new
+one to the running replicas through `reconfigure`, without restarting them.
+
+Serving mode (see benchmarks/bench_serve.py): `combined` keeps every arm's model inside the
+router replica and batches there (no extra hop: the A/B path then costs what one deployment
+costs); `separate` puts each arm in its own deployment for models too large to share a replica.
+"""
+
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ray import serve
+
+from ..errors import DataError
+from .assign import Layout
+
+log = logging.getLogger(__name__)
+api = FastAPI(title="rayload A/B router")
+
+
+class PredictBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit_id: str | int = Field(description="the randomisation unit (user)")
+    features: dict[str, Any] | None = None
+    candidates: list[dict[str, Any]] | None = Field(default=None, description="feature dicts to rank; the top one is shown")
+
+
+class FeedbackBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request_id: str
+    event: str = Field(pattern=r"^(click|conversion)$")
+    value: float = 1.0
+
+
+def _problem(status: int, detail) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _validation_detail(exc: ValidationError) -> list[dict]:
+    return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors(include_url=False)]
+
+
+class _Models:
+    """Every arm's model in this replica, scored in dynamic batches (combined mode)."""
+
+    def __init__(self, checkpoints: dict[str, str]):
+        from .scorer import Scorer
+
+        self.scorers = {arm: Scorer.load(arm, path) for arm, path in checkpoints.items()}
+
+    async def score(self, arm: str, rows: list[dict]) -> tuple[list[float], str]:
+        return await self._batched((arm, rows))
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def _batched(self, items: list[tuple[str, list[dict]]]) -> list:
+        return score_grouped(self.scorers, items)
+
+
+def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
+    """One model call per arm for a batch of requests; a request with bad rows gets its own
+    DataError back, the others their scores."""
+    out: list = [None] * len(items)
+    for arm in {arm for arm, _ in items}:
+        idx = [i for i, (a, _) in enumerate(items) if a == arm]
+        rows = [r for i in idx for r in items[i][1]]
+        try:
+            scores = scorers[arm].score(rows)
+        except DataError:
+            for i in idx:  # find the bad request(s) and score the rest
+                try:
+                    out[i] = (scorers[arm].score(items[i][1]).tolist(), scorers[arm].version)
+                except DataError as exc:
+                    out[i] = exc
+            continue
+        pos = 0
+        for i in idx:
+            k = len(items[i][1])
+            out[i] = (scores[pos:pos + k].tolist(), scorers[arm].version)
+            pos += k
+    return out
+
+
+@serve.deployment
+class ModelDeployment:
+    """One arm's model (separate mode), batched the same way."""
+
+    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0):
+        from .scorer import Scorer
+
+        self.scorers = {arm: Scorer.load(arm, checkpoint)}
+        self._batched.set_max_batch_size(max_batch_size)
+        self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1000.0)
+
+    async def score(self, arm: str, rows: list[dict]):
+        result = await self._batched((arm, rows))
+        if isinstance(result, DataError):
+            raise result
+        return result
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def _batched(self, items):
+        return score_grouped(self.scorers, items)
+
+    def feature_names(self) -> list[str]:
+        return sorted(next(iter(self.scorers.values())).feature_names)
+
+
+@serve.deployment
+@serve.ingress(api)
+class ABRouter:
+    def __init__(self, args: dict, **handles):
+        from .events import EventReader, EventWriter
+
+        self.experiment, self.salt, self.order = args["experiment"], args["salt"], args["arms"]
+        serving = args["serving"]
+        self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
+        key_env = serving.get("api_key_env")
+        self.api_key = os.environ.get(key_env) if key_env else None
+        self.handles = handles  # separate mode: arm -> DeploymentHandle
+        self.models = None if handles else _Models(args["checkpoints"])
+        if self.models:
+            self.models._batched.set_max_batch_size(serving["max_batch_size"])
+            self.models._batched.set_batch_wait_timeout_s(serving["batch_wait_ms"] / 1000.0)
+            self.feature_names = next(iter(self.models.scorers.values())).feature_names
+        else:
+            self.feature_names = set(args["feature_names"])
+        self.writer = EventWriter(args["events_url"], args["events"]["flush_ms"], args["events"]["max_batch"])
+        self.reader = EventReader(args["events_url"])
+        self.spec_raw = args["spec"]
+        self.reconfigure({"weights": args["weights"], "champion": args["champion"], "shadow": args["shadow"]})
+
+    def reconfigure(self, config: dict) -> None:
+        """Serve calls this with a new user_config: weights change without a restart."""
+        self.weights, self.champion, self.shadow = dict(config["weights"]), config["champion"], bool(config.get("shadow", False))
+        self.layout = Layout.build(self.weights, self.champion, self.order)
+        self.layout_json = json.dumps(self.weights, sort_keys=True)
+
+    # ------------------------------------------------------------ HTTP
+
+    def _denied(self, request: Request) -> JSONResponse | None:
+        if self.api_key and not hmac.compare_digest(request.headers.get("x-api-key", ""), self.api_key):
+            return _problem(401, "missing or wrong x-api-key header")
+        return None
+
+    async def _json_body(self, request: Request):
+        """The body as JSON, refusing a body over the limit before reading it whole."""
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return _problem(413, f"body of {length} bytes is over the limit of {self.max_body}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body:
+                return _problem(413, f"body is over the limit of {self.max_body} bytes")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _problem(422, [{"loc": ["body"], "msg": f"malformed JSON: {exc}", "type": "json_invalid"}])
+
+    @api.post("/predict")
+    async def predict(self, request: Request):
+        start = time.perf_counter()
+        if denied := self._denied(request):
+            return denied
+        raw = await self._json_body(request)
+        if isinstance(raw, JSONResponse):
+            return raw
+        try:
+            body = PredictBody.model_validate(raw)
+        except ValidationError as exc:
+            return _problem(422, _validation_detail(exc))
+        rows = body.candidates if body.candidates is not None else ([body.features] if body.features is not None else None)
+        if problem := self._rows_problem(rows, body.candidates is not None):
+            return problem
+        unit = str(body.unit_id)
+        arm = self.layout.assign(self.salt, unit)
+        request_id = uuid.uuid4().hex
+        shadows = [a for a in self.order if a != arm and self.weights.get(a, 0) == 0] if self.shadow else []
+        results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
+        answer = results[0]
+        if isinstance(answer, DataError):
+            return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
+        latency = (time.perf_counter() - start) * 1000
+        if isinstance(answer, BaseException):
+            log.error("arm %s failed: %r", arm, answer)
+            await self._log("exposure", request_id, unit, arm, "error", None, "error", latency)
+            return _problem(500, f"model of arm {arm} failed")
+        scores, version = answer
+        top = max(range(len(scores)), key=scores.__getitem__)
+        await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
+                        shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)])
+        out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
+        if body.candidates is not None:
+            out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
+        return out
+
+    def _rows_problem(self, rows, ranking: bool) -> JSONResponse | None:
+        field = "candidates" if ranking else "features"
+        if not rows:
+            return _problem(422, [{"loc": ["body", field], "msg": "give features (one item) or a non-empty candidates list", "type": "missing"}])
+        if len(rows) > self.max_candidates:
+            return _problem(422, [{"loc": ["body", "candidates"], "msg": f"at most {self.max_candidates} candidates", "type": "too_long"}])
+        for i, row in enumerate(rows):
+            unknown = sorted(set(row) - self.feature_names)
+            if unknown:
+                loc = ["body", "candidates", i, unknown[0]] if ranking else ["body", "features", unknown[0]]
+                return _problem(422, [{"loc": loc, "msg": f"unknown feature {unknown[0]!r}; known: {sorted(self.feature_names)}", "type": "extra_forbidden"}])
+        return None
+
+    async def _score(self, arm: str, rows: list[dict]):
+        if self.models is not None:
+            result = await self.models.score(arm, rows)
+            if isinstance(result, Exception):
+                raise result
+            return result
+        return await self.handles[arm].score.remote(arm, rows)
+
+    async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=()) -> None:
+        now = time.time()
+        futures = [self.writer.submit(kind, {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm,
+                                             "model_version": version, "score": score, "status": status, "latency_ms": latency,
+                                             "layout": self.layout_json, "ts": now})]
+        for shadow_arm, (scores, version_s) in shadows:
+            futures.append(self.writer.submit("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s,
+                                                         "score": max(scores), "ts": now}))
+        # The answer waits for the commit: a 2xx means the event is on disk.
+        await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
+
+    @api.post("/feedback")
+    async def feedback(self, request: Request):
+        from sqlalchemy import select
+
+        from .events import outcomes
+
+        if denied := self._denied(request):
+            return denied
+        raw = await self._json_body(request)
+        if isinstance(raw, JSONResponse):
+            return raw
+        try:
+            body = FeedbackBody.model_validate(raw)
+        except ValidationError as exc:
+            return _problem(422, _validation_detail(exc))
+        if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
+            return _problem(404, f"unknown request_id {body.request_id!r}")
+
+        def seen() -> bool:
+            with self.reader.engine.connect() as conn:
+                q = select(outcomes.c.request_id).where(outcomes.c.request_id == body.request_id, outcomes.c.event == body.event)
+                return conn.execute(q).first() is not None
+
+        duplicate = await asyncio.to_thread(seen)
+        if not duplicate:
+            await asyncio.wrap_future(self.writer.submit("outcome", {"request_id": body.request_id, "event": body.event,
+                                                                     "value": body.value, "ts": time.time()}))
+        return {"request_id": body.request_id, "event": body.event, "duplicate": duplicate}
+
+    @api.get("/experiment")
+    async def experiment(self, request: Request):
+        from ..ab_spec import ABSpec
+        from .analysis import analyze
+
+        if denied := self._denied(request):
+            return denied
+        spec = ABSpec.model_validate(self.spec_raw)
+        frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event)
+        result = await asyncio.to_thread(analyze, frame, spec, self.weights, self.champion)
+        return {**result.to_dict(), "shadow": self.shadow}
+
+    @api.get("/healthz")
+    async def healthz(self):
+        return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid()}
+
+    def __del__(self):
+        writer = getattr(self, "writer", None)
+        if writer is not None:
+            writer.close()
+
+
+def build_app(args: dict):
+    """Serve application builder. `args` comes from `serve.control.app_args` (JSON-able)."""
+    serving = args["serving"]
+    options = dict(num_replicas=serving["replicas"], max_ongoing_requests=serving["max_ongoing_requests"],
+                   max_queued_requests=serving["max_queued_requests"], ray_actor_options={"num_cpus": serving["cpus_per_replica"]},
+                   user_config={"weights": args["weights"], "champion": args["champion"], "shadow": args["shadow"]})
+    handles = {}
+    if args["mode"] == "separate":
+        for arm, path in args["checkpoints"].items():
+            handles[arm] = ModelDeployment.options(name=f"model_{arm}", num_replicas=serving["replicas"],
+                                                   max_ongoing_requests=serving["max_ongoing_requests"],
+                                                   ray_actor_options={"num_cpus": serving["cpus_per_replica"]}).bind(
+                arm, path, serving["max_batch_size"], serving["batch_wait_ms"])
+    return ABRouter.options(**options).bind(args, **handles)

@@ -1,0 +1,252 @@
+"""Deploying an A/B experiment and steering it: Serve config, deploy, weights, decisions.
+
+Everything goes through one Serve config (the `serve deploy` schema): `rayload serve build`
+writes it, `rayload serve` deploys it, and a weight change deploys it again with only the
+router's `user_config` changed, which Serve applies to the running replicas in place. The
+run folder `runs/ab/<name>/` keeps `serve.json` (the config in force, the Ray address, the
+URL, the decision log) and, by default, `events.db`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ..ab_spec import ABSpec, weight_issues
+from ..errors import RayloadError, SpecError
+from ..paths import runs_root
+from .events import default_url
+
+log = logging.getLogger(__name__)
+ROUTER = "ABRouter"
+
+
+def run_dir_for(spec: ABSpec) -> str:
+    return os.path.join(runs_root(), "ab", spec.name)
+
+
+def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, str]:
+    """Each arm's checkpoint: given, or the best of training its job spec (a finished run
+    with the same name is reused, so this trains once)."""
+    out = {}
+    for arm in spec.arms:
+        if arm.checkpoint:
+            if not os.path.exists(os.path.join(arm.checkpoint, "model.pt")):
+                raise RayloadError(f"arms.{arm.name}.checkpoint: no model.pt in {arm.checkpoint}")
+            out[arm.name] = arm.checkpoint
+            continue
+        from ..spec import load_spec
+        from ..train.trainer import fit
+
+        job = load_spec(arm.job, [*arm.set, f"train.run_name=ab-{spec.name}-{arm.name}"])
+        log.info("arm %s: training %s", arm.name, arm.job)
+        out[arm.name] = fit(job, address=address, evaluate_test=False).checkpoint
+    return out
+
+
+def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
+    if spec.serving.mode != "auto":
+        return spec.serving.mode
+    import torch
+
+    total = 0
+    for path in checkpoints.values():
+        state = torch.load(os.path.join(path, "model.pt"), weights_only=True, map_location="cpu")
+        total += sum(t.numel() for t in state.values())
+    return "combined" if total <= spec.serving.combined_max_params else "separate"
+
+
+def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
+    from ..features import FittedFeatures
+
+    features = FittedFeatures.load(os.path.join(next(iter(checkpoints.values())), "features.json"))
+    names = sorted(c["name"] for c in features.columns if c["role"] != "label")
+    serving = spec.serving.model_dump()
+    return {"experiment": spec.name, "salt": spec.experiment_salt, "arms": [a.name for a in spec.arms],
+            "checkpoints": checkpoints, "mode": serving_mode(spec, checkpoints), "serving": serving,
+            "events": spec.events.model_dump(), "events_url": spec.events.url or default_url(run_dir),
+            "weights": spec.weights, "champion": spec.champion_arm, "shadow": spec.shadow,
+            "feature_names": names, "spec": spec.model_dump(mode="json")}
+
+
+def serve_config(args: dict) -> dict:
+    """A config `serve deploy` accepts (ServeDeploySchema)."""
+    s = args["serving"]
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": s["host"], "port": s["port"]},
+        "applications": [{
+            "name": args["experiment"], "route_prefix": s["route_prefix"],
+            "import_path": "rayload.serve.app:build_app", "args": args,
+            "deployments": [{"name": ROUTER, "user_config": {"weights": args["weights"], "champion": args["champion"],
+                                                              "shadow": args["shadow"]}}],
+        }],
+    }
+
+
+def deploy(config: dict, wait_s: float = 300) -> None:
+    """Deploy (or update) the config on the connected Ray cluster and wait until it runs."""
+    from ray.serve._private import api as serve_api
+    from ray.serve.config import HTTPOptions
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(config)
+    client = serve_api.serve_start(http_options=HTTPOptions(**config["http_options"]), proxy_location=config["proxy_location"])
+    client.deploy_apps(schema, _blocking=False)
+    wait_running(config["applications"][0]["name"], wait_s)
+
+
+def wait_running(app: str, wait_s: float) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(app)
+        if status is not None:
+            if status.status == "RUNNING" and all(d.status == "HEALTHY" for d in status.deployments.values()):
+                return
+            if status.status == "DEPLOY_FAILED":
+                raise RayloadError(f"the A/B app {app} failed to deploy: {status.message}")
+        time.sleep(0.5)
+    raise RayloadError(f"the A/B app {app} was not running after {wait_s:.0f} s")
+
+
+@dataclass
+class Deployment:
+    run_dir: str
+    url: str
+    config: dict
+
+    @property
+    def args(self) -> dict:
+        return self.config["applications"][0]["args"]
+
+    @property
+    def user_config(self) -> dict:
+        return self.config["applications"][0]["deployments"][0]["user_config"]
+
+
+def start(spec: ABSpec, address: str | None = None) -> Deployment:
+    """Train what is missing, deploy the experiment, record it in the run folder."""
+    import ray
+
+    from .._ray import ensure_ray
+
+    ensure_ray(address)
+    run_dir = run_dir_for(spec)
+    os.makedirs(run_dir, exist_ok=True)
+    args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
+    config = serve_config(args)
+    deploy(config)
+    s = spec.serving
+    url = f"http://{s.host}:{s.port}{s.route_prefix.rstrip('/')}"
+    save_state(run_dir, {"config": config, "url": url, "address": ray.get_runtime_context().gcs_address, "decisions": []})
+    return Deployment(run_dir, url, config)
+
+
+def save_state(run_dir: str, state: dict) -> None:
+    path = os.path.join(run_dir, "serve.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def load_state(run: str) -> tuple[str, dict]:
+    for folder in (run, os.path.join(runs_root(), "ab", run)):
+        path = os.path.join(folder, "serve.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return os.path.abspath(folder), json.load(f)
+    raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
+
+
+def set_weights(run: str, weights: dict[str, float], champion: str | None = None, reason: str = "by hand",
+                decision: str | None = None) -> dict:
+    """New weights (and champion) for a running experiment, applied in place. Bad weights
+    raise SpecError and leave the old ones in force."""
+    import ray
+
+    run_dir, state = load_state(run)
+    config = copy.deepcopy(state["config"])
+    app = config["applications"][0]
+    user = app["deployments"][0]["user_config"]
+    champion = champion or user["champion"]
+    if issues := weight_issues(weights, app["args"]["arms"], champion, where="weights"):
+        raise SpecError(issues)
+    if not ray.is_initialized():
+        from .._ray import ensure_ray
+
+        ensure_ray(state["address"])
+    user.update(weights={a: float(weights[a]) for a in app["args"]["arms"]}, champion=champion)
+    deploy(config)
+    state["config"] = config
+    state.setdefault("decisions", []).append({"time": time.time(), "decision": decision or "set-weights", "weights": user["weights"],
+                                              "champion": champion, "reason": reason})
+    save_state(run_dir, state)
+    return user
+
+
+def promote(run: str, reason: str = "by hand") -> dict:
+    """The challenger takes all traffic and becomes the champion."""
+    _, state = load_state(run)
+    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    challenger = _challenger(args["arms"], user["champion"])
+    return set_weights(run, {a: 1.0 if a == challenger else 0.0 for a in args["arms"]}, challenger, reason, "promote")
+
+
+def rollback(run: str, reason: str = "by hand") -> dict:
+    """The challenger gets no traffic; the champion keeps it all."""
+    _, state = load_state(run)
+    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    return set_weights(run, {a: 1.0 if a == user["champion"] else 0.0 for a in args["arms"]}, user["champion"], reason, "rollback")
+
+
+def _challenger(arms: list[str], champion: str) -> str:
+    others = [a for a in arms if a != champion]
+    if len(others) != 1:
+        raise RayloadError(f"promote and rollback need exactly one challenger; arms: {arms}, champion: {champion}")
+    return others[0]
+
+
+def analysis_for(run: str):
+    """The live analysis from the event store (no Ray needed)."""
+    from ..ab_spec import ABSpec
+    from .analysis import analyze
+    from .events import EventReader
+
+    _, state = load_state(run)
+    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    spec = ABSpec.model_validate(args["spec"])
+    reader = EventReader(args["events_url"])
+    try:
+        frame = reader.frame(args["experiment"], spec.analysis.event)
+    finally:
+        reader.close()
+    return analyze(frame, spec, user["weights"], user["champion"])
+
+
+def step(run: str) -> tuple[str, list[str]]:
+    """One look of the automatic controller: act on the analysis by the ramp schedule.
+    promote / rollback end the experiment; otherwise the challenger's share moves to the next
+    ramp step once it has `min_units_per_step` units at the current one."""
+    result = analysis_for(run)
+    _, state = load_state(run)
+    spec = ABSpec.model_validate(state["config"]["applications"][0]["args"]["spec"])
+    if result.decision in ("promote", "rollback"):
+        (promote if result.decision == "promote" else rollback)(run, "; ".join(result.reasons))
+        return result.decision, result.reasons
+    if result.srm_flagged or result.challenger is None:
+        return "continue", result.reasons
+    share = result.weights.get(result.challenger, 0.0)
+    units = {a.arm: a.units for a in result.arms}
+    later = [s for s in spec.ramp.steps if s > share + 1e-12]
+    done = len(spec.ramp.steps) - len(later)  # steps reached so far
+    if later and units.get(result.challenger, 0) >= spec.ramp.min_units_per_step * max(1, done):
+        nxt = later[0]
+        set_weights(run, {result.champion: round(1 - nxt, 4), result.challenger: nxt}, reason=f"ramp to {nxt:.0%}", decision="ramp")
+        return "continue", result.reasons + [f"ramped the challenger to {nxt:.0%}"]
+    return "continue", result.reasons

@@ -1,0 +1,198 @@
+"""The A/B event store (SQLAlchemy Core): exposures, shadow scores, outcomes.
+
+Guarantee: a 2xx answer from the router means its event is committed to the database. A
+replica never answers before the commit holding its event returns (SQLite in WAL mode with
+synchronous=FULL, or PostgreSQL), so a replica killed with SIGKILL loses no acknowledged
+event; a request in flight when it dies got no answer and may or may not be recorded.
+Writes are grouped: one writer thread per replica commits everything that arrived within
+`flush_ms` (or `max_batch` rows) in one transaction, so the commit cost is shared.
+
+`request_id` is the primary key of an exposure; an outcome is keyed by (request_id, event),
+so a repeated feedback call is a no-op. The schema carries its version in `meta`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 1
+
+metadata = sa.MetaData()
+meta = sa.Table("ab_meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
+exposures = sa.Table(
+    "ab_exposures", metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("experiment", sa.String(128), nullable=False, index=True),
+    sa.Column("unit_id", sa.String(256), nullable=False),
+    sa.Column("arm", sa.String(64), nullable=False),
+    sa.Column("model_version", sa.String(128), nullable=False),
+    sa.Column("score", sa.Float),
+    sa.Column("status", sa.String(16), nullable=False),  # ok | error
+    sa.Column("latency_ms", sa.Float, nullable=False),
+    sa.Column("layout", sa.String(256), nullable=False),  # the weights in force (JSON), for the SRM check
+    sa.Column("ts", sa.Float, nullable=False),
+)
+shadow_scores = sa.Table(
+    "ab_shadow", metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("arm", sa.String(64), primary_key=True),
+    sa.Column("model_version", sa.String(128), nullable=False),
+    sa.Column("score", sa.Float),
+    sa.Column("ts", sa.Float, nullable=False),
+)
+outcomes = sa.Table(
+    "ab_outcomes", metadata,
+    sa.Column("request_id", sa.String(64), primary_key=True),
+    sa.Column("event", sa.String(16), primary_key=True),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+)
+TABLES = {"exposure": exposures, "shadow": shadow_scores, "outcome": outcomes}
+
+
+def default_url(run_dir: str) -> str:
+    return f"sqlite:///{os.path.join(os.path.abspath(run_dir), 'events.db')}"
+
+
+def engine_for(url: str) -> sa.Engine:
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(connection, _record):
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=FULL")  # a commit is on disk before it returns
+            cursor.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def create_schema(engine: sa.Engine) -> None:
+    """Create the tables (idempotent) and check the stored schema version."""
+    from ..errors import RayloadError
+
+    metadata.create_all(engine, checkfirst=True)
+    with engine.begin() as conn:
+        row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+        if row is None:
+            _insert_ignore(conn, meta, [{"key": "schema_version", "value": str(SCHEMA_VERSION)}])
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise RayloadError(f"event store schema version {row[0]} is not this rayload's {SCHEMA_VERSION}: use a new events.url")
+
+
+def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
+    """INSERT that skips rows whose primary key exists (idempotent feedback, retried writes)."""
+    if not rows:
+        return
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:  # pragma: no cover - the store supports SQLite and PostgreSQL
+        raise ValueError(f"unsupported event store dialect {dialect}")
+    conn.execute(insert(table).on_conflict_do_nothing(), rows)
+
+
+class EventWriter:
+    """Group commit: `submit(kind, row)` returns a Future that resolves once the row is committed."""
+
+    def __init__(self, url: str, flush_ms: float = 5.0, max_batch: int = 512):
+        self.engine = engine_for(url)
+        create_schema(self.engine)
+        self.flush_s, self.max_batch = flush_ms / 1000.0, max_batch
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="rayload-events", daemon=True)
+        self._thread.start()
+
+    def submit(self, kind: str, row: dict[str, Any]) -> Future:
+        fut: Future = Future()
+        if self._closed:
+            fut.set_exception(RuntimeError("event writer is closed"))
+        else:
+            self._queue.put((kind, row, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, deadline = [first], time.monotonic() + self.flush_s
+            while len(batch) < self.max_batch:
+                timeout = deadline - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=max(0.0, timeout)) if timeout > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            self._commit(batch)
+
+    def _commit(self, batch: list) -> None:
+        by_kind: dict[str, list] = {}
+        for kind, row, _ in batch:
+            by_kind.setdefault(kind, []).append(row)
+        try:
+            with self.engine.begin() as conn:
+                for kind, rows in by_kind.items():
+                    _insert_ignore(conn, TABLES[kind], rows)
+        except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
+            log.exception("event commit failed")
+            for _, _, fut in batch:
+                fut.set_exception(exc)
+            return
+        for _, _, fut in batch:
+            fut.set_result(None)
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        self.engine.dispose()
+
+
+class EventReader:
+    """Reads for feedback checks and analysis."""
+
+    def __init__(self, url: str):
+        self.engine = engine_for(url)
+        create_schema(self.engine)
+
+    def exposure_exists(self, request_id: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(exposures.c.request_id).where(exposures.c.request_id == request_id)).first() is not None
+
+    def frame(self, experiment: str, event: str = "click"):
+        """Exposures of one experiment joined with the chosen outcome (pandas)."""
+        import pandas as pd
+
+        o = outcomes.alias("o")
+        query = (sa.select(exposures.c.request_id, exposures.c.unit_id, exposures.c.arm, exposures.c.model_version, exposures.c.score,
+                           exposures.c.status, exposures.c.latency_ms, exposures.c.layout, exposures.c.ts,
+                           sa.func.coalesce(o.c.value, 0.0).label("outcome"))
+                 .select_from(exposures.outerjoin(o, sa.and_(o.c.request_id == exposures.c.request_id, o.c.event == event)))
+                 .where(exposures.c.experiment == experiment))
+        with self.engine.connect() as conn:
+            return pd.DataFrame(conn.execute(query).mappings().all(), columns=[c.name for c in query.selected_columns])
+
+    def counts(self) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            return {name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() for name, t in TABLES.items()}
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,63 @@
+"""One model, ready to score raw request rows: the checkpoint's model plus its features.json,
+applied with the very code that prepared the training data (FittedFeatures.transform_rows,
+train.batch.collate), so a served score equals the offline prediction for the same row."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Scorer:
+    arm: str
+    checkpoint: str
+    version: str
+    model: object
+    features: object
+    layout: object
+    binary: bool
+    params: int
+
+    @classmethod
+    def load(cls, arm: str, checkpoint: str) -> "Scorer":
+        import torch
+
+        from ..train import checkpoint as ckpt
+        from ..train.batch import Layout
+
+        torch.set_num_threads(1)  # one replica per core: intra-op threads only contend
+        loaded = ckpt.load(checkpoint)
+        params = sum(p.numel() for p in loaded.model.parameters())
+        return cls(arm, checkpoint, model_version(checkpoint), loaded.model, loaded.features,
+                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params)
+
+    @property
+    def feature_names(self) -> set[str]:
+        return {c["name"] for c in self.features.columns if c["role"] not in ("label",)}
+
+    def score(self, rows: list[dict]) -> np.ndarray:
+        """Scores (probabilities for binary tasks) for raw feature dicts; DataError names a bad row."""
+        import torch
+
+        from ..train.batch import collate
+
+        table = self.features.transform_rows(rows)
+        batch = collate(table, self.layout)
+        with torch.no_grad():
+            out = self.model(*batch.inputs()).float()
+            out = torch.sigmoid(out) if self.binary else out
+        return out.numpy().astype(np.float64)
+
+
+def model_version(checkpoint: str) -> str:
+    """`<run>/<checkpoint>@<first 10 hex of model.pt's sha256>`: names the run and pins the weights."""
+    digest = hashlib.sha256()
+    with open(os.path.join(checkpoint, "model.pt"), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    parts = os.path.normpath(checkpoint).split(os.sep)
+    return f"{'/'.join(parts[-2:])}@{digest.hexdigest()[:10]}"

@@ -1,0 +1,157 @@
+"""Experiment statistics: CTR per arm with intervals, lift, a two-proportion test, the
+sample-ratio-mismatch check, an always-valid sequential test (mSPRT), and power.
+
+The unit of randomisation is the unit (user), not the request: a user's requests are
+correlated, so CTR = sum(clicks) / sum(exposures) over units is a ratio metric and its
+variance comes from the delta method over per-unit sums. With one exposure per unit it is
+exactly the binomial variance. Distributions come from scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class ArmSums:
+    """Per-arm sums over units: n units, x = clicks, y = exposures (and squares, cross)."""
+
+    n: int
+    x: float
+    y: float
+    xx: float
+    yy: float
+    xy: float
+
+    @classmethod
+    def from_units(cls, clicks: np.ndarray, exposures: np.ndarray) -> "ArmSums":
+        clicks, exposures = np.asarray(clicks, float), np.asarray(exposures, float)
+        return cls(len(clicks), clicks.sum(), exposures.sum(), (clicks**2).sum(), (exposures**2).sum(), (clicks * exposures).sum())
+
+    @property
+    def ctr(self) -> float:
+        return self.x / self.y if self.y else float("nan")
+
+    @property
+    def var(self) -> float:
+        """Delta-method variance of the ratio estimate sum(x)/sum(y)."""
+        n = self.n
+        if n < 2 or not self.y:
+            return float("nan")
+        mx, my = self.x / n, self.y / n
+        sxx = (self.xx - n * mx * mx) / (n - 1)
+        syy = (self.yy - n * my * my) / (n - 1)
+        sxy = (self.xy - n * mx * my) / (n - 1)
+        r = mx / my
+        return max(0.0, (sxx - 2 * r * sxy + r * r * syy) / (n * my * my))
+
+
+def z_crit(alpha: float) -> float:
+    return float(stats.norm.ppf(1 - alpha / 2))
+
+
+def wilson(x: float, n: float, alpha: float = 0.05) -> tuple[float, float]:
+    """Wilson score interval for a proportion (good near 0 and with few trials)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    z, p = z_crit(alpha), x / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def ctr_interval(a: ArmSums, alpha: float = 0.05) -> tuple[float, float]:
+    """Wilson with the effective sample size the delta-method variance implies."""
+    p, v = a.ctr, a.var
+    if not math.isfinite(v) or not math.isfinite(p):
+        return wilson(a.x, a.y, alpha)
+    n_eff = p * (1 - p) / v if v > 0 else a.y
+    return wilson(p * n_eff, n_eff, alpha)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    diff: float
+    diff_ci: tuple[float, float]
+    lift: float
+    lift_ci: tuple[float, float]
+    z: float
+    p_value: float  # fixed-horizon two-sided test: valid only when looked at once
+
+
+def compare(control: ArmSums, treatment: ArmSums, alpha: float = 0.05) -> Comparison:
+    """Difference (treatment - control), relative lift (delta method on the log ratio) and a
+    two-sided z-test of equal CTRs."""
+    nan = float("nan")
+    v = control.var + treatment.var
+    if not (math.isfinite(v) and v > 0 and control.ctr > 0):
+        return Comparison(nan, (nan, nan), nan, (nan, nan), nan, nan)
+    z_c = z_crit(alpha)
+    diff = treatment.ctr - control.ctr
+    z = diff / math.sqrt(v)
+    log_ratio = math.log(treatment.ctr / control.ctr) if treatment.ctr > 0 else -math.inf
+    se_log = math.sqrt(control.var / control.ctr**2 + treatment.var / max(treatment.ctr, 1e-12) ** 2)
+    lift_ci = (math.exp(log_ratio - z_c * se_log) - 1, math.exp(log_ratio + z_c * se_log) - 1) if math.isfinite(log_ratio) else (nan, nan)
+    return Comparison(diff, (diff - z_c * math.sqrt(v), diff + z_c * math.sqrt(v)), treatment.ctr / control.ctr - 1, lift_ci,
+                      z, float(2 * stats.norm.sf(abs(z))))
+
+
+def msprt_lambda(diff: float, var: float, tau: float) -> float:
+    """Mixture SPRT likelihood ratio for a normal estimate `diff` with variance `var` against
+    H0: no difference, mixing over N(0, tau^2) alternatives (Johari et al., 2017). Rejecting
+    when it first reaches 1/alpha keeps the false-positive rate at alpha however often one looks."""
+    if not (math.isfinite(diff) and math.isfinite(var) and var > 0):
+        return 1.0
+    t2 = tau * tau
+    return math.sqrt(var / (var + t2)) * math.exp(t2 * diff * diff / (2 * var * (var + t2)))
+
+
+def always_valid_p(lambdas: list[float]) -> float:
+    """p_n = min over looks of 1 / Lambda_m: the sequential p-value at every look so far."""
+    return min([1.0] + [1.0 / lam for lam in lambdas if lam > 0])
+
+
+def srm_statistic(units: dict[str, int], weights: dict[str, float]) -> tuple[float, int]:
+    """Chi-square statistic and degrees of freedom of exposed units against the configured
+    shares (arms with weight > 0)."""
+    arms = [a for a, w in weights.items() if w > 0]
+    total = sum(units.get(a, 0) for a in arms)
+    if len(arms) < 2 or total == 0:
+        return (0.0, 0)
+    observed = np.array([units.get(a, 0) for a in arms], float)
+    expected = np.array([weights[a] for a in arms]) / sum(weights[a] for a in arms) * total
+    return float(((observed - expected) ** 2 / expected).sum()), len(arms) - 1
+
+
+def srm_p_value(periods: list[tuple[dict[str, int], dict[str, float]]]) -> float:
+    """SRM p-value over weight periods: each period's units against that period's weights;
+    independent periods add their chi-square statistics and degrees of freedom."""
+    parts = [srm_statistic(units, weights) for units, weights in periods]
+    stat, dof = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return float(stats.chi2.sf(stat, dof)) if dof else 1.0
+
+
+def sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5) -> int:
+    """Units in total for a two-sided test to detect an absolute CTR change `mde` with the
+    challenger getting `share` of the units (one exposure per unit)."""
+    p2 = min(max(p_base + mde, 1e-9), 1 - 1e-9)
+    z = z_crit(alpha) + float(stats.norm.ppf(power))
+    var = p_base * (1 - p_base) / (1 - share) + p2 * (1 - p2) / share
+    return int(math.ceil(z * z * var / (mde * mde)))
+
+
+def minimum_detectable_effect(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5) -> float:
+    """Smallest absolute CTR change `n_total` units detect with the given power (equal variances)."""
+    if n_total <= 0:
+        return float("inf")
+    z = z_crit(alpha) + float(stats.norm.ppf(power))
+    var = p_base * (1 - p_base) * (1 / (1 - share) + 1 / share)
+    return z * math.sqrt(var / n_total)
+
+
+def p99(latencies: np.ndarray) -> float:
+    return float(np.percentile(latencies, 99)) if len(latencies) else float("nan")

@@ -1,0 +1,224 @@
+"""A/B serving on a local Ray Serve over real HTTP: served scores equal offline predictions,
+every kind of bad input is a 4xx (never a 5xx), sticky assignment, weights changed in place,
+overload answered with 503, and a killed replica loses no acknowledged event."""
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+
+from rayload.ab_spec import ab_from_dict
+from rayload.errors import SpecError
+from rayload.serve import control
+from rayload.serve.assign import Layout
+from rayload.spec import JobSpec
+
+pytestmark = pytest.mark.integration
+PORT = 8765
+URL = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def served(ray_local, tmp_path_factory):
+    """Two tiny DeepFMs (1 and 3 epochs) on 6,000 MovieLens ratings behind the A/B router."""
+    from rayload.data.builtin import materialize
+    from rayload.train.trainer import fit
+
+    folder = tmp_path_factory.mktemp("serve")
+    old_home = os.environ.get("RAYLOAD_HOME")
+    os.environ["RAYLOAD_HOME"] = str(folder / "runs")
+    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(folder / "cache"))[0]
+    table = pq.read_table(src).slice(0, 6000)
+    pq.write_table(table, folder / "subset.parquet")
+    raw = {"name": "ml-serve",
+           "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
+                    "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                                {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                    "label": {"column": "rating", "threshold": 4.0}},
+           "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
+           "train": {"epochs": 1, "batch_size": 256, "lr": 0.005}}
+    ckpts = {}
+    for arm, epochs in (("control", 1), ("challenger", 3)):
+        job = JobSpec.model_validate({**raw, "train": {**raw["train"], "epochs": epochs, "run_name": f"serve-{arm}"}})
+        ckpts[arm] = fit(job, evaluate_test=False).checkpoint
+    spec = ab_from_dict({"name": "itest", "arms": [{"name": "control", "weight": 0.7, "checkpoint": ckpts["control"]},
+                                                   {"name": "challenger", "weight": 0.3, "checkpoint": ckpts["challenger"]}],
+                         "serving": {"port": PORT, "replicas": 2, "max_body_bytes": 4096},
+                         "events": {"url": f"sqlite:///{folder / 'events.db'}"}})
+    dep = control.start(spec)
+    yield {"dep": dep, "rows": table.drop(["rating"]).to_pylist()[:200], "table": table.drop(["rating"]), "ckpts": ckpts, "spec": spec, "events": spec.events.url}
+    from ray import serve
+
+    serve.shutdown()
+    if old_home is None:
+        os.environ.pop("RAYLOAD_HOME", None)
+    else:
+        os.environ["RAYLOAD_HOME"] = old_home
+
+
+def features(row: dict) -> dict:
+    return {k: row[k] for k in ("userId", "movieId", "genres", "year")}
+
+
+def predict(client, unit, row, **extra):
+    return client.post(f"{URL}/predict", json={"unit_id": unit, "features": features(row), **extra})
+
+
+def test_served_scores_equal_offline_predictions(served):
+    import torch
+
+    from rayload.train import checkpoint as ckpt
+    from rayload.train.batch import Layout as Cols, collate
+
+    layout = Layout.build(served["spec"].weights, "control", ["control", "challenger"])
+    units = {arm: next(f"u{i}" for i in range(1000) if layout.assign("itest", f"u{i}") == arm) for arm in ("control", "challenger")}
+    rows = served["rows"][:40]
+    with httpx.Client(timeout=30) as client:
+        for arm, unit in units.items():
+            loaded = ckpt.load(served["ckpts"][arm])
+            # Offline: the batch path that wrote the training shards (transform_table on an Arrow table).
+            batch = collate(loaded.features.transform_table(served["table"].slice(0, len(rows))), Cols.from_features(loaded.features))
+            with torch.no_grad():
+                offline = torch.sigmoid(loaded.model(*batch.inputs()).float()).numpy()
+            served_scores = []
+            for r in rows:
+                resp = predict(client, unit, r)
+                assert resp.status_code == 200 and resp.json()["arm"] == arm, resp.text
+                served_scores.append(resp.json()["score"])
+            np.testing.assert_allclose(served_scores, offline, atol=1e-6)
+
+
+def test_bad_input_gets_4xx_naming_the_field_and_never_5xx(served):
+    row = features(served["rows"][0])
+    cases = [
+        ("post", "/predict", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "malformed JSON"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "features": "x"}}, 422, "features"),
+        ("post", "/predict", {"json": {"features": row}}, 422, "unit_id"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "features": row, "colour": 1}}, 422, "colour"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "features": {**row, "weather": 3}}}, 422, "weather"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "features": {**row, "year": "old"}}}, 422, "year"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "candidates": []}}, 422, "candidates"),
+        ("post", "/predict", {"json": {"unit_id": "u1", "features": {**row, "genres": "x" * 5000}}}, 413, "limit"),
+        ("get", "/predict", {}, 405, ""),
+        ("post", "/nowhere", {"json": {}}, 404, ""),
+        ("post", "/feedback", {"json": {"request_id": "nope", "event": "click"}}, 404, "unknown request_id"),
+        ("post", "/feedback", {"json": {"request_id": "x", "event": "purchase"}}, 422, "event"),
+    ]
+    with httpx.Client(timeout=30) as client:
+        for method, path, kwargs, status, needle in cases:
+            r = getattr(client, method)(f"{URL}{path}", **kwargs)
+            assert r.status_code == status and needle in r.text, (path, kwargs, r.status_code, r.text)
+        # The router still answers well-formed requests afterwards.
+        assert predict(client, "u1", served["rows"][0]).status_code == 200
+
+
+def test_ranking_and_feedback_are_logged_once(served):
+    rows = [features(r) for r in served["rows"][:5]]
+    with httpx.Client(timeout=30) as client:
+        r = client.post(f"{URL}/predict", json={"unit_id": "ranker", "candidates": rows})
+        assert r.status_code == 200
+        body = r.json()
+        assert sorted(body["ranking"]) == list(range(5)) and body["shown"] == body["ranking"][0]
+        assert body["score"] == max(body["scores"])
+        first = client.post(f"{URL}/feedback", json={"request_id": body["request_id"], "event": "click"})
+        again = client.post(f"{URL}/feedback", json={"request_id": body["request_id"], "event": "click"})
+        assert first.status_code == again.status_code == 200 and not first.json()["duplicate"] and again.json()["duplicate"]
+    engine = sa.create_engine(served["events"])
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("select count(*) from ab_outcomes where request_id = :r"), {"r": body["request_id"]}).scalar_one()
+        exposure = conn.execute(sa.text("select arm, unit_id from ab_exposures where request_id = :r"), {"r": body["request_id"]}).one()
+    engine.dispose()
+    assert n == 1 and exposure.unit_id == "ranker" and exposure.arm == body["arm"]
+
+
+def replica_pids(client, n=40) -> set:
+    return {client.get(f"{URL}/healthz").json()["pid"] for _ in range(n)}
+
+
+def test_sticky_assignment_and_weights_changed_in_place(served):
+    dep = served["dep"]
+    units = [f"sticky-{i}" for i in range(300)]
+    with httpx.Client(timeout=30) as client:
+        pids = replica_pids(client)
+        before = {u: predict(client, u, served["rows"][1]).json()["arm"] for u in units}
+        expected = Layout.build({"control": 0.7, "challenger": 0.3}, "control", ["control", "challenger"])
+        assert before == {u: expected.assign("itest", u) for u in units}
+        with pytest.raises(SpecError, match="sum to 1.0"):
+            control.set_weights(dep.run_dir, {"control": 0.5, "challenger": 0.6})
+        assert client.get(f"{URL}/healthz").json()["weights"] == {"control": 0.7, "challenger": 0.3}  # old weights kept
+        control.set_weights(dep.run_dir, {"control": 0.4, "challenger": 0.6})
+        assert all(client.get(f"{URL}/healthz").json()["weights"]["challenger"] == 0.6 for _ in range(10))
+        after = {u: predict(client, u, served["rows"][1]).json()["arm"] for u in units}
+        assert replica_pids(client) == pids  # reconfigured, not restarted
+    moved = {(before[u], after[u]) for u in units if before[u] != after[u]}
+    assert moved == {("control", "challenger")}
+    control.set_weights(dep.run_dir, {"control": 0.7, "challenger": 0.3})
+
+
+def test_a_killed_replica_is_replaced_and_no_acknowledged_event_is_lost(served):
+    acked, failures, stop = [], [], threading.Event()
+
+    def load():
+        with httpx.Client(timeout=30) as client:
+            i = 0
+            while not stop.is_set():
+                try:
+                    r = predict(client, f"load-{i}", served["rows"][i % 50])
+                    (acked.append(r.json()["request_id"]) if r.status_code == 200 else failures.append(r.status_code))
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc))
+                i += 1
+
+    with httpx.Client(timeout=30) as client:
+        pids = replica_pids(client)
+    assert len(pids) == 2
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    os.kill(sorted(pids)[0], signal.SIGKILL)
+    time.sleep(3)
+    deadline = time.monotonic() + 90
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() < deadline and (len(replica_pids(client, 20) - {sorted(pids)[0]}) < 2):
+            time.sleep(1)
+        new = replica_pids(client, 30)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert sorted(pids)[0] not in new and len(new) == 2  # a replacement came up
+    assert len(acked) > 100 and len(failures) <= max(20, 0.05 * len(acked)), failures[:5]
+    engine = sa.create_engine(served["events"])
+    with engine.connect() as conn:
+        stored = [r[0] for r in conn.execute(sa.text("select request_id from ab_exposures where unit_id like 'load-%'"))]
+    engine.dispose()
+    assert set(acked) <= set(stored) and len(stored) == len(set(stored))
+
+
+def test_overload_gets_503_quickly_instead_of_queueing(served):
+    spec = ab_from_dict({"name": "overload", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
+                                                      {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
+                         "serving": {"port": PORT, "route_prefix": "/overload", "max_ongoing_requests": 1, "max_queued_requests": 1,
+                                     "batch_wait_ms": 200, "max_batch_size": 1},
+                         "events": {"url": served["events"]}})
+    control.start(spec)
+    body = {"unit_id": "o", "features": features(served["rows"][0])}
+
+    def call(_):
+        start = time.perf_counter()
+        r = httpx.post(f"{URL}/overload/predict", json=body, timeout=60)
+        return r.status_code, time.perf_counter() - start
+
+    with cf.ThreadPoolExecutor(24) as pool:
+        results = list(pool.map(call, range(24)))
+    codes = [c for c, _ in results]
+    assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
+    assert max(t for c, t in results if c == 503) < 5.0

@@ -1,0 +1,89 @@
+"""Sticky assignment and A/B spec checks, without Ray."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rayload.ab_spec import ab_from_dict, load_ab_spec, weight_issues
+from rayload.errors import SpecError
+from rayload.serve.assign import Layout, bucket
+
+ARMS = ["control", "challenger"]
+UNITS = [f"user-{i}" for i in range(10_000)]
+
+
+def layout(w: float) -> Layout:
+    return Layout.build({"control": 1 - w, "challenger": w}, "control", ARMS)
+
+
+def test_assignment_is_identical_in_another_process_with_another_hash_seed():
+    here = [layout(0.3).assign("salt", u) for u in UNITS]
+    code = ("import json, sys; from rayload.serve.assign import Layout; "
+            "l = Layout.build({'control': 0.7, 'challenger': 0.3}, 'control', ['control', 'challenger']); "
+            "print(json.dumps([l.assign('salt', f'user-{i}') for i in range(10000)]))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED="123"), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == here
+
+
+def test_raising_the_challengers_weight_only_moves_units_from_control_to_challenger():
+    before = {u: layout(0.05).assign("s", u) for u in UNITS}
+    for w in (0.25, 0.5, 1.0):
+        after = {u: layout(w).assign("s", u) for u in UNITS}
+        moved = [(before[u], after[u]) for u in UNITS if before[u] != after[u]]
+        assert moved and set(moved) == {("control", "challenger")}
+        before = after
+
+
+def test_split_accuracy_within_one_point_at_10000_units_and_salt_reshuffles():
+    for w in (0.05, 0.25, 0.5):
+        share = sum(layout(w).assign("exp-1", u) == "challenger" for u in UNITS) / len(UNITS)
+        assert abs(share - w) <= 0.01, (w, share)
+    a = [layout(0.5).assign("exp-1", u) for u in UNITS]
+    b = [layout(0.5).assign("exp-2", u) for u in UNITS]
+    assert 0.4 < sum(x != y for x, y in zip(a, b)) / len(UNITS) < 0.6
+    assert 0 <= bucket("s", "u") < 10_000
+
+
+def test_three_arms_each_challenger_grows_only_into_control():
+    base = Layout.build({"c": 0.8, "x": 0.1, "y": 0.1}, "c", ["c", "x", "y"])
+    grown = Layout.build({"c": 0.6, "x": 0.3, "y": 0.1}, "c", ["c", "x", "y"])
+    moves = {(base.assign("s", u), grown.assign("s", u)) for u in UNITS} - {("c", "c"), ("x", "x"), ("y", "y")}
+    assert moves == {("c", "x")}
+
+
+def test_weights_must_sum_to_one_be_non_negative_and_name_every_arm():
+    assert "sum to 1.0" in weight_issues({"control": 0.5, "challenger": 0.6}, ARMS, "control")[0].render()
+    assert "number >= 0" in weight_issues({"control": 1.2, "challenger": -0.2}, ARMS, "control")[0].render()
+    assert "exactly the arms" in weight_issues({"control": 1.0}, ARMS, "control")[0].render()
+    assert weight_issues({"control": 0.9, "challenger": 0.1}, ARMS, "control") == []
+
+
+def test_spec_errors_name_the_field(tmp_path):
+    raw = {"name": "ab", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"}, {"name": "b", "weight": 0.6, "job": "j.yaml"}],
+           "serving": {"max_batch_size": 0, "colour": 1}}
+    path = tmp_path / "ab.yaml"
+    path.write_text("# rayload serve ab.yaml\n" + yaml.safe_dump(raw))
+    with pytest.raises(SpecError) as info:
+        load_ab_spec(str(path))
+    text = str(info.value)
+    assert "serving.max_batch_size" in text and "serving.colour" in text and "ab.yaml" in text
+    with pytest.raises(SpecError, match="sum to 1.0"):
+        ab_from_dict({**raw, "serving": {}})
+    with pytest.raises(SpecError, match="exactly one of checkpoint or job"):
+        ab_from_dict({"name": "ab", "arms": [{"name": "a", "weight": 1.0}, {"name": "b", "weight": 0.0, "checkpoint": "x"}]})
+    with pytest.raises(SpecError, match="ramp.steps: ramp steps must be increasing"):
+        ab_from_dict({"name": "ab", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"}, {"name": "b", "weight": 0.5, "checkpoint": "x"}],
+                      "ramp": {"steps": [0.5, 0.25]}})
+
+
+def test_relative_paths_resolve_against_the_spec_file(tmp_path):
+    (tmp_path / "ck").mkdir()
+    path = tmp_path / "ab.yaml"
+    path.write_text(yaml.safe_dump({"name": "ab", "arms": [{"name": "a", "weight": 0.9, "checkpoint": "ck"},
+                                                             {"name": "b", "weight": 0.1, "job": "job.yaml"}]}))
+    spec = load_ab_spec(str(path))
+    assert spec.arms[0].checkpoint == str(tmp_path / "ck") and spec.champion_arm == "a" and spec.challengers == ["b"]

@@ -1,0 +1,131 @@
+"""A/B statistics without Ray: intervals, the two-proportion test, SRM, the sequential test's
+error rate under continuous looks, and the power calculator."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayload.ab_spec import ab_from_dict
+from rayload.serve import stats
+from rayload.serve.analysis import analyze
+
+
+def test_one_exposure_per_unit_gives_the_binomial_variance_and_z_test():
+    rng = np.random.default_rng(0)
+    a = stats.ArmSums.from_units(rng.random(4000) < 0.10, np.ones(4000))
+    b = stats.ArmSums.from_units(rng.random(4000) < 0.12, np.ones(4000))
+    assert a.var == pytest.approx(a.ctr * (1 - a.ctr) / (a.n - 1), rel=1e-9)
+    cmp = stats.compare(a, b)
+    z = (b.ctr - a.ctr) / math.sqrt(a.var + b.var)
+    assert cmp.z == pytest.approx(z) and cmp.p_value == pytest.approx(2 * (1 - 0.5 * (1 + math.erf(abs(z) / math.sqrt(2)))), rel=1e-6)
+    assert cmp.diff_ci[0] < cmp.diff < cmp.diff_ci[1]
+    assert cmp.lift_ci[0] < cmp.lift < cmp.lift_ci[1]
+
+
+def test_correlated_requests_widen_the_interval():
+    # Users who click all or nothing: the per-request binomial variance understates the truth.
+    rng = np.random.default_rng(1)
+    clickers = rng.random(2000) < 0.2
+    per_unit = stats.ArmSums.from_units(clickers * 10.0, np.full(2000, 10.0))
+    assert per_unit.var > 5 * (per_unit.ctr * (1 - per_unit.ctr) / per_unit.y)
+
+
+def test_wilson_interval_covers_and_stays_in_range():
+    low, high = stats.wilson(0, 50)
+    assert low == pytest.approx(0.0, abs=1e-12) and 0 < high < 0.1
+    low, high = stats.wilson(30, 100)
+    assert low < 0.3 < high
+
+
+def test_srm_flags_three_percent_lost_exposures_of_one_arm_and_not_a_clean_split():
+    rng = np.random.default_rng(2)
+    arms = rng.random(100_000) < 0.5
+    clean = {"A": int((~arms).sum()), "B": int(arms.sum())}
+    lost = {"A": clean["A"], "B": int((arms & (rng.random(100_000) >= 0.03)).sum())}
+    weights = {"A": 0.5, "B": 0.5}
+    assert stats.srm_p_value([(clean, weights)]) > 0.001
+    assert stats.srm_p_value([(lost, weights)]) < 0.001
+
+
+def test_srm_over_weight_periods_uses_each_periods_weights():
+    periods = [({"A": 9500, "B": 500}, {"A": 0.95, "B": 0.05}), ({"A": 7480, "B": 2520}, {"A": 0.75, "B": 0.25})]
+    assert stats.srm_p_value(periods) > 0.001
+    # The same units judged against one 50/50 split would be a gross mismatch.
+    assert stats.srm_p_value([({"A": 16980, "B": 3020}, {"A": 0.5, "B": 0.5})]) < 1e-100
+
+
+def test_sample_size_matches_the_textbook_and_mde_inverts_it():
+    n = stats.sample_size(0.10, 0.01, 0.05, 0.8, 0.5)
+    assert n == pytest.approx(2 * 14_749, rel=0.002)  # 14,749 per arm for 10% -> 11%
+    mde = stats.minimum_detectable_effect(n, 0.10, 0.05, 0.8, 0.5)
+    assert 0.009 < mde < 0.0106
+
+
+def test_aa_sequential_test_keeps_alpha_under_20_looks_while_the_naive_test_does_not():
+    """500 A/A experiments, 20 looks each: the mSPRT's false-positive rate stays within 5% plus
+    Monte Carlo error; the naive z-test stopped at the first p < 0.05 is far above it."""
+    rng = np.random.default_rng(7)
+    sims, looks, per_look, p = 500, 20, 250, 0.1
+    seq_fp = naive_fp = 0
+    for _ in range(sims):
+        a = np.cumsum(rng.binomial(per_look, p, looks))
+        b = np.cumsum(rng.binomial(per_look, p, looks))
+        lambdas, naive = [], False
+        for k in range(looks):
+            n = per_look * (k + 1)
+            arm_a = stats.ArmSums(n, a[k], n, a[k], n, a[k])
+            arm_b = stats.ArmSums(n, b[k], n, b[k], n, b[k])
+            lambdas.append(stats.msprt_lambda(arm_b.ctr - arm_a.ctr, arm_a.var + arm_b.var, tau=0.02))
+            naive |= stats.compare(arm_a, arm_b).p_value < 0.05
+        seq_fp += stats.always_valid_p(lambdas) <= 0.05
+        naive_fp += naive
+    mc = 3 * math.sqrt(0.05 * 0.95 / sims)
+    print(f"A/A false-positive rate over {sims} experiments x {looks} looks: mSPRT {seq_fp / sims:.3f}, naive z-test {naive_fp / sims:.3f}")
+    assert seq_fp / sims <= 0.05 + mc
+    assert naive_fp / sims > 0.12  # peeking inflates the fixed-horizon test well past alpha
+
+
+def test_sequential_test_detects_a_real_difference():
+    n = 20_000
+    a, b = stats.ArmSums(n, 0.10 * n, n, 0.10 * n, n, 0.10 * n), stats.ArmSums(n, 0.12 * n, n, 0.12 * n, n, 0.12 * n)
+    assert 1 / stats.msprt_lambda(b.ctr - a.ctr, a.var + b.var, 0.02) < 1e-6
+
+
+SPEC = {"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"}, {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
+        "analysis": {"min_units": 200}, "guardrails": {"min_requests": 100, "max_p99_ms": 100}}
+
+
+def frame(rates: dict, n: int = 3000, seed: int = 0, latency: dict | None = None, drop: dict | None = None) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    arms = np.where(rng.random(n) < 0.5, "control", "challenger")
+    keep = np.array([rng.random() >= (drop or {}).get(a, 0.0) for a in arms])
+    rows = {"request_id": [f"r{i}" for i in range(n)], "unit_id": [f"u{i}" for i in range(n)], "arm": arms,
+            "model_version": "v", "score": 0.5, "status": "ok",
+            "latency_ms": [(latency or {}).get(a, 5.0) for a in arms], "layout": '{"challenger": 0.5, "control": 0.5}',
+            "ts": np.arange(n, dtype=float), "outcome": [float(rng.random() < rates[a]) for a in arms]}
+    return pd.DataFrame(rows)[keep]
+
+
+def test_analysis_promotes_a_clear_winner_and_rolls_back_a_clear_loser():
+    spec = ab_from_dict(SPEC)
+    win = analyze(frame({"control": 0.10, "challenger": 0.30}), spec)
+    assert win.decision == "promote" and win.diff > 0.15 and win.valid, win.reasons
+    lose = analyze(frame({"control": 0.30, "challenger": 0.10}), spec)
+    assert lose.decision == "rollback", lose.reasons
+
+
+def test_analysis_continues_without_power_and_says_how_many_units_it_needs():
+    result = analyze(frame({"control": 0.10, "challenger": 0.10}, n=800), ab_from_dict(SPEC))
+    assert result.decision == "continue" and result.units_needed > 0
+    assert "more units" in result.reasons[0]
+
+
+def test_guardrail_breach_rolls_back_and_srm_invalidates():
+    spec = ab_from_dict(SPEC)
+    slow = analyze(frame({"control": 0.1, "challenger": 0.3}, latency={"challenger": 500.0}), spec)
+    assert slow.decision == "rollback" and "p99 latency" in slow.reasons[0]
+    skewed = analyze(frame({"control": 0.1, "challenger": 0.3}, n=20_000, drop={"challenger": 0.1}), spec)
+    assert skewed.srm_flagged and not skewed.valid and skewed.decision == "continue"
+    assert skewed.to_dict()["srm_flagged"] is True
