@@ -8,7 +8,8 @@ import pytest
 from rayload import load_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOBS = sorted(glob.glob(os.path.join(ROOT, "jobs", "*.y*ml")))
+AB = sorted(glob.glob(os.path.join(ROOT, "jobs", "ab_*.y*ml")))
+JOBS = sorted(set(glob.glob(os.path.join(ROOT, "jobs", "*.y*ml"))) - set(AB))
 TUNE = sorted(glob.glob(os.path.join(ROOT, "tune", "*.y*ml")))
 
 
@@ -16,7 +17,7 @@ def test_there_are_job_specs():
     assert any(p.endswith("movielens_deepfm.yaml") for p in JOBS)
 
 
-@pytest.mark.parametrize("path", JOBS + TUNE, ids=os.path.basename)
+@pytest.mark.parametrize("path", JOBS + TUNE + AB, ids=os.path.basename)
 def test_spec_starts_with_its_command(path):
     with open(path) as f:
         head = [f.readline() for _ in range(3)]
@@ -34,3 +35,11 @@ def test_search_spec_validates(path):
     from rayload import load_search_spec  # arrives with the tuning issue
 
     assert load_search_spec(path)
+
+
+@pytest.mark.parametrize("path", AB, ids=os.path.basename)
+def test_ab_spec_validates(path):
+    from rayload.ab_spec import load_ab_spec
+
+    spec = load_ab_spec(path)
+    assert len(spec.arms) == 2 and all(a.checkpoint or os.path.exists(a.job) for a in spec.arms)

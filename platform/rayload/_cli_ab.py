@@ -153,7 +153,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     from .ab_spec import load_ab_spec
     from .serve import control
     from .serve.world import world_for
-    from .serve.simulate import simulate as run
+    from .serve.simulate import simulate_and_decide
 
     ab = load_ab_spec(spec)
     run_dir, state = control.load_state(control.run_dir_for(ab))
@@ -161,17 +161,40 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     world = world_for(ab, state["config"]["applications"][0]["args"])
     key = os.environ.get(ab.serving.api_key_env) if ab.serving.api_key_env else None
     total = requests or sim.requests
-    chunk = max(1, total // 10)
-    done = 0
-    with console.status("simulating...") as status_line:
-        while done < total:
-            n = min(chunk, total - done)
-            out = run(url or state["url"], world, users or sim.users, n, sim.concurrency, sim.seed + done, key)
-            done += n
-            status_line.update(f"simulated {done}/{total} requests; statuses {out.status}")
-            if decide and ab.ramp.auto:
-                decision, reasons = control.step(run_dir)
-                if decision != "continue":
-                    console.print(f"[bold]{decision}[/] after {done} requests: {'; '.join(reasons)}")
-                    break
+    with console.status("simulating...") as line:
+        out = simulate_and_decide(run_dir, url or state["url"], world, users or sim.users, total, sim.concurrency, sim.seed, key,
+                                  auto=decide and ab.ramp.auto,
+                                  on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
+    for s in out.steps:
+        console.print(f"after {s['requests']} requests: {s['decision']} ({'; '.join(s['reasons'])})")
+    console.print(f"requests {out.requests}, HTTP statuses {out.status}")
     print_analysis(control.analysis_for(run_dir))
+    console.print(f"[bold]decision: {out.decision}[/]")
+
+
+def demo_ab(spec: str, port: int, baseline: str, challenger: str, base_auc, best_auc, address) -> None:
+    """The demo's last stage: baseline against the best trial, ramped and decided on replayed
+    held-out MovieLens ratings; ends with the decision and its numbers."""
+    from .ab_spec import ab_from_dict, load_ab_spec
+    from .serve import control
+    from .serve.simulate import simulate_and_decide
+    from .serve.world import world_for
+
+    template = load_ab_spec(spec, [f"serving.port={port}"]).model_dump(mode="json")
+    arms = template["arms"]
+    template["arms"] = [{"name": arms[0]["name"], "weight": arms[0]["weight"], "checkpoint": baseline},
+                        {"name": "best_trial", "weight": arms[1]["weight"], "checkpoint": challenger}]
+    template["name"] = f"{template['name']}_demo"
+    ab = ab_from_dict(template)
+    with console.status("deploying the A/B experiment..."):
+        dep = control.start(ab, address=address)
+    console.print(f"serving at {dep.url}; run folder {dep.run_dir}")
+    sim = ab.simulate
+    with console.status("simulating users...") as line:
+        out = simulate_and_decide(dep.run_dir, dep.url, world_for(ab, dep.args), sim.users, sim.requests, sim.concurrency, sim.seed,
+                                  on_chunk=lambda done, status: line.update(f"simulated {done}/{sim.requests} requests"))
+    result = control.analysis_for(dep.run_dir)
+    print_analysis(result)
+    better = "best trial" if (best_auc or 0) > (base_auc or 0) else "baseline"
+    console.print(f"[green]A/B decision[/]: {out.decision} after {out.requests} requests ({'; '.join(out.reasons)}); "
+                  f"offline the {better} is better (test AUC baseline {_g(base_auc)}, best trial {_g(best_auc)})")

@@ -256,9 +256,11 @@ def demo(
     search: Annotated[str, typer.Option(help="the demo search spec")] = "tune/movielens_bayes.yaml",
     trials: Annotated[int, typer.Option(help="trials of the demo search")] = 8,
     search_epochs: Annotated[int, typer.Option(help="most epochs of one search trial")] = 8,
+    ab: Annotated[str, typer.Option(help="the demo A/B spec (its arms become baseline and best trial)")] = "jobs/ab_movielens.yaml",
+    port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
     address: AddressOpt = None,
 ) -> None:
-    """The whole lifecycle on MovieLens, stage by stage (today: data, training, tuning)."""
+    """The whole lifecycle on MovieLens, stage by stage: data, training, tuning, A/B test."""
     from .spec import load_spec
 
     job = load_spec(spec)
@@ -273,10 +275,15 @@ def demo(
         trained = fit(job, address=address)
     print_training(trained)
     console.print(f"[bold]3. tune[/]: {trials} trials of Bayesian search (TPE) with ASHA early stopping ({search})")
-    _demo_search(search, trials, search_epochs, trained, address)
+    found, base_test, best_test = _demo_search(search, trials, search_epochs, trained, address)
+    if found.best:
+        from ._cli_ab import demo_ab
+
+        console.print(f"[bold]4. A/B test[/]: baseline (champion) against the best trial on simulated MovieLens traffic ({ab})")
+        demo_ab(ab, port, trained.checkpoint, found.best["checkpoint"], base_test, best_test, address)
 
 
-def _demo_search(search: str, trials: int, epochs: int, baseline, address) -> None:
+def _demo_search(search: str, trials: int, epochs: int, baseline, address):
     from .evaluate import evaluate_checkpoint
     from .search_spec import load_search_spec
     from .spec import load_spec
@@ -297,6 +304,7 @@ def _demo_search(search: str, trials: int, epochs: int, baseline, address) -> No
     console.print(table)
     console.print(f"[green]done[/]: baseline test AUC {_g(base_test)}; best trial test AUC {_g(test)}; "
                   f"best configuration {found.best_spec} (train it with rayload train); plots in {found.run_dir}/plots")
+    return found, base_test, test
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ class ABRouter:
         if self.models:
             self.models._batched.set_max_batch_size(serving["max_batch_size"])
             self.models._batched.set_batch_wait_timeout_s(serving["batch_wait_ms"] / 1000.0)
-            self.feature_names = next(iter(self.models.scorers.values())).feature_names
+            self.feature_names = set().union(*(s.feature_names for s in self.models.scorers.values()))
         else:
             self.feature_names = set(args["feature_names"])
         self.writer = EventWriter(args["events_url"], args["events"]["flush_ms"], args["events"]["max_batch"])

@@ -63,14 +63,16 @@ def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
 def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
     from ..features import FittedFeatures
 
-    features = FittedFeatures.load(os.path.join(next(iter(checkpoints.values())), "features.json"))
-    names = sorted(c["name"] for c in features.columns if c["role"] != "label")
+    names = set()  # a request may carry what any arm reads
+    for path in checkpoints.values():
+        features = FittedFeatures.load(os.path.join(path, "features.json"))
+        names |= {c["name"] for c in features.columns if c["role"] != "label"}
     serving = spec.serving.model_dump()
     return {"experiment": spec.name, "salt": spec.experiment_salt, "arms": [a.name for a in spec.arms],
             "checkpoints": checkpoints, "mode": serving_mode(spec, checkpoints), "serving": serving,
             "events": spec.events.model_dump(), "events_url": spec.events.url or default_url(run_dir),
             "weights": spec.weights, "champion": spec.champion_arm, "shadow": spec.shadow,
-            "feature_names": names, "spec": spec.model_dump(mode="json")}
+            "feature_names": sorted(names), "spec": spec.model_dump(mode="json")}
 
 
 def serve_config(args: dict) -> dict:

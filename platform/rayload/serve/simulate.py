@@ -32,14 +32,17 @@ class SimResult:
 class SyntheticWorld:
     """Candidates from synthetic-ctr with their true click probabilities."""
 
-    def __init__(self, params, candidates: int = 10, seed: int = 0, offset: int = 50_000_000):
+    def __init__(self, params, candidates: int = 10, seed: int = 0, pool_rows: int = 20_000):
+        import dataclasses
+
         from ..data.synthetic import generate_table_with_truth
 
-        self.k, self.rng = candidates, np.random.default_rng(seed)
-        self.pool_rows = 20_000
-        table, self.truth = generate_table_with_truth(params, offset, offset + self.pool_rows)
-        label = "label" if "label" in table.column_names else None
-        self.rows = table.drop([label] if label else []).to_pylist()
+        self.k, self.rng, self.pool_rows = candidates, np.random.default_rng(seed), pool_rows
+        # Rows past the data set's end: fresh draws from the same planted model (the row count
+        # does not change the model), so no training row is ever shown.
+        start = params.rows
+        table, self.truth = generate_table_with_truth(dataclasses.replace(params, rows=start + pool_rows), start, start + pool_rows)
+        self.rows = table.drop(["label"]).to_pylist()
 
     def request(self, user: int) -> tuple[list[dict], list[float]]:
         idx = self.rng.choice(self.pool_rows, self.k, replace=False)
@@ -52,8 +55,9 @@ class SyntheticWorld:
 class MovieLensWorld:
     """Held-out users and their held-out ratings (the `test` split of the A/B's data)."""
 
-    def __init__(self, rows: list[dict], label_column: str = "rating", threshold: float = 4.0, seed: int = 0, max_candidates: int = 20):
-        self.rng, self.threshold, self.label = np.random.default_rng(seed), threshold, label_column
+    def __init__(self, rows: list[dict], features: list[str], label_column: str = "rating", threshold: float = 4.0, seed: int = 0,
+                 max_candidates: int = 20):
+        self.rng, self.threshold, self.label, self.features = np.random.default_rng(seed), threshold, label_column, features
         by_user: dict = {}
         for r in rows:
             by_user.setdefault(r["userId"], []).append(r)
@@ -65,7 +69,7 @@ class MovieLensWorld:
         if len(items) > self.max_candidates:
             items = [items[i] for i in self.rng.choice(len(items), self.max_candidates, replace=False)]
         truth = [1.0 if r[self.label] >= self.threshold else 0.0 for r in items]
-        return [{k: v for k, v in r.items() if k != self.label} for r in items], truth
+        return [{k: r[k] for k in self.features} for r in items], truth
 
     def click(self, truth: float) -> bool:
         return truth >= 1.0
@@ -122,3 +126,40 @@ async def _drive(url: str, world, users: int, requests: int, concurrency: int, s
 def simulate(url: str, world, users: int, requests: int, concurrency: int = 8, seed: int = 0, api_key: str | None = None,
              on_progress=None) -> SimResult:
     return asyncio.run(_drive(url, world, users, requests, concurrency, seed, api_key, on_progress))
+
+
+@dataclass
+class Outcome:
+    requests: int
+    status: dict[int, int]
+    decision: str
+    reasons: list[str]
+    steps: list[dict] = field(default_factory=list)  # what the controller did after each chunk
+
+
+def simulate_and_decide(run_dir: str, url: str, world, users: int, requests: int, concurrency: int = 8, seed: int = 0,
+                        api_key: str | None = None, auto: bool = True, chunks: int = 10, on_chunk=None) -> Outcome:
+    """Traffic in `chunks` slices; after each, the automatic controller looks once (ramp,
+    promote, rollback). Stops at the first promote or rollback."""
+    from . import control
+
+    done, status, steps = 0, {}, []
+    decision, reasons = "continue", []
+    size = max(1, -(-requests // chunks))
+    while done < requests:
+        n = min(size, requests - done)
+        out = simulate(url, world, users, n, concurrency, seed + done, api_key)
+        done += n
+        for code, count in out.status.items():
+            status[code] = status.get(code, 0) + count
+        if auto:
+            decision, reasons = control.step(run_dir)
+            steps.append({"requests": done, "decision": decision, "reasons": reasons})
+        if on_chunk:
+            on_chunk(done, status)
+        if decision != "continue":
+            break
+    if not auto:
+        result = control.analysis_for(run_dir)
+        decision, reasons = result.decision, result.reasons
+    return Outcome(done, status, decision, reasons, steps)

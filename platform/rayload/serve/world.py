@@ -31,7 +31,7 @@ def world_for(ab: ABSpec, args: dict):
         return SyntheticWorld(_synth_params(job.data.source), seed=sim.seed)
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
-    return MovieLensWorld(rows, features.label.column, features.label.threshold or 4.0, seed=sim.seed)
+    return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed)
 
 
 def held_out_rows(job) -> list[dict]:

@@ -1,0 +1,198 @@
+"""Serving benchmark (issue 5): every figure is a ratio of two sides measured in this run.
+
+    .venv/bin/python benchmarks/bench_serve.py [--seconds 8] [--rounds 2] [--clients 32]
+
+Sides, all serving the same small DeepFM checkpoint (trained here on 6,000 MovieLens
+ratings, one epoch) to the same closed-loop load (N async HTTP clients in a separate process,
+each sending one request after another; rows drawn from the data):
+
+- plain:      a uvicorn + FastAPI app in its own process calling the same Scorer (no Ray);
+- single:     one Ray Serve deployment (FastAPI ingress) with the Scorer and @serve.batch;
+- ab:         rayload's A/B router in combined mode (two arms, sticky hashing, exposure
+              events group-committed to SQLite before the answer);
+- ab_unbatched: the same router with max_batch_size 1.
+
+Rounds alternate the sides (A B C D A B C D) so drift on this shared machine hits all alike;
+the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLAIN_PORT, SERVE_PORT = 8311, 8312
+
+
+def train_checkpoint(folder: str) -> tuple[str, list[dict]]:
+    import pyarrow.parquet as pq
+
+    from rayload.data.builtin import materialize
+    from rayload.spec import JobSpec
+    from rayload.train.trainer import fit
+
+    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, folder)[0]
+    table = pq.read_table(src).slice(0, 6000)
+    pq.write_table(table, os.path.join(folder, "subset.parquet"))
+    job = JobSpec.model_validate({
+        "name": "bench-serve", "data": {"source": {"kind": "parquet", "path": os.path.join(folder, "subset.parquet")},
+                                        "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                                                    {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                                        "label": {"column": "rating", "threshold": 4.0}},
+        "model": {"name": "deepfm", "embedding_dim": 8, "hidden": [64, 32]}, "train": {"epochs": 1, "batch_size": 256}})
+    rows = [{k: r[k] for k in ("userId", "movieId", "genres", "year")} for r in table.slice(0, 500).to_pylist()]
+    return fit(job, evaluate_test=False).checkpoint, rows
+
+
+PLAIN_APP = """
+import sys, uvicorn
+from fastapi import FastAPI
+from rayload.serve.scorer import Scorer
+scorer = Scorer.load("m", sys.argv[1])
+app = FastAPI()
+@app.post("/predict")
+def predict(body: dict):
+    return {"score": float(scorer.score([body["features"]])[0]), "model_version": scorer.version}
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def deploy_single(checkpoint: str):
+    from fastapi import FastAPI, Request
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0.5})
+    @serve.ingress(app)
+    class Single:
+        def __init__(self, path):
+            from rayload.serve.scorer import Scorer
+
+            self.scorer = Scorer.load("m", path)
+
+        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+        async def _score(self, rows: list[dict]) -> list[float]:
+            return self.scorer.score(rows).tolist()
+
+        @app.post("/predict")
+        async def predict(self, request: Request):
+            body = await request.json()
+            return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
+
+    serve.run(Single.bind(checkpoint), name="single", route_prefix="/single")
+
+
+def deploy_ab(checkpoint: str, folder: str, name: str, batch: int) -> None:
+    from rayload.ab_spec import ab_from_dict
+    from rayload.serve import control
+
+    spec = ab_from_dict({"name": name, "arms": [{"name": "a", "weight": 0.5, "checkpoint": checkpoint},
+                                                {"name": "b", "weight": 0.5, "checkpoint": checkpoint}],
+                         "serving": {"port": SERVE_PORT, "route_prefix": f"/{name}", "max_batch_size": batch, "mode": "combined"},
+                         "events": {"url": f"sqlite:///{os.path.join(folder, name + '.db')}"}})
+    control.start(spec)
+
+
+LOAD = """
+import asyncio, json, sys, time, random
+import httpx
+url, clients, seconds, rows = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(open(sys.argv[4]).read())
+lat, errors = [], 0
+async def client(i, deadline):
+    global errors
+    rng = random.Random(i)
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1)) as c:
+        while time.perf_counter() < deadline:
+            body = {"unit_id": f"u{rng.randrange(100000)}", "features": rng.choice(rows)}
+            t = time.perf_counter()
+            r = await c.post(url, json=body)
+            if r.status_code == 200:
+                lat.append((time.perf_counter() - t) * 1000)
+            else:
+                errors += 1
+async def main():
+    warm = time.perf_counter() + 1.0
+    await asyncio.gather(*[client(i, warm) for i in range(clients)])
+    lat.clear()
+    start = time.perf_counter()
+    await asyncio.gather(*[client(i, start + seconds) for i in range(clients)])
+    print(json.dumps({"n": len(lat), "errors": errors, "seconds": time.perf_counter() - start, "lat": lat}))
+asyncio.run(main())
+"""
+
+
+def measure(url: str, clients: int, seconds: float, rows_file: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", LOAD, url, str(clients), str(seconds), rows_file], capture_output=True, text=True, check=True)
+    r = json.loads(out.stdout)
+    lat = np.array(r["lat"])
+    return {"rps": r["n"] / r["seconds"], "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)), "errors": r["errors"]}
+
+
+def split_accuracy() -> list[tuple[float, float]]:
+    from rayload.serve.assign import Layout
+
+    out = []
+    for w in (0.05, 0.25, 0.5):
+        layout = Layout.build({"control": 1 - w, "challenger": w}, "control", ["control", "challenger"])
+        share = sum(layout.assign("bench", f"unit-{i}") == "challenger" for i in range(10_000)) / 10_000
+        out.append((w, share))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    import ray
+
+    folder = tempfile.mkdtemp(prefix="bench-serve-")
+    os.environ["RAYLOAD_HOME"] = os.path.join(folder, "runs")
+    ray.init(include_dashboard=False, log_to_driver=False)
+    checkpoint, rows = train_checkpoint(folder)
+    rows_file = os.path.join(folder, "rows.json")
+    with open(rows_file, "w") as f:
+        json.dump(rows, f)
+    plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT)])
+    deploy_single(checkpoint)
+    deploy_ab(checkpoint, folder, "ab", 32)
+    deploy_ab(checkpoint, folder, "ab_unbatched", 1)
+    time.sleep(3)
+    urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": f"http://127.0.0.1:{SERVE_PORT}/single/predict",
+            "ab": f"http://127.0.0.1:{SERVE_PORT}/ab/predict", "ab_unbatched": f"http://127.0.0.1:{SERVE_PORT}/ab_unbatched/predict"}
+    results: dict[str, list[dict]] = {k: [] for k in urls}
+    try:
+        for rnd in range(args.rounds):
+            for side, url in urls.items():
+                results[side].append(measure(url, args.clients, args.seconds, rows_file))
+                print(f"round {rnd} {side:13s} {json.dumps({k: round(v, 2) for k, v in results[side][-1].items()})}", flush=True)
+    finally:
+        plain.terminate()
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors")} for side, rs in results.items()}
+    print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians)")
+    for side, m in med.items():
+        print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   errors {m['errors']:.0f}")
+    print(f"Serve single vs plain uvicorn: added p50 {med['single']['p50'] - med['plain']['p50']:+.2f} ms, "
+          f"added p99 {med['single']['p99'] - med['plain']['p99']:+.2f} ms, throughput ratio {med['single']['rps'] / med['plain']['rps']:.2f}")
+    print(f"A/B path / single deployment: p99 {med['ab']['p99'] / med['single']['p99']:.2f}x (target <= 1.1), "
+          f"throughput {med['ab']['rps'] / med['single']['rps']:.2f}x (target >= 0.9)")
+    print(f"dynamic batching / unbatched (A/B router): throughput {med['ab']['rps'] / med['ab_unbatched']['rps']:.2f}x (target >= 3)")
+    for w, share in split_accuracy():
+        print(f"split accuracy at 10,000 units: configured {w:.2f}, observed {share:.4f}, |diff| {abs(share - w) * 100:.2f} points (target <= 1)")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
