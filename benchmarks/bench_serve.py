@@ -16,7 +16,6 @@ Rounds alternate the sides (A B C D A B C D) so drift on this shared machine hit
 the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
 """
 
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -108,9 +107,9 @@ LOAD = """
 import asyncio, json, sys, time, random
 import httpx
 url, clients, seconds, rows = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(open(sys.argv[4]).read())
-lat, errors = [], 0
+lat, errors, first_error = [], 0, None
 async def client(i, deadline):
-    global errors
+    global errors, first_error
     rng = random.Random(i)
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1)) as c:
         while time.perf_counter() < deadline:
@@ -121,13 +120,14 @@ async def client(i, deadline):
                 lat.append((time.perf_counter() - t) * 1000)
             else:
                 errors += 1
+                first_error = first_error or f"{r.status_code} {r.text[:300]}"
 async def main():
     warm = time.perf_counter() + 1.0
     await asyncio.gather(*[client(i, warm) for i in range(clients)])
     lat.clear()
     start = time.perf_counter()
     await asyncio.gather(*[client(i, start + seconds) for i in range(clients)])
-    print(json.dumps({"n": len(lat), "errors": errors, "seconds": time.perf_counter() - start, "lat": lat}))
+    print(json.dumps({"n": len(lat), "errors": errors, "seconds": time.perf_counter() - start, "lat": lat, "first_error": first_error}))
 asyncio.run(main())
 """
 
@@ -135,6 +135,8 @@ asyncio.run(main())
 def measure(url: str, clients: int, seconds: float, rows_file: str) -> dict:
     out = subprocess.run([sys.executable, "-c", LOAD, url, str(clients), str(seconds), rows_file], capture_output=True, text=True, check=True)
     r = json.loads(out.stdout)
+    if not r["lat"]:
+        raise RuntimeError(f"no request to {url} succeeded: {r['first_error']}")
     lat = np.array(r["lat"])
     return {"rps": r["n"] / r["seconds"], "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)), "errors": r["errors"]}
 
@@ -166,6 +168,9 @@ def main() -> None:
     with open(rows_file, "w") as f:
         json.dump(rows, f)
     plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT)])
+    from ray import serve
+
+    serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
     deploy_single(checkpoint)
     deploy_ab(checkpoint, folder, "ab", 32)
     deploy_ab(checkpoint, folder, "ab_unbatched", 1)

@@ -198,3 +198,17 @@ def demo_ab(spec: str, port: int, baseline: str, challenger: str, base_auc, best
     better = "best trial" if (best_auc or 0) > (base_auc or 0) else "baseline"
     console.print(f"[green]A/B decision[/]: {out.decision} after {out.requests} requests ({'; '.join(out.reasons)}); "
                   f"offline the {better} is better (test AUC baseline {_g(base_auc)}, best trial {_g(best_auc)})")
+
+
+@ab_app.command("report")
+@_friendly
+def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None) -> None:
+    """Write an HTML page: cumulative CTR per arm with bands, lift over time, the decision."""
+    from .serve.control import analysis_for, load_state
+    from .serve.report import render
+
+    run_dir, _ = load_state(_run_of(run))
+    path = out or os.path.join(run_dir, "report.html")
+    with open(path, "w") as f:
+        f.write(render(analysis_for(run_dir)))
+    console.print(f"wrote {path}")

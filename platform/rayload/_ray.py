@@ -32,7 +32,18 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def _token_env() -> None:
-    """Ray 2.60 clusters require token auth; use ~/.ray/auth_token when the env has none."""
-    token_file = os.path.expanduser("~/.ray/auth_token")
-    if "RAY_AUTH_TOKEN" not in os.environ and os.path.exists(token_file):
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    """Ray 2.60 clusters require token auth; use ~/.ray/auth_token when the env has none.
+
+    Ray reads RAY_AUTH_MODE into its C++ config when it is imported, so setting the variable
+    afterwards is not enough: Ray's own helper sets it and re-initialises that config (the same
+    thing `ray.init()` does for a cluster it starts)."""
+    if os.environ.get("RAY_AUTH_MODE") or "RAY_AUTH_TOKEN" in os.environ:
+        return
+    if not os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+    except ImportError:  # an older Ray without token auth
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)

@@ -210,6 +210,8 @@ def test_overload_gets_503_quickly_instead_of_queueing(served):
                                      "batch_wait_ms": 200, "max_batch_size": 1},
                          "events": {"url": served["events"]}})
     control.start(spec)
+    with httpx.Client(timeout=30) as client:  # the first experiment keeps running beside the second
+        assert predict(client, "still-there", served["rows"][0]).status_code == 200
     body = {"unit_id": "o", "features": features(served["rows"][0])}
 
     def call(_):

@@ -129,3 +129,12 @@ def test_guardrail_breach_rolls_back_and_srm_invalidates():
     skewed = analyze(frame({"control": 0.1, "challenger": 0.3}, n=20_000, drop={"challenger": 0.1}), spec)
     assert skewed.srm_flagged and not skewed.valid and skewed.decision == "continue"
     assert skewed.to_dict()["srm_flagged"] is True
+
+
+def test_report_has_the_plots_the_table_and_the_decision():
+    from rayload.serve.report import render
+
+    result = analyze(frame({"control": 0.10, "challenger": 0.30}), ab_from_dict(SPEC))
+    page = render(result)
+    assert page.count("data:image/png;base64,") == 2  # cumulative CTR with bands, lift over time
+    assert 'id="decision">promote<' in page and f"{result.arms[0].ctr:.4f}" in page

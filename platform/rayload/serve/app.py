@@ -13,6 +13,7 @@ costs); `separate` puts each arm in its own deployment for models too large to s
 
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -129,8 +130,7 @@ class ABRouter:
         self.experiment, self.salt, self.order = args["experiment"], args["salt"], args["arms"]
         serving = args["serving"]
         self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
-        key_env = serving.get("api_key_env")
-        self.api_key = os.environ.get(key_env) if key_env else None
+        self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
         self.models = None if handles else _Models(args["checkpoints"])
         if self.models:
@@ -153,8 +153,10 @@ class ABRouter:
     # ------------------------------------------------------------ HTTP
 
     def _denied(self, request: Request) -> JSONResponse | None:
-        if self.api_key and not hmac.compare_digest(request.headers.get("x-api-key", ""), self.api_key):
-            return _problem(401, "missing or wrong x-api-key header")
+        if self.api_key_sha256:
+            given = hashlib.sha256(request.headers.get("x-api-key", "").encode()).hexdigest()
+            if not hmac.compare_digest(given, self.api_key_sha256):
+                return _problem(401, "missing or wrong x-api-key header")
         return None
 
     async def _json_body(self, request: Request):
@@ -283,7 +285,9 @@ class ABRouter:
         return {**result.to_dict(), "shadow": self.shadow}
 
     @api.get("/healthz")
-    async def healthz(self):
+    async def healthz(self, request: Request):
+        if denied := self._denied(request):
+            return denied
         return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid()}
 
     def __del__(self):

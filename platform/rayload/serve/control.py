@@ -10,6 +10,7 @@ URL, the decision log) and, by default, `events.db`.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -68,7 +69,14 @@ def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
         features = FittedFeatures.load(os.path.join(path, "features.json"))
         names |= {c["name"] for c in features.columns if c["role"] != "label"}
     serving = spec.serving.model_dump()
-    return {"experiment": spec.name, "salt": spec.experiment_salt, "arms": [a.name for a in spec.arms],
+    key_sha = None
+    if spec.serving.api_key_env:
+        key = os.environ.get(spec.serving.api_key_env)
+        if not key:
+            raise RayloadError(f"serving.api_key_env: the environment variable {spec.serving.api_key_env} is not set; "
+                               "export the API key there, or remove api_key_env to serve without a key")
+        key_sha = hashlib.sha256(key.encode()).hexdigest()
+    return {"api_key_sha256": key_sha,"experiment": spec.name, "salt": spec.experiment_salt, "arms": [a.name for a in spec.arms],
             "checkpoints": checkpoints, "mode": serving_mode(spec, checkpoints), "serving": serving,
             "events": spec.events.model_dump(), "events_url": spec.events.url or default_url(run_dir),
             "weights": spec.weights, "champion": spec.champion_arm, "shadow": spec.shadow,
@@ -91,15 +99,21 @@ def serve_config(args: dict) -> dict:
 
 
 def deploy(config: dict, wait_s: float = 300) -> None:
-    """Deploy (or update) the config on the connected Ray cluster and wait until it runs."""
+    """Deploy (or update) the config's app on the connected Ray cluster and wait until it runs.
+
+    A declarative deploy replaces the whole set of apps, so the apps already deployed from
+    configs (other experiments) are sent along unchanged and keep running."""
     from ray.serve._private import api as serve_api
     from ray.serve.config import HTTPOptions
     from ray.serve.schema import ServeDeploySchema
 
-    schema = ServeDeploySchema.model_validate(config)
     client = serve_api.serve_start(http_options=HTTPOptions(**config["http_options"]), proxy_location=config["proxy_location"])
+    ours = config["applications"][0]["name"]
+    others = [app["deployed_app_config"] for name, app in client.get_serve_details().get("applications", {}).items()
+              if name != ours and app.get("deployed_app_config")]
+    schema = ServeDeploySchema.model_validate({**config, "applications": others + config["applications"]})
     client.deploy_apps(schema, _blocking=False)
-    wait_running(config["applications"][0]["name"], wait_s)
+    wait_running(ours, wait_s)
 
 
 def wait_running(app: str, wait_s: float) -> None:

@@ -1,0 +1,72 @@
+"""`rayload ab report`: one self-contained HTML page (plots inlined as PNG) with the
+cumulative CTR per arm and its 95% band, the lift over time, the arm table and the decision."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from .analysis import Analysis
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(result: Analysis) -> dict[str, str]:
+    """PNG (base64) per plot name; empty when there is no traffic yet."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not result.timeline:
+        return {}
+    t0 = result.timeline[0]["ts"]
+    xs = [(row["ts"] - t0) / 60 for row in result.timeline]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for arm in [a.arm for a in result.arms]:
+        pts = [(x, row[arm]) for x, row in zip(xs, result.timeline) if row[arm]["ctr"] is not None]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1]["ctr"] for p in pts], label=arm)
+        ax.fill_between([p[0] for p in pts], [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], alpha=0.2)
+    ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title="CTR per arm (95% Wilson band)")
+    ax.legend()
+    out = {"ctr": _png(fig)}
+    plt.close(fig)
+    if result.challenger:
+        lifts = [(x, row[result.challenger]["ctr"] / row[result.champion]["ctr"] - 1) for x, row in zip(xs, result.timeline)
+                 if row[result.challenger]["ctr"] is not None and row[result.champion]["ctr"]]
+        if lifts:
+            fig, ax = plt.subplots(figsize=(7, 3))
+            ax.plot([p[0] for p in lifts], [100 * p[1] for p in lifts], color="tab:purple")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set(xlabel="minutes since the first exposure", ylabel="lift %", title=f"{result.challenger} over {result.champion}")
+            out["lift"] = _png(fig)
+            plt.close(fig)
+    return out
+
+
+def render(result: Analysis) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(a.arm)}</td><td>{result.weights.get(a.arm, 0):.2f}</td><td>{a.units}</td><td>{a.exposures}</td>"
+        f"<td>{a.clicks}</td><td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td><td>{a.error_rate:.2%}</td>"
+        f"<td>{a.p99_ms:.1f}</td><td>{'ok' if a.guardrail_ok else html.escape('; '.join(a.guardrail_reasons))}</td></tr>"
+        for a in result.arms)
+    images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result).items())
+    lift = ""
+    if result.diff is not None:
+        lift = (f"<p>difference {result.diff:+.4f} [{result.diff_ci[0]:+.4f}, {result.diff_ci[1]:+.4f}], lift {result.lift:+.2%} "
+                f"[{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; fixed-horizon p = {result.z_p_value:.4g}; "
+                f"sequential (always valid) p = {result.sequential_p:.4g}</p>")
+    srm = "MISMATCH: results invalid" if result.srm_flagged else "ok"
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>A/B {html.escape(result.experiment)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head><body>
+<h1>Experiment {html.escape(result.experiment)}</h1>
+<p>champion <b>{html.escape(result.champion)}</b>; decision <b id="decision">{html.escape(result.decision)}</b>: {html.escape('; '.join(result.reasons))}</p>
+<table><tr><th>arm</th><th>weight</th><th>units</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th><th>errors</th><th>p99 ms</th><th>guardrails</th></tr>{rows}</table>
+{lift}<p>sample ratio check p = {result.srm_p:.4g} ({srm})</p>{images}</body></html>"""

@@ -1,0 +1,98 @@
+"""The A/B commands as a user runs them: `rayload serve` in one process, `rayload ab ...` in
+others (set-weights reaches the serving process's Ray with its token), an API key on the
+ingress, `serve build` writing a config Serve's own schema accepts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
+PORT = 8772
+KEY = "s3cret-test-key"
+
+
+def cli(*args, env, timeout=300):
+    return subprocess.run([RAYLOAD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    home = tmp_path_factory.mktemp("abcli")
+    spec = home / "ab.yaml"
+    job = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
+    spec.write_text("# rayload serve ab.yaml\n" + yaml.safe_dump({
+        "name": "ab_cli",
+        "arms": [{"name": "baseline", "weight": 0.9, "job": job, "set": ["train.epochs=1", "model.embedding_dim=8"]},
+                 {"name": "challenger", "weight": 0.1, "job": job, "set": ["train.epochs=2", "model.embedding_dim=8"]}],
+        "serving": {"port": PORT, "api_key_env": "RAYLOAD_TEST_KEY"},
+        "analysis": {"min_units": 50}, "ramp": {"min_units_per_step": 10},
+        "simulate": {"source": "movielens", "users": 300, "requests": 1200, "concurrency": 8}}))
+    env = dict(os.environ, RAYLOAD_HOME=str(home / "runs"), RAYLOAD_TEST_KEY=KEY, COLUMNS="200")
+    proc = subprocess.Popen([RAYLOAD, "serve", str(spec), "--no-auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines, deadline = [], time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "serving ab_cli at" in line or proc.poll() is not None:
+            break
+    assert any("serving ab_cli at http://127.0.0.1:" in line for line in lines), "".join(lines[-40:])
+    yield {"spec": str(spec), "env": env, "home": home}
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_api_key_guards_the_ingress(running):
+    url = f"http://127.0.0.1:{PORT}"
+    assert httpx.get(f"{url}/healthz").status_code == 401
+    assert httpx.get(f"{url}/healthz", headers={"x-api-key": "wrong"}).status_code == 401
+    assert httpx.get(f"{url}/healthz", headers={"x-api-key": KEY}).status_code == 200
+
+
+def test_set_weights_from_another_process_and_bad_weights_refused(running):
+    r = cli("ab", "set-weights", running["spec"], "baseline=0.75", "challenger=0.25", env=running["env"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    health = httpx.get(f"http://127.0.0.1:{PORT}/healthz", headers={"x-api-key": KEY}).json()
+    assert health["weights"] == {"baseline": 0.75, "challenger": 0.25}
+    bad = cli("ab", "set-weights", running["spec"], "baseline=0.75", "challenger=0.5", env=running["env"])
+    assert bad.returncode == 2 and "sum to 1.0" in bad.stderr and "Traceback" not in bad.stderr
+    assert httpx.get(f"http://127.0.0.1:{PORT}/healthz", headers={"x-api-key": KEY}).json()["weights"]["challenger"] == 0.25
+
+
+def test_simulate_status_and_report(running):
+    r = cli("ab", "simulate", running["spec"], env=running["env"], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    decision = r.stdout.split("decision: ")[-1].split()[0]
+    assert decision in ("promote", "rollback", "continue")
+    status = cli("ab", "status", running["spec"], "--json", env=running["env"])
+    assert status.returncode == 0, status.stderr
+    analysis = json.loads(status.stdout)
+    assert sum(a["exposures"] for a in analysis["arms"]) > 500 and analysis["srm_flagged"] is False
+    report = cli("ab", "report", running["spec"], env=running["env"])
+    assert report.returncode == 0
+    page = (running["home"] / "runs" / "ab" / "ab_cli" / "report.html").read_text()
+    assert "data:image/png;base64," in page and f'id="decision">{analysis["decision"]}<' in page
+
+
+def test_serve_build_writes_a_config_serve_accepts(running, tmp_path):
+    from ray.serve.schema import ServeDeploySchema
+
+    out = tmp_path / "serve_config.yaml"
+    r = cli("serve", "build", running["spec"], "--out", str(out), env=running["env"])
+    assert r.returncode == 0, r.stderr
+    config = yaml.safe_load(out.read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    assert schema.applications[0].import_path == "rayload.serve.app:build_app"
+    assert config["http_options"]["host"] == "127.0.0.1"
