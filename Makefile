@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_preprocess.py
 	$(BIN)/python benchmarks/bench_training.py
 	$(BIN)/python benchmarks/bench_movielens_accuracy.py
+	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -172,7 +172,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     console.print(f"[bold]decision: {out.decision}[/]")
 
 
-def demo_ab(spec: str, port: int, baseline: str, challenger: str, base_auc, best_auc, address) -> None:
+def demo_ab(spec: str, port: int, requests: int | None, baseline: str, challenger: str, base_auc, best_auc, address) -> None:
     """The demo's last stage: baseline against the best trial, ramped and decided on replayed
     held-out MovieLens ratings; ends with the decision and its numbers."""
     from .ab_spec import ab_from_dict, load_ab_spec
@@ -180,7 +180,8 @@ def demo_ab(spec: str, port: int, baseline: str, challenger: str, base_auc, best
     from .serve.simulate import simulate_and_decide
     from .serve.world import world_for
 
-    template = load_ab_spec(spec, [f"serving.port={port}"]).model_dump(mode="json")
+    overrides = [f"serving.port={port}"] + ([f"simulate.requests={requests}"] if requests else [])
+    template = load_ab_spec(spec, overrides).model_dump(mode="json")
     arms = template["arms"]
     template["arms"] = [{"name": arms[0]["name"], "weight": arms[0]["weight"], "checkpoint": baseline},
                         {"name": "best_trial", "weight": arms[1]["weight"], "checkpoint": challenger}]

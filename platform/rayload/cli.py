@@ -258,6 +258,7 @@ def demo(
     search_epochs: Annotated[int, typer.Option(help="most epochs of one search trial")] = 8,
     ab: Annotated[str, typer.Option(help="the demo A/B spec (its arms become baseline and best trial)")] = "jobs/ab_movielens.yaml",
     port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
+    ab_requests: Annotated[Optional[int], typer.Option(help="simulated requests of the A/B test (default: the A/B spec's)")] = None,
     address: AddressOpt = None,
 ) -> None:
     """The whole lifecycle on MovieLens, stage by stage: data, training, tuning, A/B test."""
@@ -280,7 +281,7 @@ def demo(
         from ._cli_ab import demo_ab
 
         console.print(f"[bold]4. A/B test[/]: baseline (champion) against the best trial on simulated MovieLens traffic ({ab})")
-        demo_ab(ab, port, trained.checkpoint, found.best["checkpoint"], base_test, best_test, address)
+        demo_ab(ab, port, ab_requests, trained.checkpoint, found.best["checkpoint"], base_test, best_test, address)
 
 
 def _demo_search(search: str, trials: int, epochs: int, baseline, address):

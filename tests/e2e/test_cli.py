@@ -62,7 +62,7 @@ def test_synth_then_preprocess(tmp_path):
 
 
 def test_demo_prepares_movielens_trains_searches_and_ab_tests(tmp_path):
-    r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", home=tmp_path, timeout=800)
+    r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", "--ab-requests", "1500", home=tmp_path, timeout=800)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "100004" in r.stdout and "userId" in r.stdout
     auc = float(r.stdout.split("baseline test AUC ")[1].split(";")[0])

@@ -26,7 +26,7 @@ def models(ray_local, tmp_path_factory):
     folder = tmp_path_factory.mktemp("abdec")
     old = os.environ.get("RAYLOAD_HOME")
     os.environ["RAYLOAD_HOME"] = str(folder / "runs")
-    raw = {"name": "syn-ab", "data": {"source": {"kind": "synthetic-ctr", "rows": 40000, "numeric": 4, "categorical": 4,
+    raw = {"name": "syn-ab", "data": {"source": {"kind": "synthetic-ctr", "rows": 20000, "numeric": 4, "categorical": 4,
                                                   "cardinalities": [50, 100, 200, 400], "seed": 3}},
            "model": {"name": "mlp", "embedding_dim": 4, "hidden": [16]},
            "train": {"epochs": 3, "batch_size": 512, "lr": 0.01}}
@@ -62,7 +62,7 @@ def test_decision_follows_the_offline_winner(models, better):
     spec = ab_from_dict(experiment("better" if better else "worse", champion, challenger, route))
     dep = control.start(spec)
     world = world_for(spec, dep.args)
-    out = simulate_and_decide(dep.run_dir, dep.url, world, users=3000, requests=6000, concurrency=8, chunks=12)
+    out = simulate_and_decide(dep.run_dir, dep.url, world, users=3000, requests=4000, concurrency=8, chunks=10)
     assert set(out.status) <= {200}, out.status
     assert out.decision == ("promote" if better else "rollback"), (out.decision, out.reasons, out.steps)
     _, state = control.load_state(dep.run_dir)

@@ -224,3 +224,32 @@ def test_overload_gets_503_quickly_instead_of_queueing(served):
     codes = [c for c, _ in results]
     assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
     assert max(t for c, t in results if c == 503) < 5.0
+
+
+def test_separate_deployments_and_shadow_mode(served):
+    """Separate mode (one deployment per arm) scores like combined mode; in shadow mode the
+    champion answers every request and the challenger's score is logged beside it."""
+    spec = ab_from_dict({"name": "shadowsep", "shadow": True,
+                         "arms": [{"name": "control", "weight": 1.0, "checkpoint": served["ckpts"]["control"]},
+                                  {"name": "challenger", "weight": 0.0, "checkpoint": served["ckpts"]["challenger"]}],
+                         # Three replicas more on 2 CPUs already holding three: a tenth of a CPU each.
+                         "serving": {"port": PORT, "route_prefix": "/sep", "mode": "separate", "cpus_per_replica": 0.1},
+                         "events": {"url": served["events"]}})
+    dep = control.start(spec)
+    assert dep.args["mode"] == "separate"
+    ids = []
+    with httpx.Client(timeout=30) as client:
+        for i, row in enumerate(served["rows"][:10]):
+            sep = client.post(f"{URL}/sep/predict", json={"unit_id": f"s{i}", "features": features(row)})
+            assert sep.status_code == 200 and sep.json()["arm"] == "control", sep.text
+            ids.append(sep.json()["request_id"])
+            unit = next(f"c{j}" for j in range(1000) if Layout.build(served["spec"].weights, "control", ["control", "challenger"]).assign("itest", f"c{j}") == "control")
+            combined = predict(client, unit, row).json()
+            assert sep.json()["score"] == pytest.approx(combined["score"], abs=1e-6)
+        bad = client.post(f"{URL}/sep/predict", json={"unit_id": "s", "features": {**features(served["rows"][0]), "year": "old"}})
+        assert bad.status_code == 422 and "year" in bad.text
+    engine = sa.create_engine(served["events"])
+    with engine.connect() as conn:
+        shadow = conn.execute(sa.text("select request_id, arm from ab_shadow")).all()
+    engine.dispose()
+    assert {r.request_id for r in shadow} >= set(ids) and {r.arm for r in shadow} == {"challenger"}

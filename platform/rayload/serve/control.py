@@ -119,7 +119,7 @@ def deploy(config: dict, wait_s: float = 300) -> None:
 def wait_running(app: str, wait_s: float) -> None:
     from ray import serve
 
-    deadline = time.monotonic() + wait_s
+    deadline, status = time.monotonic() + wait_s, None
     while time.monotonic() < deadline:
         status = serve.status().applications.get(app)
         if status is not None:
@@ -128,7 +128,9 @@ def wait_running(app: str, wait_s: float) -> None:
             if status.status == "DEPLOY_FAILED":
                 raise RayloadError(f"the A/B app {app} failed to deploy: {status.message}")
         time.sleep(0.5)
-    raise RayloadError(f"the A/B app {app} was not running after {wait_s:.0f} s")
+    waiting = "; ".join(f"{name}: {d.status} {d.message}".strip() for name, d in (status.deployments.items() if status else []))
+    raise RayloadError(f"the A/B app {app} was not running after {wait_s:.0f} s ({waiting or 'no status'}); "
+                       "check serving.replicas and serving.cpus_per_replica against the cluster's free CPUs")
 
 
 @dataclass
