@@ -54,6 +54,7 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
     console.print(f"try: curl -s {dep.url}/experiment", soft_wrap=True)
     if detach:
         return
+    _stop_on_signals()
     try:
         while True:
             time.sleep(ab.ramp.interval_s)
@@ -62,7 +63,25 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
                 if decision != "continue":
                     console.print(f"[bold]{decision}[/]: {'; '.join(reasons)}")
     except KeyboardInterrupt:
-        console.print("stopped")
+        import ray
+        from ray import serve as ray_serve
+
+        ray_serve.delete(ab.name)  # this experiment only; others on a shared cluster keep running
+        if not address and not os.environ.get("RAY_ADDRESS"):
+            ray_serve.shutdown()
+            ray.shutdown()
+        console.print(f"stopped {ab.name}")
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both end `rayload serve` cleanly (a shell may start it with SIGINT ignored)."""
+    import signal
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _build(ab, spec: str, out: str, address) -> None:

@@ -37,21 +37,20 @@ def running(tmp_path_factory):
         "analysis": {"min_units": 50}, "ramp": {"min_units_per_step": 10},
         "simulate": {"source": "movielens", "users": 300, "requests": 700, "concurrency": 8}}))
     env = dict(os.environ, RAYLOAD_HOME=str(home / "runs"), RAYLOAD_TEST_KEY=KEY, COLUMNS="200")
-    proc = subprocess.Popen([RAYLOAD, "serve", str(spec), "--no-auto"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines, deadline = [], time.monotonic() + 600
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "serving ab_cli at" in line or proc.poll() is not None:
-            break
-    assert any("serving ab_cli at http://127.0.0.1:" in line for line in lines), "".join(lines[-40:])
+    log = open(home / "serve.log", "w")  # a file, not a pipe: an unread pipe would fill and block the server
+    proc = subprocess.Popen([RAYLOAD, "serve", str(spec), "--no-auto"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and "serving ab_cli at" not in (home / "serve.log").read_text():
+        time.sleep(1)
+    text = (home / "serve.log").read_text()
+    assert "serving ab_cli at http://127.0.0.1:" in text, text[-4000:]
     yield {"spec": str(spec), "env": env, "home": home}
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        assert proc.wait(timeout=60) == 0  # stops cleanly: deletes its app, shuts its Ray down
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.close()
 
 
 def test_api_key_guards_the_ingress(running):
