@@ -67,15 +67,21 @@ def _set_path(node, parts: list[str], value, issues: list[SpecIssue]) -> None:
 
 def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None):
     raw = read_yaml(path)
-    issues = apply_overrides(raw, overrides)
+    return validate_model(model_cls, raw, check, file=path, issues=apply_overrides(raw, overrides))
+
+
+def validate_model(model_cls: type[BaseModel], raw: dict, check: Check | None = None, file: str | None = None,
+                   issues: list[SpecIssue] | None = None):
+    """`raw` as a `model_cls`, then `check`; raises SpecError with every problem and its field path."""
+    issues = list(issues or [])
     try:
         model = model_cls.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(issues + pydantic_issues(exc, model_cls), file=path) from None
+        raise SpecError(issues + pydantic_issues(exc, model_cls), file=file) from None
     if check is not None:
         issues += check(model)
     if issues:
-        raise SpecError(issues, file=path)
+        raise SpecError(issues, file=file)
     return model
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import SpecError, SpecIssue
+from .errors import SpecIssue
 
 BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% buckets
 
@@ -198,14 +198,6 @@ def load_ab_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ABSp
 
 
 def ab_from_dict(raw: dict[str, Any]) -> ABSpec:
-    from pydantic import ValidationError
+    from ._spec_load import validate_model
 
-    from ._spec_load import pydantic_issues
-
-    try:
-        spec = ABSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(pydantic_issues(exc, ABSpec)) from None
-    if issues := spec_issues(spec):
-        raise SpecError(issues)
-    return spec
+    return validate_model(ABSpec, raw, check=spec_issues)

@@ -152,20 +152,13 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     """Search `fn(config) -> float | dict` with the same strategies, scheduler and storage as
     job specs. `space` uses the search-spec syntax: {"x": {"uniform": [-5, 10]}, "k": [1, 2]}.
     `fn` may instead call `ray.tune.report({...})` once per step (for ASHA) and return None."""
-    from pydantic import ValidationError
-
-    from ._spec_load import pydantic_issues
+    from ._spec_load import validate_model
 
     raw = {"name": name, "base": "<python function>", "space": space, "strategy": strategy, "sampler": sampler,
            "num_samples": num_samples, "metric": metric, "mode": mode, "seed": seed, "scheduler": scheduler,
            "max_concurrent": max_concurrent, "max_failures": max_failures, "storage": storage,
            "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials}
-    try:
-        spec = SearchSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(pydantic_issues(exc, SearchSpec)) from None
-    if issues := strategy_issues(spec):
-        raise SpecError(issues)
+    spec = validate_model(SearchSpec, raw, check=strategy_issues)
     ensure_ray(address)
     _ship_by_value(fn)
     run_dir = find_run(resume) if resume else os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")

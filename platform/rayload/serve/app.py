@@ -174,18 +174,24 @@ class ABRouter:
         except (ValueError, UnicodeDecodeError) as exc:
             return _problem(422, [{"loc": ["body"], "msg": f"malformed JSON: {exc}", "type": "json_invalid"}])
 
-    @api.post("/predict")
-    async def predict(self, request: Request):
-        start = time.perf_counter()
+    async def _parse(self, request: Request, model: type[BaseModel]):
+        """The request's body as `model`, or the 401/413/422 answer that refuses it."""
         if denied := self._denied(request):
             return denied
         raw = await self._json_body(request)
         if isinstance(raw, JSONResponse):
             return raw
         try:
-            body = PredictBody.model_validate(raw)
+            return model.model_validate(raw)
         except ValidationError as exc:
             return _problem(422, _validation_detail(exc))
+
+    @api.post("/predict")
+    async def predict(self, request: Request):
+        start = time.perf_counter()
+        body = await self._parse(request, PredictBody)
+        if isinstance(body, JSONResponse):
+            return body
         rows = body.candidates if body.candidates is not None else ([body.features] if body.features is not None else None)
         if problem := self._rows_problem(rows, body.candidates is not None):
             return problem
@@ -249,15 +255,9 @@ class ABRouter:
 
         from .events import outcomes
 
-        if denied := self._denied(request):
-            return denied
-        raw = await self._json_body(request)
-        if isinstance(raw, JSONResponse):
-            return raw
-        try:
-            body = FeedbackBody.model_validate(raw)
-        except ValidationError as exc:
-            return _problem(422, _validation_detail(exc))
+        body = await self._parse(request, FeedbackBody)
+        if isinstance(body, JSONResponse):
+            return body
         if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
             return _problem(404, f"unknown request_id {body.request_id!r}")
 
