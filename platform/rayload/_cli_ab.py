@@ -177,7 +177,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     ab = load_ab_spec(spec)
     run_dir, state = control.load_state(control.run_dir_for(ab))
     sim = ab.simulate
-    world = world_for(ab, state["config"]["applications"][0]["args"])
+    world = world_for(ab, control.parts(state["config"])[0])
     key = os.environ.get(ab.serving.api_key_env) if ab.serving.api_key_env else None
     total = requests or sim.requests
     with console.status("simulating...") as line:

@@ -251,22 +251,12 @@ class ABRouter:
 
     @api.post("/feedback")
     async def feedback(self, request: Request):
-        from sqlalchemy import select
-
-        from .events import outcomes
-
         body = await self._parse(request, FeedbackBody)
         if isinstance(body, JSONResponse):
             return body
         if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
             return _problem(404, f"unknown request_id {body.request_id!r}")
-
-        def seen() -> bool:
-            with self.reader.engine.connect() as conn:
-                q = select(outcomes.c.request_id).where(outcomes.c.request_id == body.request_id, outcomes.c.event == body.event)
-                return conn.execute(q).first() is not None
-
-        duplicate = await asyncio.to_thread(seen)
+        duplicate = await asyncio.to_thread(self.reader.outcome_exists, body.request_id, body.event)
         if not duplicate:
             await asyncio.wrap_future(self.writer.submit("outcome", {"request_id": body.request_id, "event": body.event,
                                                                      "value": body.value, "ts": time.time()}))

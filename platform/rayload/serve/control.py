@@ -141,11 +141,13 @@ class Deployment:
 
     @property
     def args(self) -> dict:
-        return self.config["applications"][0]["args"]
+        return parts(self.config)[0]
 
-    @property
-    def user_config(self) -> dict:
-        return self.config["applications"][0]["deployments"][0]["user_config"]
+
+def parts(config: dict) -> tuple[dict, dict]:
+    """(app args, router user_config) of an experiment's Serve config (the ones it changes)."""
+    app = config["applications"][0]
+    return app["args"], app["deployments"][0]["user_config"]
 
 
 def start(spec: ABSpec, address: str | None = None) -> Deployment:
@@ -190,16 +192,15 @@ def set_weights(run: str, weights: dict[str, float], champion: str | None = None
 
     run_dir, state = load_state(run)
     config = copy.deepcopy(state["config"])
-    app = config["applications"][0]
-    user = app["deployments"][0]["user_config"]
+    args, user = parts(config)
     champion = champion or user["champion"]
-    if issues := weight_issues(weights, app["args"]["arms"], champion, where="weights"):
+    if issues := weight_issues(weights, args["arms"], champion, where="weights"):
         raise SpecError(issues)
     if not ray.is_initialized():
         from .._ray import ensure_ray
 
         ensure_ray(state["address"])
-    user.update(weights={a: float(weights[a]) for a in app["args"]["arms"]}, champion=champion)
+    user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion)
     deploy(config)
     state["config"] = config
     state.setdefault("decisions", []).append({"time": time.time(), "decision": decision or "set-weights", "weights": user["weights"],
@@ -211,7 +212,7 @@ def set_weights(run: str, weights: dict[str, float], champion: str | None = None
 def promote(run: str, reason: str = "by hand") -> dict:
     """The challenger takes all traffic and becomes the champion."""
     _, state = load_state(run)
-    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    args, user = parts(state["config"])
     challenger = _challenger(args["arms"], user["champion"])
     return set_weights(run, {a: 1.0 if a == challenger else 0.0 for a in args["arms"]}, challenger, reason, "promote")
 
@@ -219,7 +220,7 @@ def promote(run: str, reason: str = "by hand") -> dict:
 def rollback(run: str, reason: str = "by hand") -> dict:
     """The challenger gets no traffic; the champion keeps it all."""
     _, state = load_state(run)
-    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    args, user = parts(state["config"])
     return set_weights(run, {a: 1.0 if a == user["champion"] else 0.0 for a in args["arms"]}, user["champion"], reason, "rollback")
 
 
@@ -232,28 +233,29 @@ def _challenger(arms: list[str], champion: str) -> str:
 
 def analysis_for(run: str):
     """The live analysis from the event store (no Ray needed)."""
-    from ..ab_spec import ABSpec
+    return _analysis(run)[0]
+
+
+def _analysis(run: str):
     from .analysis import analyze
     from .events import EventReader
 
     _, state = load_state(run)
-    args, user = state["config"]["applications"][0]["args"], state["config"]["applications"][0]["deployments"][0]["user_config"]
+    args, user = parts(state["config"])
     spec = ABSpec.model_validate(args["spec"])
     reader = EventReader(args["events_url"])
     try:
         frame = reader.frame(args["experiment"], spec.analysis.event)
     finally:
         reader.close()
-    return analyze(frame, spec, user["weights"], user["champion"])
+    return analyze(frame, spec, user["weights"], user["champion"]), spec
 
 
 def step(run: str) -> tuple[str, list[str]]:
     """One look of the automatic controller: act on the analysis by the ramp schedule.
     promote / rollback end the experiment; otherwise the challenger's share moves to the next
     ramp step once it has `min_units_per_step` units at the current one."""
-    result = analysis_for(run)
-    _, state = load_state(run)
-    spec = ABSpec.model_validate(state["config"]["applications"][0]["args"]["spec"])
+    result, spec = _analysis(run)
     if result.decision in ("promote", "rollback"):
         (promote if result.decision == "promote" else rollback)(run, "; ".join(result.reasons))
         return result.decision, result.reasons

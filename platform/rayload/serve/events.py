@@ -177,6 +177,11 @@ class EventReader:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(exposures.c.request_id).where(exposures.c.request_id == request_id)).first() is not None
 
+    def outcome_exists(self, request_id: str, event: str) -> bool:
+        with self.engine.connect() as conn:
+            q = sa.select(outcomes.c.request_id).where(outcomes.c.request_id == request_id, outcomes.c.event == event)
+            return conn.execute(q).first() is not None
+
     def frame(self, experiment: str, event: str = "click"):
         """Exposures of one experiment joined with the chosen outcome (pandas)."""
         import pandas as pd

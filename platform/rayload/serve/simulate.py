@@ -26,7 +26,6 @@ class SimResult:
     clicks: int
     status: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
-    by_arm: dict[str, list[int]] = field(default_factory=dict)  # arm -> [shown, clicked]
 
 
 class SyntheticWorld:
@@ -84,10 +83,7 @@ async def _one(client, url: str, world, unit: int, headers: dict, result: SimRes
         return
     body = r.json()
     result.ok += 1
-    shown = result.by_arm.setdefault(body["arm"], [0, 0])
-    shown[0] += 1
     if world.click(truth[body["shown"]]):
-        shown[1] += 1
         result.clicks += 1
         fb = await client.post(f"{url}/feedback", json={"request_id": body["request_id"], "event": "click"}, headers=headers)
         result.status[fb.status_code] = result.status.get(fb.status_code, 0) + 1
