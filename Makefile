@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training.py
 	$(BIN)/python benchmarks/bench_movielens_accuracy.py
 	$(BIN)/python benchmarks/bench_serve.py
+	$(BIN)/python benchmarks/bench_demo.py
 
 clean:
 	rm -rf runs .pytest_cache

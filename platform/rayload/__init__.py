@@ -5,7 +5,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError",
-           "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec"]
+           "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult"]
 
 from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
 from .errors import DataError, SpecError
@@ -33,6 +33,16 @@ def tune_function(fn, space: dict, **options):
     return run(fn, space, **options)
 
 
+def run(spec, run_id: str | None = None, overrides=(), address: str | None = None, force=()):
+    """Run a pipeline spec (or any job, search or A/B spec as its own stages); returns a
+    PipelineResult. `overrides` are `STAGE.field=value` items, as `rayload run --set`."""
+    from .pipeline_spec import PipelineSpec, load_pipeline
+    from .stages import run as run_stages
+
+    pipeline = spec if isinstance(spec, PipelineSpec) else load_pipeline(spec, list(overrides))
+    return run_stages(pipeline, run_id, address, tuple(force))
+
+
 def __getattr__(name: str):
     # Ray-backed entry points import lazily so `import rayload` and spec checks stay fast.
     if name in ("preprocess", "PreprocessResult"):
@@ -51,6 +61,10 @@ def __getattr__(name: str):
         from . import search_spec
 
         return getattr(search_spec, name)
+    if name == "PipelineResult":
+        from .stages import PipelineResult
+
+        return PipelineResult
     if name == "TuneResult":
         from .tuning import TuneResult
 

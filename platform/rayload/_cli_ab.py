@@ -191,35 +191,6 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     console.print(f"[bold]decision: {out.decision}[/]")
 
 
-def demo_ab(spec: str, port: int, requests: int | None, baseline: str, challenger: str, base_auc, best_auc, address) -> None:
-    """The demo's last stage: baseline against the best trial, ramped and decided on replayed
-    held-out MovieLens ratings; ends with the decision and its numbers."""
-    from .ab_spec import ab_from_dict, load_ab_spec
-    from .serve import control
-    from .serve.simulate import simulate_and_decide
-    from .serve.world import world_for
-
-    overrides = [f"serving.port={port}"] + ([f"simulate.requests={requests}"] if requests else [])
-    template = load_ab_spec(spec, overrides).model_dump(mode="json")
-    arms = template["arms"]
-    template["arms"] = [{"name": arms[0]["name"], "weight": arms[0]["weight"], "checkpoint": baseline},
-                        {"name": "best_trial", "weight": arms[1]["weight"], "checkpoint": challenger}]
-    template["name"] = f"{template['name']}_demo"
-    ab = ab_from_dict(template)
-    with console.status("deploying the A/B experiment..."):
-        dep = control.start(ab, address=address)
-    console.print(f"serving at {dep.url}; run folder {dep.run_dir}")
-    sim = ab.simulate
-    with console.status("simulating users...") as line:
-        out = simulate_and_decide(dep.run_dir, dep.url, world_for(ab, dep.args), sim.users, sim.requests, sim.concurrency, sim.seed,
-                                  on_chunk=lambda done, status: line.update(f"simulated {done}/{sim.requests} requests"))
-    result = control.analysis_for(dep.run_dir)
-    print_analysis(result)
-    better = "best trial" if (best_auc or 0) > (base_auc or 0) else "baseline"
-    console.print(f"[green]A/B decision[/]: {out.decision} after {out.requests} requests ({'; '.join(out.reasons)}); "
-                  f"offline the {better} is better (test AUC baseline {_g(base_auc)}, best trial {_g(best_auc)})")
-
-
 @ab_app.command("report")
 @_friendly
 def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None) -> None:

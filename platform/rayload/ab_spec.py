@@ -51,6 +51,9 @@ class Serving(_Spec):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     route_prefix: str = "/"
+    # Replica logs reach the driver's console; per-request access lines at INFO drown it.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    access_log: bool = False
     api_key_env: str | None = Field(default=None, description="name of an env var holding the API key; unset: no key")
 
 

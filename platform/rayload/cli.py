@@ -249,67 +249,8 @@ def synth(
     console.print(f"positive rate {result.positive_rate:.4f}; Bayes-optimal AUC {result.bayes_auc:.4f} (the ceiling for any model)")
 
 
-@app.command()
-@_friendly
-def demo(
-    spec: Annotated[str, typer.Option(help="the demo job spec")] = "jobs/movielens_deepfm.yaml",
-    search: Annotated[str, typer.Option(help="the demo search spec")] = "tune/movielens_bayes.yaml",
-    trials: Annotated[int, typer.Option(help="trials of the demo search")] = 8,
-    search_epochs: Annotated[int, typer.Option(help="most epochs of one search trial")] = 8,
-    ab: Annotated[str, typer.Option(help="the demo A/B spec (its arms become baseline and best trial)")] = "jobs/ab_movielens.yaml",
-    port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
-    ab_requests: Annotated[Optional[int], typer.Option(help="simulated requests of the A/B test (default: the A/B spec's)")] = None,
-    address: AddressOpt = None,
-) -> None:
-    """The whole lifecycle on MovieLens, stage by stage: data, training, tuning, A/B test."""
-    from .spec import load_spec
-
-    job = load_spec(spec)
-    console.rule("[bold]rayload demo: MovieLens")
-    console.print("[bold]1. data[/]: validate, split, fit the preprocessor on train, write shards")
-    result = _preprocess_with_status(job, None, address)
-    print_preprocess_summary(result)
-    from .train.trainer import fit
-
-    console.print(f"[bold]2. train[/]: {job.model.name} for up to {job.train.epochs} epochs")
-    with console.status("training..."):
-        trained = fit(job, address=address)
-    print_training(trained)
-    console.print(f"[bold]3. tune[/]: {trials} trials of Bayesian search (TPE) with ASHA early stopping ({search})")
-    found, base_test, best_test = _demo_search(search, trials, search_epochs, trained, address)
-    if found.best:
-        from ._cli_ab import demo_ab
-
-        console.print(f"[bold]4. A/B test[/]: baseline (champion) against the best trial on simulated MovieLens traffic ({ab})")
-        demo_ab(ab, port, ab_requests, trained.checkpoint, found.best["checkpoint"], base_test, best_test, address)
-
-
-def _demo_search(search: str, trials: int, epochs: int, baseline, address):
-    from .evaluate import evaluate_checkpoint
-    from .search_spec import load_search_spec
-    from .spec import load_spec
-    from .tuning import tune as run
-
-    spec = load_search_spec(search, [f"num_samples={trials}", f"startup_trials={max(2, trials // 2)}", f"scheduler.max_epochs={epochs}"])
-    with console.status("searching..."):
-        found = run(spec, address=address)
-    print_trials(found.trials, found.metric, f"search {found.run_name}")
-    table = Table("", "val auc", "test auc", "epochs", title="best trial against the baseline")
-    base_test = (baseline.test or {}).get("auc")
-    table.add_row("baseline (jobs spec)", _g(baseline.metrics.get("val_auc")), _g(base_test), str(len(baseline.history)))
-    test = None
-    if found.best:
-        pre = baseline.preprocessed
-        test = evaluate_checkpoint(found.best["checkpoint"], pre.dataset("test"), load_spec(found.best_spec).eval).auc
-        table.add_row(f"best trial {found.best['number']}", _g(found.best_value), _g(test), str(found.best["epochs"]))
-    console.print(table)
-    console.print(f"[green]done[/]: baseline test AUC {_g(base_test)}; best trial test AUC {_g(test)}; "
-                  f"best configuration {found.best_spec} (train it with rayload train); plots in {found.run_dir}/plots")
-    return found, base_test, test
-
-
 def main() -> None:
-    from . import _cli_ab  # noqa: F401  (registers `rayload serve` and `rayload ab`)
+    from . import _cli_ab, _cli_ops  # noqa: F401  (register `serve`, `ab`, `run`, `demo`, `report`, `submit`, `doctor`)
 
     try:
         app()

@@ -85,6 +85,13 @@ class Asha(_Spec):
     reduction_factor: float = Field(default=3, gt=1)
     max_epochs: int | None = Field(default=None, ge=1, description="default: the base job's train.epochs")
 
+    @model_validator(mode="after")
+    def _grace(self) -> "Asha":
+        if self.max_epochs is not None and self.grace_period > self.max_epochs:
+            raise ValueError(f"grace_period ({self.grace_period}) must be at most max_epochs ({self.max_epochs}): "
+                             "a trial cannot be stopped after the last epoch")
+        return self
+
 
 class TrialResources(_Spec):
     workers: int = Field(default=1, ge=1, description="1: the loop runs inside the trial; more: a TorchTrainer per trial")

@@ -260,6 +260,9 @@ class ResourcesSpec(_Spec):
     accelerator_type: str | None = None
     # A job that asks for more than the cluster has fails after this long instead of hanging.
     placement_timeout_s: float = Field(default=60.0, gt=0.0)
+    # GPU workers whose GPUs CUDA cannot see (logical GPUs of a fake multi-node cluster) train
+    # on CPU with a warning, over gloo; without this they stop with an error.
+    cpu_fallback: bool = False
 
     @model_validator(mode="after")
     def _workers(self) -> "ResourcesSpec":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._ray import ensure_ray
-from .errors import RayloadError, SpecError
+from .errors import RayloadError, SpecError, SpecIssue
 from .paths import runs_root
 from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
 
@@ -67,8 +67,10 @@ class _Plan:
 # ---------------------------------------------------------------- job-spec searches
 
 
-def tune(search: str | SearchSpec, resume: str | None = None, address: str | None = None, overrides=()) -> TuneResult:
-    """Run (or with `resume`, continue) the search in a search spec file or SearchSpec."""
+def tune(search: str | SearchSpec, resume: str | None = None, address: str | None = None, overrides=(),
+         run_dir: str | None = None) -> TuneResult:
+    """Run (or with `resume`, continue) the search in a search spec file or SearchSpec.
+    `run_dir` puts a new search in that folder instead of runs/tune/<name>-<time>/."""
     ensure_ray(address)
     if resume:
         run_dir = find_run(resume)
@@ -76,12 +78,15 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
         spec, raw = SearchSpec.model_validate(state["spec"]), state["base_raw"]
     else:
         spec, raw = _load(search, overrides)
-        run_dir = os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
     base = job_from(raw, {})
     from .train.resources import check_storage
 
     check_storage(run_dir)  # trials on other nodes write their checkpoints under the run folder
     max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
+    if spec.scheduler and spec.scheduler.grace_period > max_t:
+        raise SpecError([SpecIssue("scheduler.grace_period", f"must be at most the trials' epochs ({max_t}, the base job's "
+                                   "train.epochs); lower it or set scheduler.max_epochs", spec.scheduler.grace_period, True)])
     raw = _with_epochs(raw, max_t)
     tr = spec.trial_resources
     cpus, gpus = tr.cpus_per_worker or base.resources.cpus_per_worker, tr.gpus_per_worker if tr.gpus_per_worker is not None else base.resources.gpus_per_worker

@@ -138,6 +138,25 @@ def test_resume_continues_at_the_next_epoch_with_the_same_rng(tmp_path):
     assert resumed.reports[1][0]["val_auc"] == pytest.approx(first.reports[1][0]["val_auc"], abs=1e-6)
 
 
+def test_a_run_restored_after_its_last_epoch_reports_its_result_again_and_trains_no_more(tmp_path):
+    # A Tune driver killed after a trial's final epoch: the re-attached trial must still hand
+    # the searcher its metric (Tune rejects a result without it), without training on.
+    first = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "a"))
+    run(job(epochs=2), features(), first, {"train_rows": 1024, "manifest": {}})
+    again = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "b"))
+    again.reports = list(first.reports)
+    out = run(job(epochs=2), features(), again, {"train_rows": 1024, "manifest": {}})
+    assert [h["epoch"] for h in out["history"]] == [0, 1]
+    assert len(again.reports) == 3 and again.reports[2][0] == first.reports[1][0]
+    # An early-stopped run stays stopped.
+    stopped = MemorySession(table(512, 0), table(256, 1), str(tmp_path / "c"))
+    spec = job(epochs=30, lr=0.2, early_stopping={"metric": "logloss", "patience": 2})
+    done = run(spec, features(), stopped, {"train_rows": 512, "manifest": {}})
+    n = len(stopped.reports)
+    assert len(run(spec, features(), stopped, {"train_rows": 512, "manifest": {}})["history"]) == len(done["history"])
+    assert len(stopped.reports) == n + 1 and stopped.reports[-1][0]["early_stopped"]
+
+
 def test_early_stopping_stops_after_patience(tmp_path):
     session = MemorySession(table(512, 0), table(256, 1), str(tmp_path))
     out = run(job(epochs=30, lr=0.2, early_stopping={"metric": "logloss", "patience": 2}), features(), session, {"train_rows": 512, "manifest": {}})
@@ -174,3 +193,18 @@ def test_class_weights_weight_the_loss():
         w = torch.where(batch.label > 0.5, 2.0, 0.5)
         expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label, weight=w)
         torch.testing.assert_close(weighted.loss(batch), expected)
+
+
+def test_gpu_worker_without_cuda_stops_unless_cpu_fallback_is_allowed(monkeypatch, caplog):
+    import logging
+
+    from rayload.errors import RayloadError
+    from rayload.train.session import cpu_fallback_device
+
+    monkeypatch.setenv("RAY_NODE_TYPE_NAME", "gpu_worker")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(RayloadError, match=r"rank 1 on node type gpu_worker was given GPU\(s\) '0' but CUDA sees none.*cpu_fallback: true"):
+        cpu_fallback_device(False, 1)
+    with caplog.at_level(logging.WARNING, logger="rayload.train.session"):
+        assert cpu_fallback_device(True, 1).type == "cpu"
+    assert "CPU FALLBACK: rank 1 on node type gpu_worker" in caplog.text

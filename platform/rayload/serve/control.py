@@ -92,6 +92,7 @@ def serve_config(args: dict) -> dict:
         "applications": [{
             "name": args["experiment"], "route_prefix": s["route_prefix"],
             "import_path": "rayload.serve.app:build_app", "args": args,
+            "logging_config": {"log_level": s.get("log_level", "WARNING"), "enable_access_log": s.get("access_log", False)},
             "deployments": [{"name": ROUTER, "user_config": {"weights": args["weights"], "champion": args["champion"],
                                                               "shadow": args["shadow"]}}],
         }],
@@ -150,14 +151,15 @@ def parts(config: dict) -> tuple[dict, dict]:
     return app["args"], app["deployments"][0]["user_config"]
 
 
-def start(spec: ABSpec, address: str | None = None) -> Deployment:
-    """Train what is missing, deploy the experiment, record it in the run folder."""
+def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) -> Deployment:
+    """Train what is missing, deploy the experiment, record it in the run folder
+    (`runs/ab/<name>/` unless a pipeline stage gives its own)."""
     import ray
 
     from .._ray import ensure_ray
 
     ensure_ray(address)
-    run_dir = run_dir_for(spec)
+    run_dir = run_dir or run_dir_for(spec)
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
     config = serve_config(args)
@@ -249,6 +251,15 @@ def _analysis(run: str):
     finally:
         reader.close()
     return analyze(frame, spec, user["weights"], user["champion"]), spec
+
+
+def stop(run: str) -> None:
+    """Delete this experiment's Serve application (others on the cluster keep running)."""
+    from ray import serve as ray_serve
+
+    _, state = load_state(run)
+    args, _ = parts(state["config"])
+    ray_serve.delete(args["experiment"])
 
 
 def step(run: str) -> tuple[str, list[str]]:

@@ -36,14 +36,15 @@ def worker_entry(config: dict) -> None:
     """Ray Train's train_loop_per_worker: dicts exist only at this boundary."""
     spec = JobSpec.model_validate(config["spec"])
     features = FittedFeatures.from_json(config["features"])
-    session = RaySession(loader_options(spec, features))
+    res = spec.resources
+    session = RaySession(loader_options(spec, features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback))
     run(spec, features, session, config["context"])
 
 
-def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False) -> dict:
+def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False, cpu_fallback: bool = False) -> dict:
     t = spec.train
     return {"prefetch_batches": t.prefetch_batches, "shuffle_buffer": t.shuffle_buffer, "seed": t.seed,
-            "layout": Layout.from_features(features), "use_gpu": use_gpu}
+            "layout": Layout.from_features(features), "use_gpu": use_gpu, "cpu_fallback": cpu_fallback}
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -242,7 +243,7 @@ class Trainer:
 
 
 class Fault:
-    """Fault injection for recovery tests and drills: $RAYLOAD_FAULT="epoch=1,rank=1,batch=50,marker=/p[,always=1]".
+    """Fault injection for recovery tests and drills: $RAYLOAD_FAULT="epoch=1,rank=1,batch=50,marker=/p[,delay=5][,always=1]".
 
     It fires before the given batch of the epoch (default 0): mid-epoch, as real crashes do.
     The driver copies the variable into the loop's context (workers do not inherit the
@@ -266,6 +267,9 @@ class Fault:
         marker = self.conf["marker"]
         if not os.path.exists(marker):
             open(marker, "w").close()
+            # delay=S: Ray Train registers a reported checkpoint asynchronously; a drill that
+            # must resume from it waits that long (a busy machine can take seconds).
+            time.sleep(float(conf.get("delay", 0)))
             os._exit(1)  # a hard crash: no exception, no cleanup, like a killed process
 
 
@@ -278,6 +282,13 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
             trainer.restore(path)
             trainer.state.restarts += 1
             log.info("rank %d resumed from %s at epoch %d, step %d", session.rank, path, trainer.state.epoch + 1, trainer.state.step)
+    history = trainer.state.history
+    if history and (history[-1].get("early_stopped") or trainer.state.epoch + 1 >= spec.train.epochs):
+        # A run restored after its last epoch (a driver killed between the final report and
+        # its bookkeeping): nothing to train, but whoever waits for a result (Tune's searcher
+        # needs the metric) gets the last one again, pointing at the checkpoint already kept.
+        session.report(dict(history[-1]), None, f"epoch_{trainer.state.epoch:04d}")
+        return {"history": history}
     fault = Fault.from_context(context)
     for epoch in range(trainer.state.epoch + 1, spec.train.epochs):
         metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 
 from ..errors import RayloadError
 
 # Filesystems every node can see; a local path on any other filesystem is per-node.
 _SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "efs")
+
+
+log = logging.getLogger(__name__)
 
 
 class ResourceError(RayloadError):
@@ -32,6 +37,11 @@ def check_resources(resources) -> None:
 
     workers, per = requested(resources)
     ceiling = state.get_max_resources_from_cluster_config()
+    if not ceiling and _v1_autoscaler_running():
+        # Autoscaler v1 (`ray up` default) does not publish its node types' limits: the
+        # nodes may come, so leave the bound to resources.placement_timeout_s.
+        log.info("an autoscaler runs but does not publish its limits; not checking %d x %s up front", workers, per)
+        return
     if ceiling:
         nodes_can = {k: ceiling.get(k, 0) for k in per}
         fits = all(per[k] * workers <= ceiling.get(k, 0) for k in per)
@@ -47,6 +57,22 @@ def check_resources(resources) -> None:
             f"{'can grow to' if ceiling else 'has'} {have} in total{'' if ceiling else ' (no autoscaler)'}; "
             "lower resources.workers / cpus_per_worker / gpus_per_worker or add nodes"
         )
+
+
+def _v1_autoscaler_running() -> bool:
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    if not _internal_kv_initialized():
+        return False
+    raw = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    if not raw:
+        return False
+    report = json.loads(raw).get("autoscaler_report") or {}
+    # A plain `ray start`/`ray.init` runs a read-only monitor that names every node "node_<id>";
+    # an autoscaler with a cluster config names them by its node types (head, gpu_worker, ...).
+    types = set(report.get("active_nodes") or {}) | set(report.get("pending_launches") or {})
+    return any(not t.startswith("node_") for t in types)
 
 
 def check_storage(storage_path: str) -> None:
@@ -65,7 +91,12 @@ def check_storage(storage_path: str) -> None:
 
 
 def is_shared(path: str) -> bool:
+    """On a shared filesystem by /proc/mounts, or under a folder listed in RAYLOAD_SHARED_PATHS
+    (os.pathsep-separated: mounts the table cannot tell, or every node on one machine)."""
     path = os.path.abspath(path)
+    declared = [os.path.abspath(p) for p in os.environ.get("RAYLOAD_SHARED_PATHS", "").split(os.pathsep) if p]
+    if any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in declared):
+        return True
     best, fstype = "", ""
     try:
         with open("/proc/mounts") as f:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from .batch import Layout, collate
+
+log = logging.getLogger(__name__)
 
 try:  # Ray >= 2.40 lets collate functions receive Arrow tables directly
     from ray.data.collate_fn import ArrowBatchCollateFn
@@ -143,6 +146,23 @@ def best_of(entries: list[dict], score: str, mode: str) -> list[dict]:
     return sorted(scored, key=lambda e: sign * e["metrics"][score])
 
 
+def cpu_fallback_device(allowed: bool, rank: int) -> torch.device:
+    """A worker given GPUs that CUDA cannot see: logical GPUs (a fake multi-node cluster, a
+    misconfigured node). Only `resources.cpu_fallback: true` lets it compute on the CPU, and
+    it says so; otherwise training stops instead of running 50x slower without a word."""
+    node_type = os.environ.get("RAY_NODE_TYPE_NAME", "?")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if not allowed:
+        from ..errors import RayloadError
+
+        raise RayloadError(f"rank {rank} on node type {node_type} was given GPU(s) {visible!r} but CUDA sees none "
+                           f"(torch {torch.__version__}, cuda available: {torch.cuda.is_available()}); fix the node's "
+                           "drivers, or set resources.cpu_fallback: true to train on its CPU")
+    log.warning("CPU FALLBACK: rank %d on node type %s was given GPU(s) %r but CUDA sees none; computing on CPU "
+                "(resources.cpu_fallback: true)", rank, node_type, visible)
+    return torch.device("cpu")
+
+
 class RaySession(Session):
     """Inside a Ray Train worker (Train V2)."""
 
@@ -154,6 +174,9 @@ class RaySession(Session):
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
+        # Ray picks cuda:N from the GPU ids it assigned, whether or not CUDA can see them.
+        if loader.get("use_gpu") and not torch.cuda.is_available():
+            self.device = cpu_fallback_device(loader.get("cpu_fallback", False), self.rank)
 
     def _train_source(self):
         import ray.train
@@ -185,6 +208,10 @@ class RaySession(Session):
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         import ray.train.torch
 
+        if self.device.type == "cpu" and self.world_size > 1:
+            # Ray's prepare_model would move the model to the (logical) GPU it assigned; the
+            # CPU fallback wraps DDP itself, on the CPU, over the gloo group Ray set up.
+            return torch.nn.parallel.DistributedDataParallel(model.to(self.device))
         return ray.train.torch.prepare_model(model)
 
 

@@ -50,7 +50,8 @@ def run_name_for(spec: JobSpec) -> str:
 def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
     ensure_ray(address)
     pre = preprocess(spec, address=address)
-    storage = spec.train.storage_path or os.path.join(runs_root(), "train")
+    # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
+    storage = spec.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH") or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
     context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
@@ -79,6 +80,9 @@ def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
 
 
 def _git_commit() -> str | None:
+    """This checkout's commit; in an uploaded job (no .git) the one `rayload submit` sent along."""
+    if os.environ.get("RAYLOAD_GIT_COMMIT"):
+        return os.environ["RAYLOAD_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
@@ -113,8 +117,15 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
     # Ray Train retries a worker group that cannot be placed forever; this bounds the wait.
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(res.placement_timeout_s)
+    torch_config = None
+    if res.gpus_per_worker and res.cpu_fallback:
+        from ray.train.torch import TorchConfig
+
+        # NCCL needs CUDA; gloo runs on both, so a fallback worker can still join the group.
+        log.warning("resources.cpu_fallback: the worker group uses gloo; GPU workers without CUDA compute on CPU")
+        torch_config = TorchConfig(backend="gloo")
     trainer = TorchTrainer(
-        worker_entry,
+        worker_entry, torch_config=torch_config,
         train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": context},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=res.gpus_per_worker > 0,
                                                resources_per_worker=per_worker, accelerator_type=res.accelerator_type),

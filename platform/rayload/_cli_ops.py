@@ -1,0 +1,216 @@
+"""`rayload run`, `demo`, `report`, `submit` and `doctor`: the pipeline and operations commands."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .cli import AddressOpt, SetOpt, _friendly, _g, app, console
+
+DEMO_PIPELINE = "jobs/movielens_pipeline.yaml"
+
+
+@app.command("run")
+@_friendly
+def run_cmd(
+    spec: Annotated[str, typer.Argument(help="a pipeline spec, or any job, search or A/B spec (run as its own stages)")],
+    run_id: Annotated[Optional[str], typer.Option(help="run folder runs/<run-id>/ (default: the pipeline's name)")] = None,
+    force: Annotated[Optional[list[str]], typer.Option(help="run this stage even if its inputs did not change (repeatable)")] = None,
+    set_: SetOpt = None, address: AddressOpt = None,
+) -> None:
+    """Run a pipeline's stages in order; unchanged stages are skipped. `--set STAGE.field=value` changes one stage."""
+    from .pipeline_spec import load_pipeline
+
+    pipeline = load_pipeline(spec, set_ or [])
+    result = run_with_progress(pipeline, run_id, address, tuple(force or ()))
+    print_run(result)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+def run_with_progress(pipeline, run_id, address, force=()):
+    from . import stages
+
+    columns = (SpinnerColumn(), TextColumn("{task.description:<22}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TextColumn("{task.fields[note]}"))
+    with Progress(*columns, console=console) as bars:
+        tasks = {s.name: bars.add_task(f"{s.name} ({s.kind})", total=1.0, start=False, note="") for s in pipeline.stages}
+
+        def on_event(kind, name, info):
+            task = tasks[name]
+            if kind == "start":
+                bars.start_task(task)
+            elif kind == "progress":
+                bars.update(task, completed=min(max(info, 0.0), 0.99))
+            else:
+                note = {"ok": "[green]done", "skipped": "[cyan]unchanged, skipped", "failed": "[red]failed"}[info.outcome]
+                bars.update(task, completed=1.0 if info.outcome != "failed" else 0.0, note=note)
+                bars.stop_task(task)
+
+        return stages.run(pipeline, run_id, address, force, on_event)
+
+
+def print_run(result) -> None:
+    table = Table("stage", "kind", "outcome", "seconds", "key outputs", title=f"run {result.run_id}")
+    for s in result.stages:
+        table.add_row(s.name, s.kind, s.outcome, f"{s.seconds:.1f}", _key_outputs(s))
+    console.print(table)
+    for s in result.stages:
+        if s.error:
+            console.print(f"[red]stage {s.name} failed[/]: {s.error}")
+    console.print(f"run folder [bold]{result.run_dir}[/] (manifest.json, one folder per stage)")
+
+
+def _key_outputs(stage) -> str:
+    o = stage.outputs
+    if stage.kind == "prepare":
+        return f"{o.get('good_rows')} good rows, {o.get('quarantined_rows')} quarantined"
+    if stage.kind == "train":
+        return f"val auc {_g((o.get('val') or {}).get('val_auc'))}, test auc {_g((o.get('test') or {}).get('auc'))}"
+    if stage.kind == "tune":
+        best = o.get("best") or {}
+        return f"{o.get('trials')} trials, best {o.get('metric')} {_g(best.get('value'))}, test auc {_g((best.get('test') or {}).get('auc'))}"
+    if stage.kind in ("ab", "decide"):
+        return f"decision {o.get('decision')}"
+    return ""
+
+
+@app.command()
+@_friendly
+def demo(
+    spec: Annotated[str, typer.Option(help="the demo pipeline spec")] = DEMO_PIPELINE,
+    trials: Annotated[Optional[int], typer.Option(help="trials of the search stage (default: the pipeline's)")] = None,
+    search_epochs: Annotated[Optional[int], typer.Option(help="most epochs of one search trial")] = None,
+    port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
+    ab_requests: Annotated[Optional[int], typer.Option(help="simulated requests of the A/B test (default: the pipeline's)")] = None,
+    run_id: Annotated[str, typer.Option(help="run folder runs/<run-id>/")] = "demo",
+    set_: SetOpt = None,
+    address: AddressOpt = None,
+) -> None:
+    """The whole lifecycle on MovieLens (the pipeline spec): data, baseline, search, A/B test, decision, report."""
+    from .pipeline_spec import load_pipeline
+
+    sets = [f"ab.serving.port={port}"]
+    sets += [f"search.num_samples={trials}", f"search.startup_trials={max(2, trials // 2)}"] if trials else []
+    sets += [f"search.scheduler.max_epochs={search_epochs}"] if search_epochs else []
+    sets += [f"ab.simulate.requests={ab_requests}"] if ab_requests else []
+    sets += list(set_ or [])  # STAGE.field=value, as `rayload run --set`
+    pipeline = load_pipeline(spec, sets)
+    console.rule(f"[bold]rayload demo: {pipeline.name}")
+    result = run_with_progress(pipeline, run_id, address)
+    print_run(result)
+    if not result.ok:
+        raise typer.Exit(1)
+    path = _write_report(result.run_dir)
+    print_summary(result, path)
+
+
+def print_summary(result, report_path: str) -> None:
+    by_kind = {s.kind: s.outputs for s in result.stages}
+    prep, base, search, decided = (by_kind.get(k, {}) for k in ("prepare", "train", "tune", "decide"))
+    best = search.get("best") or {}
+    console.rule("[bold]summary")
+    console.print(f"data: {prep.get('input_rows')} ratings, {prep.get('good_rows')} good, {prep.get('quarantined_rows')} quarantined")
+    console.print(f"baseline: val AUC {_g((base.get('val') or {}).get('val_auc'))}; test AUC {_g((base.get('test') or {}).get('auc'))}")
+    console.print(f"best tuned (trial {best.get('number')} of {search.get('trials')}): val AUC {_g(best.get('value'))}; "
+                  f"test AUC {_g((best.get('test') or {}).get('auc'))}; configuration {best.get('spec')}")
+    if decided:
+        arms = "; ".join(f"{arm} CTR {_g(a['ctr'])} [{_g(a['ctr_ci'][0])}, {_g(a['ctr_ci'][1])}] over {a['units']} users"
+                         for arm, a in decided["arms"].items())
+        lift = f"lift {decided['lift']:+.2%}" if decided.get("lift") is not None else "lift n/a"
+        console.print(f"A/B decision: {decided['decision']} ({'; '.join(decided['reasons'])}); {arms}; {lift}; "
+                      f"sequential p {_g(decided.get('sequential_p'))}; {decided['action']}")
+    console.print(f"report: [bold]{report_path}[/]")
+
+
+def _write_report(run_dir: str) -> str:
+    from .report import write_report
+
+    return write_report(run_dir)
+
+
+@app.command()
+@_friendly
+def report(
+    run: Annotated[str, typer.Argument(help="pipeline run id or folder")],
+    out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None,
+) -> None:
+    """One HTML page: training curves, the search history, A/B CTR per arm with bands, the decision."""
+    from .report import write_report
+    from .stages import load_run
+
+    run_dir, _ = load_run(run)
+    console.print(f"wrote {write_report(run_dir, out)}")
+
+
+@app.command()
+@_friendly
+def submit(
+    spec: Annotated[str, typer.Argument(help="a spec in jobs/ or tune/, run with `rayload run` on the cluster")],
+    address: Annotated[str, typer.Option(help="the cluster's job API, e.g. http://127.0.0.1:8265 (ray dashboard cluster.yaml)",
+                                         envvar="RAY_API_SERVER_ADDRESS")],
+    set_: SetOpt = None,
+    wait: Annotated[bool, typer.Option(help="follow the job's logs until it ends")] = True,
+) -> None:
+    """Submit a spec as a Ray job: this directory uploaded (without runs/, .venv/, caches), the token sent."""
+    from .ops import submit as run
+
+    extra = [a for item in (set_ or []) for a in ("--set", item)]
+    job_id, status = run(spec, address, extra, wait=wait, on_log=lambda text, end="": console.out(text, end=end, highlight=False))
+    console.print(f"job [bold]{job_id}[/]: {status}")
+    if wait and status != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@app.command()
+def doctor(
+    address: AddressOpt = None,
+    specs: Annotated[str, typer.Option(help="folder of specs whose GPUs and databases to check")] = "jobs",
+    serve_port: Annotated[int, typer.Option(help="the Serve HTTP port to check")] = 8000,
+) -> None:
+    """Pass/fail: Ray reachable, versions on every node, token auth, GPUs for the specs, shared storage, Serve port, databases."""
+    from .ops import doctor as run
+
+    checks = run(address, specs, serve_port)
+    table = Table("check", "result", "detail", title="rayload doctor")
+    for c in checks:
+        table.add_row(c.name, "[green]pass" if c.ok else "[red]FAIL", c.detail)
+    console.print(table)
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+cluster_app = typer.Typer(no_args_is_help=True, help="cluster.yaml: lint, local fake multi-node config.")
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("lint")
+@_friendly
+def cluster_lint(path: Annotated[str, typer.Argument(help="the `ray up` file")] = "cluster.yaml") -> None:
+    """Validate against Ray's cluster schema and check the secure defaults; exits 2 naming each failing field."""
+    from .cluster import check
+
+    check(path)
+    console.print(f"[green]ok[/] {path}: Ray's cluster schema, token auth, dashboard on loopback, no Ray port or SSH open to the internet")
+
+
+@cluster_app.command("local")
+@_friendly
+def cluster_local(
+    path: Annotated[str, typer.Argument(help="the `ray up` file")] = "cluster.yaml",
+    gcs_address: Annotated[str, typer.Option(help="host:port the fake head's GCS will listen on")] = "127.0.0.1:6380",
+    out: Annotated[str, typer.Option(help="where to write the autoscaling config (JSON)")] = "fake_cluster.json",
+) -> None:
+    """Write a fake multi-node autoscaling config with cluster.yaml's node types (RAY_FAKE_CLUSTER=1 ray start --head ...)."""
+    import json
+
+    from .cluster import local_config, read_cluster
+
+    with open(out, "w") as f:
+        json.dump(local_config(read_cluster(path), gcs_address), f, indent=1)
+    console.print(f"wrote {out}; start it with: RAY_FAKE_CLUSTER=1 RAY_AUTH_MODE=token ray start --head "
+                  f"--port={gcs_address.rsplit(':', 1)[1]} --num-cpus=0 --autoscaling-config={out}")

@@ -1,0 +1,191 @@
+"""One function per pipeline stage kind: `kind(spec, stage, folder, outputs, address, progress) -> outputs`.
+
+`outputs` holds the recorded outputs of the stages before (by name); a runner returns its own
+as a JSON-able dict, which `stage.json` keeps and later stages and the report read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
+    """(resolved spec, seed, data content hash) of a stage, without running anything."""
+    if stage.kind in ("prepare", "train"):
+        job = _job(spec, stage)
+        return job.model_dump(mode="json"), job.train.seed, _data_hash(job)
+    if stage.kind == "tune":
+        from .search_spec import base_raw
+        from .tuning import job_from
+
+        search = _search(spec, stage)
+        raw = base_raw(search, None)
+        return {"search": search.model_dump(mode="json"), "base": raw}, search.seed, _data_hash(job_from(raw, {}))
+    if stage.kind == "ab":
+        ab = _ab_template(spec, stage)
+        return ab, ab.get("simulate", {}).get("seed"), None
+    return stage.model_dump(mode="json"), None, None
+
+
+def _job(spec, stage):
+    from .spec import load_spec
+
+    return load_spec(spec.path(stage.job), stage.set)
+
+
+def _search(spec, stage):
+    from .search_spec import load_search_spec
+
+    return load_search_spec(spec.path(stage.search), stage.set)
+
+
+def _data_hash(job) -> str:
+    from .data.pipeline import cache_key
+    from .data.sources import resolve_inputs
+    from .paths import cache_root
+
+    return cache_key(job, resolve_inputs(job.data, cache_root()))
+
+
+def _ab_template(spec, stage) -> dict:
+    from .ab_spec import load_ab_spec
+
+    return load_ab_spec(spec.path(stage.spec), stage.set).model_dump(mode="json")
+
+
+def prepare(spec, stage, folder, outputs, address, progress) -> dict:
+    from .data.pipeline import preprocess
+
+    result = preprocess(_job(spec, stage), address=address)
+    result.features.save(os.path.join(folder, "features.json"))
+    _dump(os.path.join(folder, "counts.json"), result.counts)
+    c = result.counts
+    return {"shards": result.out_dir, "cached": result.cached, "data_hash": result.cache_key, "input_rows": c["input"],
+            "good_rows": c["good"], "quarantined_rows": c["quarantined"]}
+
+
+def train(spec, stage, folder, outputs, address, progress) -> dict:
+    from .spec import load_spec
+    from .train.trainer import fit
+
+    # The run lives in the stage folder under a fixed name: a relaunch resumes it.
+    job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={folder}", "train.run_name=run"])
+    result = fit(job, address=address)
+    _dump(os.path.join(folder, "history.json"), result.history)
+    return {"checkpoint": result.checkpoint, "val": result.metrics, "test": result.test, "epochs": len(result.history),
+            "job": spec.path(stage.job)}
+
+
+def tune(spec, stage, folder, outputs, address, progress) -> dict:
+    from .evaluate import evaluate_checkpoint
+    from .spec import load_spec
+    from .tuning import tune as run
+    from .train.trainer import fit  # noqa: F401  (loads the trainer before Tune's workers need it)
+
+    search_dir = os.path.join(folder, "search")
+    resume = search_dir if os.path.exists(os.path.join(search_dir, "search.json")) else None
+    found = run(_search(spec, stage), resume=resume, address=address, run_dir=search_dir)
+    out = {"run_dir": found.run_dir, "metric": found.metric, "trials": len(found.trials), "counts": found.counts(),
+           "best": None, "history": [{"number": t["number"], "state": t["state"], "value": t["value"]} for t in found.trials]}
+    if not found.best:
+        return out
+    best_job = load_spec(found.best_spec)
+    from .data.pipeline import preprocess
+
+    test = evaluate_checkpoint(found.best["checkpoint"], preprocess(best_job, address=address).dataset("test"), best_job.eval)
+    out["best"] = {"number": found.best["number"], "value": found.best_value, "params": found.best_params,
+                   "checkpoint": found.best["checkpoint"], "spec": found.best_spec, "test": test.to_dict()}
+    out["checkpoint"] = found.best["checkpoint"]
+    return out
+
+
+def _checkpoint_of(outputs: dict, name: str) -> str:
+    from .errors import RayloadError
+
+    checkpoint = outputs[name].get("checkpoint")
+    if not checkpoint:
+        raise RayloadError(f"stage {name!r} produced no checkpoint (a search whose trials all failed?); the A/B stage needs one")
+    return checkpoint
+
+
+def ab(spec, stage, folder, outputs, address, progress) -> dict:
+    from .ab_spec import ab_from_dict
+    from .serve import control
+    from .serve.simulate import simulate_and_decide
+    from .serve.world import world_for
+
+    template = _ab_template(spec, stage)
+    arms = template["arms"]
+    if stage.champion:
+        template["arms"] = [{"name": arms[0]["name"], "weight": arms[0]["weight"], "checkpoint": _checkpoint_of(outputs, stage.champion)},
+                            {"name": arms[1]["name"], "weight": arms[1]["weight"], "checkpoint": _checkpoint_of(outputs, stage.challenger)}]
+        template["champion"] = arms[0]["name"]
+    experiment = ab_from_dict(template)
+    dep = control.start(experiment, address=address, run_dir=folder)
+    try:
+        if stage.traffic == "simulate":
+            sim = experiment.simulate
+            out = simulate_and_decide(dep.run_dir, dep.url, world_for(experiment, dep.args), sim.users, sim.requests, sim.concurrency,
+                                      sim.seed, on_chunk=lambda done, status: progress(done / sim.requests))
+            decision, reasons, requests = out.decision, out.reasons, out.requests
+        else:
+            decision, reasons = _watch_live(folder, stage, progress)
+            requests = None
+    finally:
+        if not stage.keep_serving:
+            control.stop(folder)
+    return {"run_dir": folder, "url": dep.url, "decision": decision, "reasons": reasons, "requests": requests,
+            "champion": experiment.champion_arm, "serving": stage.keep_serving, "checkpoints": dep.args["checkpoints"]}
+
+
+def _watch_live(folder: str, stage, progress) -> tuple[str, list[str]]:
+    """Real traffic: look at the analysis every interval_s until a decision or max_minutes."""
+    import time
+
+    from .serve import control
+
+    deadline = time.monotonic() + stage.max_minutes * 60
+    start = time.monotonic()
+    decision, reasons = "continue", []
+    while time.monotonic() < deadline:
+        decision, reasons = control.step(folder)
+        progress((time.monotonic() - start) / (stage.max_minutes * 60))
+        if decision != "continue":
+            break
+        time.sleep(stage.interval_s)
+    return decision, reasons
+
+
+def decide(spec, stage, folder, outputs, address, progress) -> dict:
+    from .serve import control
+
+    exp = outputs[stage.experiment]
+    result = control.analysis_for(exp["run_dir"])
+    _, state = control.load_state(exp["run_dir"])
+    applied = [d["decision"] for d in state.get("decisions", []) if d["decision"] in ("promote", "rollback")]
+    action = "recorded"
+    if result.decision in ("promote", "rollback"):
+        if applied and applied[-1] == result.decision:
+            action = f"applied during the experiment ({result.decision})"
+        elif stage.act and exp.get("serving"):
+            (control.promote if result.decision == "promote" else control.rollback)(exp["run_dir"], "; ".join(result.reasons))
+            action = f"applied now ({result.decision})"
+        else:
+            action = "recorded (the experiment is no longer deployed)"
+    arms = {a.arm: {"units": a.units, "exposures": a.exposures, "clicks": a.clicks, "ctr": a.ctr, "ctr_ci": list(a.ctr_ci)}
+            for a in result.arms}
+    out = {"decision": result.decision, "reasons": result.reasons, "action": action, "champion": result.champion,
+           "challenger": result.challenger, "arms": arms, "lift": result.lift,
+           "lift_ci": list(result.lift_ci) if result.lift_ci else None, "sequential_p": result.sequential_p,
+           "z_p_value": result.z_p_value, "srm_p": result.srm_p}
+    _dump(os.path.join(folder, "decision.json"), out)
+    return out
+
+
+def _dump(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=str)

@@ -1,0 +1,192 @@
+"""cluster.yaml: schema validation against the installed Ray, the security lint, and a local
+fake multi-node config derived from it (same node types and resources) for tests.
+
+The lint is what a reviewer would check before `ray up`: token auth on every node, the
+dashboard bound to loopback, no Ray port (6379 GCS, 8265 dashboard and jobs, 10001 client,
+8000 Serve) and no SSH open to the internet, node security groups given explicitly (the group
+Ray creates itself opens SSH to 0.0.0.0/0), no training work on the head, and the image's Ray
+matching constraints.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+
+import yaml
+
+from .errors import SpecError, SpecIssue
+
+RAY_PORTS = {6379: "GCS", 8265: "dashboard and job API", 10001: "Ray client", 8000: "Serve HTTP"}
+_OPEN = ("0.0.0.0/0", "::/0")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def read_cluster(path: str) -> dict:
+    if not os.path.exists(path):
+        raise SpecError([SpecIssue("", f"cluster file not found: {path}")], file=path)
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    if not isinstance(config, dict):
+        raise SpecError([SpecIssue("", "the top level must be a mapping")], file=path)
+    return config
+
+
+def schema_issues(config: dict) -> list[SpecIssue]:
+    """Every violation of the cluster schema shipped inside the installed Ray package."""
+    import jsonschema
+    import ray.autoscaler
+
+    with open(os.path.join(os.path.dirname(ray.autoscaler.__file__), "ray-schema.json")) as f:
+        schema = json.load(f)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+    return [SpecIssue(".".join(str(p) for p in e.absolute_path), f"Ray's cluster schema: {e.message}") for e in errors]
+
+
+def lint(path: str, constraints: str | None = None) -> list[SpecIssue]:
+    config = read_cluster(path)
+    issues = schema_issues(config)
+    issues += security_issues(config)
+    constraints = constraints or os.path.join(os.path.dirname(os.path.abspath(path)), "constraints.txt")
+    if os.path.exists(constraints):
+        issues += version_issues(config, constraints)
+    return issues
+
+
+def check(path: str) -> None:
+    """Raise SpecError naming every failing field."""
+    issues = lint(path)
+    if issues:
+        raise SpecError(issues, file=path)
+
+
+def security_issues(config: dict) -> list[SpecIssue]:
+    issues = []
+    for section in ("head_start_ray_commands", "worker_start_ray_commands"):
+        issues += _start_command_issues(config.get(section) or [], section)
+    mounts = config.get("file_mounts") or {}
+    if not any(os.path.normpath(k).endswith(".ray/auth_token") for k in mounts):
+        issues.append(SpecIssue("file_mounts", "must mount the token file: \"~/.ray/auth_token\": \"~/.ray/auth_token\" "
+                                "(token auth needs the same token on every node)"))
+    issues += _security_group_issues(config)
+    head = (config.get("available_node_types") or {}).get(config.get("head_node_type"), {})
+    if (head.get("resources") or {}).get("CPU", None) != 0:
+        issues.append(SpecIssue(f"available_node_types.{config.get('head_node_type')}.resources.CPU",
+                                "must be 0: the head coordinates (GCS, autoscaler, drivers) and must not run training work",
+                                (head.get("resources") or {}).get("CPU"), True))
+    return issues
+
+
+def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
+    starts = [(i, c) for i, c in enumerate(commands) if "ray start" in c]
+    if not starts:
+        return [SpecIssue(section, "no `ray start` command")]
+    issues = []
+    for i, command in starts:
+        where = f"{section}[{i}]"
+        if not re.search(r"(^|\s)RAY_AUTH_MODE=token(\s|$)", command):
+            issues.append(SpecIssue(where, "must start Ray with RAY_AUTH_MODE=token (token authentication)", command, True))
+        for host in _options(command, "--dashboard-host"):
+            if host in _LOOPBACK:
+                continue
+            issues.append(SpecIssue(where, "--dashboard-host must be 127.0.0.1: the dashboard and job API would be reachable "
+                                    "from the network; use `ray dashboard cluster.yaml` (an SSH tunnel)", host, True))
+    return issues
+
+
+def _options(command: str, name: str) -> list[str]:
+    """Every value given to `name` (a repeated flag: Ray takes the last, we check them all)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    found = []
+    for i, word in enumerate(words):
+        if word == name and i + 1 < len(words):
+            found.append(words[i + 1])
+        elif word.startswith(name + "="):
+            found.append(word.split("=", 1)[1])
+    return found
+
+
+def _security_group_issues(config: dict) -> list[SpecIssue]:
+    provider = config.get("provider") or {}
+    issues = []
+    if provider.get("type") == "aws":
+        for name, node in (config.get("available_node_types") or {}).items():
+            if not (node.get("node_config") or {}).get("SecurityGroupIds"):
+                issues.append(SpecIssue(f"available_node_types.{name}.node_config.SecurityGroupIds",
+                                        "must name your security group: the group Ray creates by itself opens SSH to 0.0.0.0/0"))
+    rules = (provider.get("security_group") or {}).get("IpPermissions") or []
+    for i, rule in enumerate(rules):
+        where = f"provider.security_group.IpPermissions[{i}]"
+        cidrs = [r.get("CidrIp") for r in rule.get("IpRanges", [])] + [r.get("CidrIpv6") for r in rule.get("Ipv6Ranges", [])]
+        if not any(c in _OPEN for c in cidrs):
+            continue
+        low, high = _ports(rule)
+        exposed = [f"{p} ({what})" for p, what in RAY_PORTS.items() if low <= p <= high]
+        if low <= 22 <= high:
+            exposed.append("22 (SSH: open it to an admin CIDR only)")
+        if exposed:
+            issues.append(SpecIssue(where, f"opens {', '.join(exposed)} to the internet", cidrs, True))
+    return issues
+
+
+def _ports(rule: dict) -> tuple[int, int]:
+    if str(rule.get("IpProtocol")) == "-1" or rule.get("FromPort", -1) == -1:
+        return 0, 65535
+    return int(rule.get("FromPort", 0)), int(rule.get("ToPort", rule.get("FromPort", 0)))
+
+
+def pins(constraints: str) -> dict[str, str]:
+    out = {}
+    with open(constraints) as f:
+        for line in f:
+            name, sep, version = line.split("#")[0].strip().partition("==")
+            if sep:
+                out[name.strip().lower()] = version.strip()
+    return out
+
+
+def version_issues(config: dict, constraints: str) -> list[SpecIssue]:
+    """The image's Ray and Python must be what constraints.txt was tested with."""
+    image = (config.get("docker") or {}).get("image")
+    if not image:
+        return []
+    tag = image.rsplit(":", 1)[-1]
+    want = pins(constraints).get("ray")
+    if want and not tag.startswith(want):
+        return [SpecIssue("docker.image", f"runs Ray {tag.split('-')[0]}, but constraints.txt pins ray=={want}", image, True)]
+    py = re.search(r"-py(\d)(\d+)", tag)
+    if py and f"{py.group(1)}.{py.group(2)}" != "3.11":
+        return [SpecIssue("docker.image", "Python must be 3.11, the version constraints.txt was resolved for", image, True)]
+    return []
+
+
+def local_config(config: dict, gcs_address: str, object_store_bytes: int = 150 * 1024 * 1024) -> dict:
+    """A fake multi-node config (`RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=...`)
+    with cluster.yaml's worker node types, resources and min/max workers. The head type is
+    renamed to the fake provider's `ray.head.default`; GPUs are logical."""
+    types = {}
+    for name, node in config["available_node_types"].items():
+        if name == config["head_node_type"]:
+            continue
+        resources = dict(node.get("resources") or {})
+        resources.setdefault("object_store_memory", object_store_bytes)
+        types[name] = {"resources": resources, "node_config": {}, "min_workers": node.get("min_workers", 0),
+                       "max_workers": node.get("max_workers", 1)}
+    head = dict(config["available_node_types"][config["head_node_type"]].get("resources") or {})
+    types["ray.head.default"] = {"resources": head, "node_config": {}, "max_workers": 0}
+    return {
+        "cluster_name": f"{config['cluster_name']}-local", "max_workers": config.get("max_workers", 4),
+        "upscaling_speed": config.get("upscaling_speed", 1.0), "idle_timeout_minutes": config.get("idle_timeout_minutes", 5),
+        "provider": {"type": "fake_multinode", "gcs_address": gcs_address, "use_node_id_as_ip": True,
+                     "disable_node_updaters": True, "disable_launch_config_check": True},
+        "available_node_types": types, "head_node_type": "ray.head.default",
+        "docker": {}, "auth": {"ssh_user": "ubuntu"}, "file_mounts": {}, "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
+        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }

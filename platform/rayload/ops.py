@@ -1,0 +1,255 @@
+"""Operations: `rayload submit` (a job through Ray's job API with the right runtime env and
+token) and `rayload doctor` (a pass/fail list of what a cluster needs)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+from dataclasses import dataclass
+
+from .errors import RayloadError
+
+# Never uploaded with a job: local runs, the virtual environment, caches, VCS data.
+UPLOAD_EXCLUDES = ["runs/", ".venv/", "**/__pycache__/", ".pytest_cache/", "benchmarks/out/", ".git/", "*.egg-info/"]
+
+
+def token() -> str | None:
+    """The client's token: $RAY_AUTH_TOKEN, else ~/.ray/auth_token."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = os.path.expanduser("~/.ray/auth_token")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip() or None
+    return None
+
+
+def entrypoint(spec: str, extra: list[str]) -> list[str]:
+    """`rayload run SPEC` (any spec kind) with the uploaded code (`python -m rayload`)."""
+    from ._spec_load import read_yaml
+
+    read_yaml(spec)  # a missing or broken file fails here, before anything is uploaded
+    return ["python", "-m", "rayload", "run", spec, *extra]
+
+
+def check_job_api(address: str, auth: str | None, timeout: float = 10.0) -> None:
+    """Reachable, and our token (or none) accepted; otherwise say which of the two failed."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {auth}"} if auth else {}
+    try:
+        r = httpx.get(f"{address.rstrip('/')}/api/jobs/", headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise RayloadError(f"cannot reach the Ray job API at {address} ({type(exc).__name__}: {exc}); is the cluster up, and "
+                           "for a `ray up` cluster is `ray dashboard cluster.yaml` (the SSH tunnel) running?") from None
+    if r.status_code == 401:
+        raise RayloadError(f"the cluster at {address} requires a token and none was found: set RAY_AUTH_TOKEN or write it "
+                           "to ~/.ray/auth_token (the cluster's token, `ray get-auth-token` on the head)")
+    if r.status_code == 403:
+        where = "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else "~/.ray/auth_token"
+        raise RayloadError(f"the cluster at {address} refused the token in {where} (403): it is not this cluster's token")
+    if r.status_code >= 400:
+        raise RayloadError(f"the Ray job API at {address} answered {r.status_code}: {r.text[:200]}")
+
+
+def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".", env: dict | None = None,
+           wait: bool = True, on_log=None) -> tuple[str, str]:
+    """Submit `rayload <command> SPEC` as a Ray job; returns (job id, final status or PENDING)."""
+    from ray.job_submission import JobSubmissionClient
+
+    if not os.path.exists(spec):
+        raise RayloadError(f"spec file not found: {spec}")
+    auth = token()
+    check_job_api(address, auth)
+    headers = {"Authorization": f"Bearer {auth}"} if auth else None
+    client = JobSubmissionClient(address, headers=headers)
+    runtime_env = {"working_dir": working_dir, "excludes": UPLOAD_EXCLUDES,
+                   # the uploaded platform/ first: the job runs the code that was submitted
+                   "env_vars": {"PYTHONPATH": "platform", **_commit_env(working_dir), **(env or {})}}
+    relative = os.path.relpath(os.path.abspath(spec), os.path.abspath(working_dir))
+    if relative.startswith(".."):
+        raise RayloadError(f"the spec {spec} is outside the working directory {working_dir}: it would not be uploaded")
+    job_id = client.submit_job(entrypoint=" ".join(_quote(a) for a in entrypoint(relative, list(extra))), runtime_env=runtime_env)
+    if not wait:
+        return job_id, "PENDING"
+    import asyncio
+
+    async def tail():
+        async for lines in client.tail_job_logs(job_id):
+            (on_log or print)(lines, end="")
+
+    asyncio.run(tail())
+    return job_id, str(client.get_job_status(job_id).value)
+
+
+def _commit_env(working_dir: str) -> dict:
+    """The upload has no .git: send the commit so the run's manifest still names it."""
+    from .train.trainer import _git_commit
+
+    cwd = os.getcwd()
+    try:
+        os.chdir(working_dir)
+        commit = _git_commit()
+    finally:
+        os.chdir(cwd)
+    return {"RAYLOAD_GIT_COMMIT": commit} if commit else {}
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+# ---------------------------------------------------------------- doctor
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def doctor(address: str | None = None, specs: str = "jobs", serve_port: int = 8000) -> list[Check]:
+    checks = [_ray_check(address)]
+    if not checks[0].ok:
+        return checks
+    checks += [_versions(), _auth(), _gpus(specs), _storage(), _port(serve_port), *_databases(specs)]
+    return checks
+
+
+def _ray_check(address: str | None) -> Check:
+    from ._ray import ensure_ray
+
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target and "://" not in target and ":" in target:
+        host, port = target.rsplit(":", 1)
+        try:  # ray.init would retry an unreachable GCS for minutes
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            return Check("Ray reachable", False, f"nothing answers at {target}: {exc}")
+    try:
+        ensure_ray(address)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the finding
+        return Check("Ray reachable", False, f"{type(exc).__name__}: {exc}")
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return Check("Ray reachable", True, f"{ray.get_runtime_context().gcs_address}, {len(nodes)} node(s) alive")
+
+
+def _versions() -> Check:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def versions():
+        import ray as r
+
+        import rayload
+
+        return r.__version__, rayload.__version__
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    refs = [versions.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+    try:
+        found = dict(zip(nodes, ray.get(refs, timeout=60)))
+    except Exception as exc:  # noqa: BLE001
+        return Check("same versions on every node", False, f"could not ask every node: {type(exc).__name__}: {exc}")
+    from . import __version__
+
+    mine = (ray.__version__, __version__)
+    odd = {n[-6:]: v for n, v in found.items() if v != mine}
+    detail = f"ray {mine[0]}, rayload {mine[1]} on {len(found)} node(s)"
+    return Check("same versions on every node", not odd, detail if not odd else f"{detail}; differ: {odd}")
+
+
+def _auth() -> Check:
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+
+        on = get_authentication_mode() == AuthenticationMode.TOKEN
+    except ImportError:
+        on = os.environ.get("RAY_AUTH_MODE") == "token"
+    return Check("token authentication", on, "on" if on else "OFF: anyone who reaches the cluster's ports can run code; start it with RAY_AUTH_MODE=token")
+
+
+def _specs(folder: str):
+    from ._spec_load import read_yaml
+
+    for path in sorted(glob.glob(os.path.join(folder, "*.yaml"))):
+        try:
+            yield path, read_yaml(path)
+        except Exception:  # noqa: BLE001 - a broken spec is `rayload validate`'s finding, not the doctor's
+            continue
+
+
+def _gpus(folder: str) -> Check:
+    import ray
+    from ray._private.state import state
+
+    wanted = {}
+    for path, raw in _specs(folder):
+        res = raw.get("resources") or {}
+        workers = res.get("workers", 1)
+        workers = workers.get("min", 1) if isinstance(workers, dict) else workers
+        if res.get("gpus_per_worker"):
+            wanted[os.path.basename(path)] = workers * res["gpus_per_worker"]
+    ceiling = (state.get_max_resources_from_cluster_config() or {}).get("GPU")
+    present = ray.cluster_resources().get("GPU", 0)
+    have = max(present, ceiling or 0)
+    short = {k: v for k, v in wanted.items() if v > have}
+    detail = f"specs ask for {wanted or 'no GPUs'}; cluster has {present:g}" + (f" (can grow to {ceiling:g})" if ceiling else "")
+    return Check("GPUs for the specs", not short, detail if not short else f"{detail}; too few for {sorted(short)}")
+
+
+def _storage() -> Check:
+    import ray
+
+    from .paths import runs_root
+    from .train.resources import is_shared
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    path = os.environ.get("RAYLOAD_STORAGE_PATH") or runs_root()
+    if len(nodes) == 1:
+        return Check("shared storage", True, f"one node: {path} is enough")
+    ok = "://" in path or is_shared(path)
+    return Check("shared storage", ok, f"{path} {'is shared' if ok else 'is local to this node: set RAYLOAD_STORAGE_PATH (s3://...) or use a shared mount'}"
+                 f" across {len(nodes)} nodes")
+
+
+def _port(port: int) -> Check:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return Check(f"Serve port {port} free", False, f"in use ({exc.strerror}); serving.port in the A/B spec picks another")
+    return Check(f"Serve port {port} free", True, "free on this machine")
+
+
+def _databases(folder: str) -> list[Check]:
+    urls = set()
+    for _, raw in _specs(folder):
+        for value in ((raw.get("events") or {}).get("url"), raw.get("storage")):
+            if isinstance(value, str) and "://" in value and not value.startswith("sqlite"):
+                urls.add(value)
+    if not urls:
+        return [Check("databases", True, "specs use SQLite in the run folders")]
+    return [_db(url) for url in sorted(urls)]
+
+
+def _db(url: str) -> Check:
+    import sqlalchemy
+
+    driver_url = url.replace("postgresql://", "postgresql+psycopg://", 1) if url.startswith("postgresql://") else url
+    try:
+        engine = sqlalchemy.create_engine(driver_url, connect_args={"connect_timeout": 5} if "postgresql" in url else {})
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("select 1"))
+        engine.dispose()
+    except Exception as exc:  # noqa: BLE001
+        return Check(f"database {url}", False, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return Check(f"database {url}", True, "reachable")

@@ -1,0 +1,204 @@
+"""Pipeline specs (`jobs/*_pipeline.yaml`): stages chained by name, run by `rayload run`.
+
+A stage refers to a job, search or A/B spec by path (relative to the pipeline file) and to
+the outputs of earlier stages by their names: the A/B stage's champion and challenger are
+train or tune stages, the decide stage names an A/B stage. Everything is checked at load,
+before any stage runs: a missing file, an unknown stage name, a reference to a later stage
+or to a stage of the wrong kind is an error naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from .errors import SpecError, SpecIssue
+from .spec import _Spec
+
+_NAME = r"^[A-Za-z0-9_.-]+$"
+# Folders under runs/ that other commands own; a pipeline run may not take their names.
+RESERVED_RUN_IDS = frozenset({"train", "tune", "ab", "cache", "pipelines"})
+
+
+class _Stage(_Spec):
+    name: str = Field(pattern=_NAME)
+
+
+class PrepareStage(_Stage):
+    """Validate, split, fit the preprocessor and write preprocessed shards (content-addressed cache)."""
+
+    kind: Literal["prepare"]
+    job: str
+    set: list[str] = Field(default_factory=list)
+
+
+class TrainStage(_Stage):
+    kind: Literal["train"]
+    job: str
+    set: list[str] = Field(default_factory=list)
+
+
+class TuneStage(_Stage):
+    kind: Literal["tune"]
+    search: str
+    set: list[str] = Field(default_factory=list)
+
+
+class ABStage(_Stage):
+    """Deploy champion vs challenger on Serve and collect traffic until a decision.
+
+    traffic `simulate` replays the spec's simulator against the live endpoint (the demo and
+    tests); `live` serves real users and looks at the analysis every `interval_s` until a
+    decision or `max_minutes`."""
+
+    kind: Literal["ab"]
+    spec: str
+    # Earlier train/tune stages whose checkpoints replace the A/B spec's two arms; without
+    # them the arms are used as the A/B spec gives them (checkpoints, or jobs trained first).
+    champion: str | None = None
+    challenger: str | None = None
+    traffic: Literal["simulate", "live"] = "simulate"
+    interval_s: float = Field(default=30.0, gt=0)
+    max_minutes: float = Field(default=60.0, gt=0)
+    keep_serving: bool = False  # leave the experiment deployed after the stage (on a cluster)
+    set: list[str] = Field(default_factory=list)
+
+
+class DecideStage(_Stage):
+    """Act on the experiment's analysis: promote, roll back, or record `continue`."""
+
+    kind: Literal["decide"]
+    experiment: str
+    act: bool = True  # apply promote / rollback to the live experiment when it still runs
+
+
+Stage = Annotated[Union[PrepareStage, TrainStage, TuneStage, ABStage, DecideStage], Field(discriminator="kind")]
+
+
+class PipelineSpec(_Spec):
+    name: str = Field(min_length=1, pattern=_NAME)
+    stages: list[Stage] = Field(min_length=1)
+    folder: str = ""  # set at load: the pipeline file's folder (paths resolve against it)
+
+    def stage(self, name: str):
+        return next(s for s in self.stages if s.name == name)
+
+    def path(self, relative: str) -> str:
+        if os.path.isabs(relative) or "://" in relative:
+            return relative
+        return os.path.normpath(os.path.join(self.folder, relative))
+
+
+_FILE_FIELD = {"prepare": "job", "train": "job", "tune": "search", "ab": "spec"}
+_REFS = {"ab": {"champion": ("train", "tune"), "challenger": ("train", "tune")}, "decide": {"experiment": ("ab",)}}
+
+
+def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
+    issues, seen = [], {}
+    for i, stage in enumerate(spec.stages):
+        where = f"stages[{i}]"
+        if stage.name in seen:
+            issues.append(SpecIssue(f"{where}.name", "stage names must be unique", stage.name, True))
+        if field := _FILE_FIELD.get(stage.kind):
+            path = spec.path(getattr(stage, field))
+            if not os.path.exists(path):
+                issues.append(SpecIssue(f"{where}.{field}", f"file not found: {path}", getattr(stage, field), True))
+            else:
+                issues += _spec_file_issues(stage.kind, path, stage.set, f"{where}.{field}")
+        if stage.kind == "ab" and (stage.champion is None) != (stage.challenger is None):
+            issues.append(SpecIssue(f"{where}.champion", "give both champion and challenger, or neither (the A/B spec's arms)"))
+        for field, kinds in _REFS.get(stage.kind, {}).items():
+            ref = getattr(stage, field)
+            if ref is None:
+                continue
+            if ref not in seen:
+                later = any(s.name == ref for s in spec.stages[i:])
+                what = "names a later stage; a stage can only use the outputs of stages before it" if later else \
+                    f"no stage of that name before it; earlier stages: {list(seen) or 'none'}"
+                issues.append(SpecIssue(f"{where}.{field}", what, ref, True))
+            elif seen[ref] not in kinds:
+                issues.append(SpecIssue(f"{where}.{field}", f"must name a {' or '.join(kinds)} stage, not a {seen[ref]} stage", ref, True))
+        seen.setdefault(stage.name, stage.kind)
+    return issues
+
+
+def _spec_file_issues(kind: str, path: str, overrides: list[str], where: str) -> list[SpecIssue]:
+    """The referenced spec loads with the stage's overrides (checked now, not when the stage starts)."""
+    if kind in ("prepare", "train"):
+        from .spec import load_spec as load
+    elif kind == "tune":
+        from .search_spec import load_search_spec as load
+    else:
+        from .ab_spec import load_ab_spec as load
+    try:
+        load(path, overrides)
+    except SpecError as exc:
+        return [SpecIssue(f"{where} ({path}): {i.path}", i.message, i.value, i.has_value) for i in exc.issues]
+    return []
+
+
+def load_pipeline_spec(path: str, overrides=()) -> PipelineSpec:
+    """Read a pipeline spec; raises SpecError listing every problem with its field path."""
+    from ._spec_load import apply_overrides, read_yaml, validate_model
+
+    raw = read_yaml(path)
+    if spec_kind(raw) != "pipeline":
+        raw = single_stage(path, raw)
+    issues = apply_overrides(raw, overrides)
+    raw["folder"] = os.path.dirname(os.path.abspath(path))
+    return validate_model(PipelineSpec, raw, check=pipeline_issues, file=path, issues=issues)
+
+
+def spec_kind(raw: dict) -> str:
+    """pipeline (stages:), search (space:), ab (arms:) or job."""
+    for key, kind in (("stages", "pipeline"), ("space", "search"), ("arms", "ab")):
+        if key in raw:
+            return kind
+    return "job"
+
+
+def single_stage(path: str, raw: dict) -> dict:
+    """A job, search or A/B spec as a pipeline of its own stages (`rayload run` takes any spec in jobs/)."""
+    name = os.path.basename(os.path.abspath(path))
+    stages = {"job": [{"name": "train", "kind": "train", "job": name}],
+              "search": [{"name": "tune", "kind": "tune", "search": name}],
+              "ab": [{"name": "ab", "kind": "ab", "spec": name}, {"name": "decide", "kind": "decide", "experiment": "ab"}]}
+    return {"name": raw.get("name") or os.path.splitext(name)[0], "stages": stages[spec_kind(raw)]}
+
+
+def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str, list[str]]]:
+    """`--set` items whose first part names a stage go to that stage's `set` (`baseline.train.epochs=2`);
+    the rest apply to the pipeline spec itself."""
+    names = {s.name for s in spec.stages}
+    own, per_stage = [], {}
+    for item in overrides:
+        head, dot, rest = item.partition(".")
+        if dot and head in names:
+            per_stage.setdefault(head, []).append(rest)
+        else:
+            own.append(item)
+    return own, per_stage
+
+
+def with_stage_sets(spec: PipelineSpec, per_stage: dict[str, list[str]]) -> PipelineSpec:
+    """The same pipeline with more `set` overrides for the named stages (checked again)."""
+    from ._spec_load import validate_model
+
+    raw = spec.model_dump(mode="json")
+    for stage in raw["stages"]:
+        if stage["name"] in per_stage and "set" in stage:
+            stage["set"] = [*stage["set"], *per_stage[stage["name"]]]
+        elif stage["name"] in per_stage:
+            raise SpecError([SpecIssue(f"--set {stage['name']}", f"a {stage['kind']} stage takes no overrides")])
+    return validate_model(PipelineSpec, raw, check=pipeline_issues)
+
+
+def load_pipeline(path: str, overrides=()) -> PipelineSpec:
+    """load_pipeline_spec, with `--set STAGE.field=value` routed to that stage."""
+    spec = load_pipeline_spec(path)
+    own, per_stage = split_overrides(spec, overrides)
+    if own:
+        spec = load_pipeline_spec(path, own)
+    return with_stage_sets(spec, per_stage) if per_stage else spec

@@ -1,0 +1,156 @@
+"""`rayload report RUN`: one self-contained HTML page for a pipeline run.
+
+Plots are matplotlib PNGs inlined as data URIs (no script, no network): training curves of
+the baseline and of the best trial, the search history against the baseline, the A/B
+experiment's cumulative CTR per arm with 95% bands and the lift, then the decision and the
+run's manifest (stages, durations, versions).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+
+from .serve.report import _png
+
+
+def write_report(run_dir: str, out: str | None = None) -> str:
+    with open(os.path.join(run_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    path = out or os.path.join(run_dir, "report.html")
+    with open(path, "w") as f:
+        f.write(render(manifest))
+    return path
+
+
+def _outputs(manifest: dict, kind: str) -> dict:
+    found = [s["outputs"] for s in manifest["stages"] if s["kind"] == kind and s["outcome"] in ("ok", "skipped")]
+    return found[-1] if found else {}
+
+
+def _num(value, fmt: str = ".4f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def training_plot(curves: dict[str, list[dict]]) -> str | None:
+    """Train loss and validation AUC per epoch, one line per run."""
+    curves = {k: v for k, v in curves.items() if v}
+    if not curves:
+        return None
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for name, history in curves.items():
+        epochs = [h["epoch"] for h in history]
+        left.plot(epochs, [h.get("train_loss") for h in history], marker="o", label=name)
+        right.plot(epochs, [h.get("val_auc") for h in history], marker="o", label=name)
+    left.set(xlabel="epoch", ylabel="train loss", title="training loss")
+    right.set(xlabel="epoch", ylabel="validation AUC", title="validation AUC")
+    right.legend()
+    png = _png(fig)
+    plt.close(fig)
+    return png
+
+
+def search_plot(trials: list[dict], baseline: float | None, metric: str) -> str | None:
+    """Each trial's value in trial order and the best so far, against the baseline."""
+    done = sorted((t for t in trials if t.get("value") is not None), key=lambda t: t["number"])
+    if not done:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    xs, ys = [t["number"] for t in done], [t["value"] for t in done]
+    ax.scatter(xs, ys, c=["tab:blue" if t["state"] == "complete" else "tab:orange" for t in done], label="trial (orange: stopped early)")
+    best, run = [], None
+    for y in ys:
+        run = y if run is None else max(run, y)
+        best.append(run)
+    ax.step(xs, best, where="post", color="tab:green", label="best so far")
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", ls="--", label="baseline")
+    ax.set(xlabel="trial", ylabel=metric, title="search history")
+    ax.legend(fontsize=8)
+    png = _png(fig)
+    plt.close(fig)
+    return png
+
+
+def _img(name: str, png: str | None) -> str:
+    return f'<figure><img alt="{name}" src="data:image/png;base64,{png}"></figure>' if png else f"<p>no data for {name}</p>"
+
+
+def _best_trial_history(best: dict) -> list[dict]:
+    if not best.get("checkpoint"):
+        return []
+    from .train.checkpoint import load_train_state
+
+    try:
+        return load_train_state(best["checkpoint"])["state"].history
+    except (OSError, RuntimeError, KeyError):
+        return []
+
+
+def _ab_section(ab: dict, decided: dict) -> str:
+    if not ab.get("run_dir") or not os.path.exists(os.path.join(ab["run_dir"], "serve.json")):
+        return "<p>no A/B experiment in this run</p>"
+    from .serve.control import analysis_for
+    from .serve.report import plots
+
+    result = analysis_for(ab["run_dir"])
+    rows = "".join(f"<tr><td>{html.escape(a.arm)}</td><td>{a.units}</td><td>{a.exposures}</td><td>{a.clicks}</td>"
+                   f"<td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td></tr>" for a in result.arms)
+    lift = "" if result.lift is None else (f"<p>lift <b>{result.lift:+.2%}</b> [{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; "
+                                            f"fixed-horizon p {result.z_p_value:.4g}; sequential p {result.sequential_p:.4g}; "
+                                            f"sample ratio p {result.srm_p:.4g}</p>")
+    images = "".join(_img(name, png) for name, png in plots(result).items())
+    return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th></tr>{rows}</table>"
+            f"{lift}{images}")
+
+
+def render(manifest: dict) -> str:
+    base, search, ab, decided = (_outputs(manifest, k) for k in ("train", "tune", "ab", "decide"))
+    best = search.get("best") or {}
+    baseline_history = _history(base)
+    curves = {"baseline": baseline_history, f"best trial {best.get('number')}": _best_trial_history(best)}
+    base_val = (base.get("val") or {}).get("val_auc")
+    stages = "".join(f"<tr><td>{html.escape(s['name'])}</td><td>{s['kind']}</td><td>{s['outcome']}</td><td>{s['seconds']:.1f}</td></tr>"
+                     for s in manifest["stages"])
+    decision = decided.get("decision") or ab.get("decision") or "none"
+    reasons = html.escape("; ".join(decided.get("reasons") or ab.get("reasons") or []))
+    versions = ", ".join(f"{k} {v}" for k, v in manifest.get("versions", {}).items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>rayload run {html.escape(manifest['run_id'])}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}
+.key{{font-size:1.2em}} img{{max-width:100%}}</style></head><body>
+<h1>rayload run {html.escape(manifest['run_id'])} ({html.escape(manifest['pipeline'])})</h1>
+<p class="key">baseline test AUC <b id="baseline-auc">{_num((base.get('test') or {}).get('auc'))}</b> ·
+best tuned test AUC <b id="best-auc">{_num((best.get('test') or {}).get('auc'))}</b> (validation {_num(best.get('value'))}, trial {best.get('number')}) ·
+A/B decision <b id="decision">{html.escape(decision)}</b></p>
+<p>{reasons}{' · ' + html.escape(decided['action']) if decided.get('action') else ''}</p>
+<h2>Training curves</h2>{_img('training curves', training_plot(curves))}
+<h2>Search</h2><p>{search.get('trials', 0)} trials ({html.escape(json.dumps(search.get('counts', {})))}); best parameters
+<code>{html.escape(json.dumps(best.get('params')))}</code></p>{_img('search history', search_plot(search.get('history', []), base_val, search.get('metric', 'val_auc')))}
+<h2>A/B experiment</h2>{_ab_section(ab, decided)}
+<h2>Run</h2><table><tr><th>stage</th><th>kind</th><th>outcome</th><th>seconds</th></tr>{stages}</table>
+<p>git {html.escape(str(manifest.get('git_commit')))}; {html.escape(versions)}; started {manifest.get('started')}, last stage {manifest.get('finished')}</p>
+</body></html>"""
+
+
+def _history(train_outputs: dict) -> list[dict]:
+    """The baseline's whole history (history.json beside its run), not only up to its best epoch."""
+    checkpoint = train_outputs.get("checkpoint")
+    if not checkpoint:
+        return []
+    path = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "history.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return _best_trial_history({"checkpoint": checkpoint})

@@ -1,0 +1,193 @@
+"""`rayload run`: a pipeline spec's stages in order, each in `runs/<run-id>/<stage>/`.
+
+A stage's fingerprint is a hash of everything it reads: its resolved spec (file contents and
+`set` overrides applied), the content hash of its data, and the fingerprints of the stages
+whose outputs it uses. A stage whose `stage.json` holds the same fingerprint and a finished
+outcome is skipped and its recorded outputs are used; a changed one starts from an empty
+folder; an interrupted one (same fingerprint, no finished outcome) continues: a training run
+resumes from its checkpoints, a search resumes its study, an experiment keeps its events.
+
+`manifest.json` in the run folder is rewritten after every stage: package versions, the git
+commit, seeds, data content hashes, the resolved specs, each stage's duration and outcome.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+
+from .errors import RayloadError
+from .hashing import digest
+from .paths import runs_root
+from .pipeline_spec import RESERVED_RUN_IDS, PipelineSpec
+
+log = logging.getLogger(__name__)
+FINISHED = ("ok", "skipped")
+
+
+@dataclass
+class StageResult:
+    name: str
+    kind: str
+    outcome: str  # ok | skipped | failed
+    seconds: float
+    fingerprint: str
+    outputs: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class PipelineResult:
+    run_id: str
+    run_dir: str
+    stages: list[StageResult]
+
+    def outputs(self, name: str) -> dict:
+        return next(s.outputs for s in self.stages if s.name == name)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.outcome in FINISHED for s in self.stages)
+
+
+@dataclass
+class _Plan:
+    """What one stage reads, resolved before it runs (and hashed into its fingerprint)."""
+
+    spec: dict
+    seed: int | None = None
+    data_hash: str | None = None
+    upstream: dict = field(default_factory=dict)
+
+
+def run_dir_for(run_id: str) -> str:
+    return os.path.join(runs_root(), run_id)
+
+
+def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = None, force: tuple[str, ...] = (),
+        on_event=None) -> PipelineResult:
+    """Run every stage in order; `force` names stages to run even when unchanged.
+    `on_event(kind, stage, info)` reports `start`, `progress` (info: fraction done) and `end`."""
+    run_id = run_id or spec.name
+    if run_id in RESERVED_RUN_IDS:
+        raise RayloadError(f"run id {run_id!r} is reserved (runs/{run_id}/ belongs to another command); choose another --run-id")
+    unknown = set(force) - {s.name for s in spec.stages}
+    if unknown:
+        raise RayloadError(f"--force names no stage: {sorted(unknown)}; stages: {[s.name for s in spec.stages]}")
+    on_event = on_event or (lambda kind, stage, info=None: None)
+    run_dir = run_dir_for(run_id)
+    os.makedirs(run_dir, exist_ok=True)
+    manifest = _Manifest(run_dir, spec, run_id)
+    done: dict[str, StageResult] = {}
+    for stage in spec.stages:
+        folder = os.path.join(run_dir, stage.name)
+        on_event("start", stage.name, None)
+        try:
+            plan = _plan(spec, stage, done)
+        except RayloadError as exc:  # its spec no longer loads (edited since the pipeline was read)
+            plan, result = _Plan({}), StageResult(stage.name, stage.kind, "failed", 0.0, "", {}, f"{type(exc).__name__}: {exc}")
+        else:
+            fingerprint = digest({"kind": stage.kind, "stage": stage.model_dump(mode="json"), "spec": plan.spec,
+                                  "data": plan.data_hash, "upstream": plan.upstream})
+            result = _run_stage(spec, stage, folder, plan, fingerprint, done, address, stage.name in force,
+                                lambda frac, name=stage.name: on_event("progress", name, frac))
+        done[stage.name] = result
+        manifest.add(stage.name, plan, result)
+        on_event("end", stage.name, result)
+        if result.outcome == "failed":
+            break
+    return PipelineResult(run_id, run_dir, list(done.values()))
+
+
+def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, progress) -> StageResult:
+    previous = _read_stage(folder)
+    if not force and previous and previous.get("fingerprint") == fingerprint and previous.get("outcome") in FINISHED:
+        log.info("stage %s unchanged: skipped", stage.name)
+        return StageResult(stage.name, stage.kind, "skipped", 0.0, fingerprint, previous["outputs"])
+    if previous and (force or previous.get("fingerprint") != fingerprint):
+        shutil.rmtree(folder)  # changed inputs: nothing of the old outputs may leak into the new ones
+    os.makedirs(folder, exist_ok=True)
+    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "running", "started": _now()})
+    start = time.perf_counter()
+    from . import _stage_runners as runners
+
+    try:
+        outputs = getattr(runners, stage.kind)(spec, stage, folder, {n: r.outputs for n, r in done.items()}, address, progress)
+    except Exception as exc:
+        seconds = time.perf_counter() - start
+        error = f"{type(exc).__name__}: {exc}"
+        _write_stage(folder, {"fingerprint": fingerprint, "outcome": "failed", "seconds": seconds, "error": error})
+        if not isinstance(exc, RayloadError):
+            log.exception("stage %s failed", stage.name)
+        return StageResult(stage.name, stage.kind, "failed", seconds, fingerprint, {}, error)
+    seconds = time.perf_counter() - start
+    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "ok", "seconds": seconds, "finished": _now(), "outputs": outputs})
+    return StageResult(stage.name, stage.kind, "ok", seconds, fingerprint, outputs)
+
+
+def _plan(spec: PipelineSpec, stage, done: dict[str, StageResult]) -> _Plan:
+    from ._stage_runners import plan_for
+
+    resolved, seed, data_hash = plan_for(spec, stage)
+    refs = [getattr(stage, f) for f in ("champion", "challenger", "experiment") if getattr(stage, f, None)]
+    return _Plan(resolved, seed, data_hash, {r: done[r].fingerprint for r in refs})
+
+
+def _read_stage(folder: str) -> dict | None:
+    path = os.path.join(folder, "stage.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_stage(folder: str, record: dict) -> None:
+    _atomic_json(os.path.join(folder, "stage.json"), record)
+
+
+def _atomic_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class _Manifest:
+    def __init__(self, run_dir: str, spec: PipelineSpec, run_id: str):
+        from .train.checkpoint import versions
+        from .train.trainer import _git_commit
+
+        self.path = os.path.join(run_dir, "manifest.json")
+        self.body = {"run_id": run_id, "pipeline": spec.name, "started": _now(), "versions": versions(),
+                     "git_commit": _git_commit(), "pipeline_spec": spec.model_dump(mode="json", exclude={"folder"}),
+                     "seeds": {}, "data_hashes": {}, "specs": {}, "stages": []}
+
+    def add(self, name: str, plan: _Plan, result: StageResult) -> None:
+        if plan.seed is not None:
+            self.body["seeds"][name] = plan.seed
+        if plan.data_hash:
+            self.body["data_hashes"][name] = plan.data_hash
+        self.body["specs"][name] = plan.spec
+        row = asdict(result)
+        row["seconds"] = round(row["seconds"], 3)
+        self.body["stages"].append(row)
+        self.body["finished"] = _now()
+        _atomic_json(self.path, self.body)
+
+
+def load_run(run: str) -> tuple[str, dict]:
+    """A pipeline run's folder and manifest, by run id or folder."""
+    for folder in (run, run_dir_for(run)):
+        path = os.path.join(folder, "manifest.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return os.path.abspath(folder), json.load(f)
+    raise RayloadError(f"no pipeline run {run!r}: looked for manifest.json in {run} and {run_dir_for(run)}")

@@ -1,0 +1,107 @@
+"""cluster.yaml: Ray's own schema and the secure defaults, each failure named by its field."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rayload.cluster import lint, local_config, read_cluster, schema_issues, security_issues, version_issues
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLUSTER = os.path.join(ROOT, "cluster.yaml")
+
+
+@pytest.fixture
+def config():
+    return read_cluster(CLUSTER)
+
+
+def _paths(issues):
+    return {i.path for i in issues}
+
+
+def test_cluster_yaml_passes_schema_and_security_lint():
+    assert lint(CLUSTER) == []
+
+
+def test_cluster_yaml_has_head_cpu_and_gpu_worker_types(config):
+    types = config["available_node_types"]
+    assert types[config["head_node_type"]]["resources"]["CPU"] == 0
+    assert any(t.get("resources", {}).get("GPU") and t["max_workers"] >= 1 for t in types.values())
+    assert any(not t.get("resources", {}).get("GPU") and t.get("resources", {}).get("CPU") for n, t in types.items() if n != config["head_node_type"])
+
+
+def test_schema_violation_is_named(config):
+    config["max_workerz"] = 3
+    config["available_node_types"]["gpu_worker"]["max_workers"] = "four"
+    issues = schema_issues(config)
+    assert any("max_workerz" in i.message for i in issues)
+    assert "available_node_types.gpu_worker.max_workers" in _paths(issues)
+
+
+def test_dashboard_on_all_interfaces_fails(config):
+    config["head_start_ray_commands"][1] = config["head_start_ray_commands"][1].replace("--dashboard-host=127.0.0.1", "--dashboard-host=0.0.0.0")
+    issues = security_issues(config)
+    assert "head_start_ray_commands[1]" in _paths(issues)
+    assert any("--dashboard-host must be 127.0.0.1" in i.message for i in issues)
+
+
+def test_missing_token_auth_fails_on_head_and_workers(config):
+    config["head_start_ray_commands"][1] = config["head_start_ray_commands"][1].replace("RAY_AUTH_MODE=token", "")
+    config["worker_start_ray_commands"][1] = config["worker_start_ray_commands"][1].replace("RAY_AUTH_MODE=token ", "")
+    assert {"head_start_ray_commands[1]", "worker_start_ray_commands[1]"} <= _paths(security_issues(config))
+
+
+@pytest.mark.parametrize("port", [6379, 8265, 10001, 8000, 22])
+def test_any_ray_port_or_ssh_open_to_the_internet_fails(config, port):
+    config["provider"]["security_group"]["IpPermissions"].append(
+        {"IpProtocol": "tcp", "FromPort": port, "ToPort": port, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]})
+    issues = security_issues(config)
+    assert "provider.security_group.IpPermissions[1]" in _paths(issues)
+    assert str(port) in next(i.message for i in issues if i.path == "provider.security_group.IpPermissions[1]")
+
+
+def test_all_traffic_from_anywhere_fails_and_a_wide_range_is_caught(config):
+    rules = config["provider"]["security_group"]["IpPermissions"]
+    rules.append({"IpProtocol": "-1", "Ipv6Ranges": [{"CidrIpv6": "::/0"}]})
+    rules.append({"IpProtocol": "tcp", "FromPort": 8000, "ToPort": 9000, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]})
+    paths = _paths(security_issues(config))
+    assert {"provider.security_group.IpPermissions[1]", "provider.security_group.IpPermissions[2]"} <= paths
+
+
+def test_nodes_without_their_own_security_group_and_token_mount_fail(config):
+    del config["available_node_types"]["cpu_worker"]["node_config"]["SecurityGroupIds"]
+    del config["file_mounts"]["~/.ray/auth_token"]
+    config["available_node_types"]["head"]["resources"]["CPU"] = 8
+    paths = _paths(security_issues(config))
+    assert {"available_node_types.cpu_worker.node_config.SecurityGroupIds", "file_mounts", "available_node_types.head.resources.CPU"} <= paths
+
+
+def test_image_ray_version_must_match_constraints(config, tmp_path):
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("ray==2.99.0\n")
+    issues = version_issues(config, str(constraints))
+    assert issues and issues[0].path == "docker.image" and "2.99.0" in issues[0].message
+    assert version_issues(config, os.path.join(ROOT, "constraints.txt")) == []
+
+
+def test_lint_cli_names_the_failing_field(tmp_path, config):
+    bad = copy.deepcopy(config)
+    bad["head_start_ray_commands"][1] += " --dashboard-host=0.0.0.0"
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    rayload = os.path.join(os.path.dirname(sys.executable), "rayload")
+    r = subprocess.run([rayload, "cluster", "lint", str(path)], capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
+    assert r.returncode == 2 and "head_start_ray_commands[1]" in r.stderr and "0.0.0.0" in r.stderr
+
+
+def test_local_config_is_a_fake_multinode_config_with_the_same_types(config):
+    local = local_config(config, "10.0.0.1:6390")
+    assert local["provider"] == {"type": "fake_multinode", "gcs_address": "10.0.0.1:6390", "use_node_id_as_ip": True,
+                                 "disable_node_updaters": True, "disable_launch_config_check": True}
+    assert set(local["available_node_types"]) == {"ray.head.default", "cpu_worker", "gpu_worker"}
+    assert local["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
+    assert schema_issues(local) == []

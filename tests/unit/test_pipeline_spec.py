@@ -1,0 +1,86 @@
+"""Pipeline specs: stage references and referenced files checked at load, `--set STAGE.x=v` routing."""
+
+import os
+import shutil
+
+import pytest
+import yaml
+
+from rayload.errors import SpecError
+from rayload.pipeline_spec import load_pipeline, load_pipeline_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PIPELINE = os.path.join(ROOT, "jobs", "movielens_pipeline.yaml")
+
+
+def _copy(tmp_path, edit):
+    """The demo pipeline next to copies of the specs it names, edited."""
+    for name in ("movielens_deepfm.yaml", "ab_movielens.yaml"):
+        shutil.copy(os.path.join(ROOT, "jobs", name), tmp_path / name)
+    (tmp_path / "tune").mkdir()
+    shutil.copy(os.path.join(ROOT, "tune", "movielens_bayes.yaml"), tmp_path / "tune" / "movielens_bayes.yaml")
+    raw = yaml.safe_load(open(PIPELINE))
+    raw["stages"][2]["search"] = "tune/movielens_bayes.yaml"
+    text = (tmp_path / "tune" / "movielens_bayes.yaml").read_text().replace("../jobs/", "../")
+    (tmp_path / "tune" / "movielens_bayes.yaml").write_text(text)
+    edit(raw)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def test_demo_pipeline_loads_with_paths_next_to_it():
+    spec = load_pipeline_spec(PIPELINE)
+    assert [s.kind for s in spec.stages] == ["prepare", "train", "tune", "ab", "decide"]
+    assert spec.path(spec.stage("search").search) == os.path.join(ROOT, "tune", "movielens_bayes.yaml")
+
+
+def test_missing_spec_file_is_named_with_its_stage(tmp_path):
+    path = _copy(tmp_path, lambda raw: raw["stages"][1].update(job="nope.yaml"))
+    with pytest.raises(SpecError) as err:
+        load_pipeline_spec(path)
+    assert "stages[1].job" in str(err.value) and "nope.yaml" in str(err.value)
+
+
+def test_references_to_later_unknown_or_wrong_kind_stages_fail_at_load(tmp_path):
+    def edit(raw):
+        raw["stages"][3]["champion"] = "decide"        # a later stage
+        raw["stages"][3]["challenger"] = "prepare"     # not a train or tune stage
+        raw["stages"][4]["experiment"] = "abx"         # no such stage
+
+    with pytest.raises(SpecError) as err:
+        load_pipeline_spec(_copy(tmp_path, edit))
+    text = str(err.value)
+    assert "stages[3].champion: names a later stage" in text
+    assert "stages[3].challenger: must name a train or tune stage, not a prepare stage" in text
+    assert "stages[4].experiment: no stage of that name before it" in text
+
+
+def test_a_bad_override_inside_a_stage_fails_at_load_with_the_stage_and_field():
+    with pytest.raises(SpecError) as err:
+        load_pipeline(PIPELINE, ["baseline.train.epochz=3"])
+    assert "stages[1].job" in str(err.value) and "epochz" in str(err.value)
+
+
+def test_set_routes_stage_fields_and_pipeline_fields():
+    spec = load_pipeline(PIPELINE, ["search.num_samples=3", "name=other"])
+    assert spec.name == "other"
+    assert spec.stage("search").set[-1] == "num_samples=3"
+    with pytest.raises(SpecError, match="takes no overrides"):
+        load_pipeline(PIPELINE, ["decide.act=false"])
+
+
+@pytest.mark.parametrize("name, kinds", [("movielens_deepfm.yaml", ["train"]), ("ab_movielens.yaml", ["ab", "decide"])])
+def test_any_spec_in_jobs_runs_as_its_own_stages(name, kinds):
+    spec = load_pipeline(os.path.join(ROOT, "jobs", name))
+    assert [s.kind for s in spec.stages] == kinds
+
+
+def test_search_spec_runs_as_a_tune_stage():
+    spec = load_pipeline(os.path.join(ROOT, "tune", "movielens_bayes.yaml"), ["tune.num_samples=2"])
+    assert [s.kind for s in spec.stages] == ["tune"] and spec.stages[0].set == ["num_samples=2"]
+
+
+def test_asha_grace_period_longer_than_max_epochs_is_a_spec_error():
+    with pytest.raises(SpecError, match="grace_period"):
+        load_pipeline(PIPELINE, ["search.scheduler.max_epochs=1"])
