@@ -5,7 +5,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError",
-           "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult"]
+           "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult",
+           "compress", "retrain", "CompressResult", "RetrainResult"]
 
 from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
 from .errors import DataError, SpecError
@@ -43,6 +44,22 @@ def run(spec, run_id: str | None = None, overrides=(), address: str | None = Non
     return run_stages(pipeline, run_id, address, tuple(force))
 
 
+def compress(checkpoint: str, method: str = "int8", **options):
+    """An int8 or pruned copy of a checkpoint, written only if its validation AUC drops by at
+    most `max_auc_drop` (else GateRefused with both AUCs); returns a CompressResult."""
+    from .compress import compress as run
+
+    return run(checkpoint, method, **options)
+
+
+def retrain(spec, from_events: str, **options):
+    """Retrain an A/B run's champion on its logged feedback, gate it, and write the next A/B
+    spec with it as challenger; returns a RetrainResult."""
+    from .retrain import retrain as run
+
+    return run(spec, from_events, **options)
+
+
 def __getattr__(name: str):
     # Ray-backed entry points import lazily so `import rayload` and spec checks stay fast.
     if name in ("preprocess", "PreprocessResult"):
@@ -69,6 +86,14 @@ def __getattr__(name: str):
         from .tuning import TuneResult
 
         return TuneResult
+    if name == "CompressResult":
+        from .compress import CompressResult
+
+        return CompressResult
+    if name == "RetrainResult":
+        from .retrain import RetrainResult
+
+        return RetrainResult
     if name == "synth":
         from .data.synthetic import write_synthetic
 

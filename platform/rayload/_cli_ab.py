@@ -124,6 +124,12 @@ def print_analysis(result) -> None:
     console.print(f"sample ratio check p={_g(result.srm_p)}{' [red]MISMATCH: results invalid[/]' if result.srm_flagged else ''}")
     if result.mde_now is not None:
         console.print(f"detectable effect now {_g(result.mde_now)}; about {result.units_needed} more units for the configured power")
+    if result.drift:
+        drift = Table("arm", "feature", "rows", "PSI", "OOV rate", "status", title="feature drift (PSI against the training data)")
+        for r in result.drift:
+            drift.add_row(r["arm"], r["feature"], str(r["rows"]), f"{r['psi']:.4f}", f"{r['oov_rate']:.2%}" if "oov_rate" in r else "",
+                          "[red]DRIFT[/]" if r["flagged"] else "ok")
+        console.print(drift)
     console.print(f"decision: [bold]{result.decision}[/] ({'; '.join(result.reasons)})")
 
 

@@ -39,6 +39,7 @@ from .spec import CategoricalFeature, NumericFeature
 
 SKETCH = 2048
 _DECILES = np.linspace(0.0, 1.0, 11)
+TOP_SHARES = 20  # categorical values whose training share features.json keeps (drift monitoring)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,19 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
         "std": raw_std if n else None, "min": acc["min"] if n else None, "max": acc["max"] if n else None,
         "quantiles": [float(v) for v in weighted_quantile(sketch, weights, _DECILES)] if n else [],
     }
+    if n:
+        state.stats["histogram"] = _histogram(sketch, weights, state.stats["quantiles"])
     return state
+
+
+def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) -> dict:
+    """Shares of the training values between the distinct inner deciles: the reference that
+    served traffic is compared with (PSI). Computed on the weighted sketch, so ties (a value
+    repeated across several deciles) get their true share instead of an assumed 10%."""
+    edges = sorted(set(quantiles[1:-1]))
+    index = np.searchsorted(np.asarray(edges), sketch, side="right")
+    shares = np.bincount(index, weights=weights, minlength=len(edges) + 1)
+    return {"edges": [float(e) for e in edges], "shares": [float(v) for v in shares / max(float(shares.sum()), 1e-12)]}
 
 
 def _weighted_moments(x: np.ndarray, w: np.ndarray):
@@ -326,5 +339,8 @@ def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str
     state.vocab = [str(v) for v in values[keep]]
     total = float(freq.sum())
     stats.update({"distinct": int(len(values)), "vocab_size": len(state.vocab), "coverage": float(freq[keep].sum() / total) if total else 0.0})
+    # The most frequent values' shares: the reference for served traffic's drift (PSI).
+    top = keep[:TOP_SHARES]
+    stats.update({"top_values": [str(v) for v in values[top]], "top_shares": [float(f / total) for f in freq[top]] if total else []})
     state.stats = stats
     return state

@@ -61,6 +61,7 @@ class Events(_Spec):
     url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite (WAL) in the run folder")
     flush_ms: float = Field(default=5.0, ge=0, description="longest wait to group writes into one commit")
     max_batch: int = Field(default=512, ge=1)
+    log_features: bool = Field(default=True, description="keep each exposure's raw features: `rayload retrain` learns from them")
 
     @field_validator("url")
     @classmethod
@@ -86,6 +87,15 @@ class Analysis(_Spec):
     min_units: int = Field(default=500, ge=1, description="exposed units per arm before any decision")
 
 
+class Drift(_Spec):
+    """Feature drift of served traffic against each model's training data (serve/drift.py)."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.2, gt=0, description="PSI above which a feature is flagged")
+    min_rows: int = Field(default=500, ge=1, description="rows a feature needs before it can be flagged")
+    flush_s: float = Field(default=5.0, gt=0, description="how often each replica writes its counts to the event store")
+
+
 class Ramp(_Spec):
     """Automatic decisions: the challenger's share steps up while guardrails hold; the
     sequential test promotes (significant win) or rolls back (significant loss)."""
@@ -109,6 +119,7 @@ class Simulation(_Spec):
     requests: int = Field(default=20000, ge=1)
     concurrency: int = Field(default=8, ge=1)
     seed: int = 0
+    drift_seed: int | None = Field(default=None, description="synthetic-ctr: clicks follow a ground truth redrawn from this seed")
 
 
 class ABSpec(_Spec):
@@ -121,6 +132,7 @@ class ABSpec(_Spec):
     events: Events = Field(default_factory=Events)
     analysis: Analysis = Field(default_factory=Analysis)
     guardrails: Guardrails = Field(default_factory=Guardrails)
+    drift: Drift = Field(default_factory=Drift)
     ramp: Ramp = Field(default_factory=Ramp)
     simulate: Simulation = Field(default_factory=Simulation)
 

@@ -250,7 +250,7 @@ def synth(
 
 
 def main() -> None:
-    from . import _cli_ab, _cli_ops  # noqa: F401  (register `serve`, `ab`, `run`, `demo`, `report`, `submit`, `doctor`)
+    from . import _cli_ab, _cli_life, _cli_ops  # noqa: F401  (register `serve`, `ab`, `compress`, `retrain`, `run`, `demo`, ...)
 
     try:
         app()

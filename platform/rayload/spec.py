@@ -240,6 +240,16 @@ class TrainSpec(_Spec):
     # Keep the decoded training rows in Ray's object store after one read (spilled to disk when
     # they do not fit): later epochs skip Parquet decoding, which competes with training for CPU.
     cache_dataset: bool = True
+    # Transfer learning: start from this checkpoint's weights and fitted features (its IDs and
+    # scales keep their meaning); `freeze` names the parts that stay fixed (feature extraction).
+    init_from: str | None = None
+    freeze: list[Literal["embeddings", "first_order", "dense_vectors", "deep", "bottom", "top"]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _freeze_needs_init(self) -> "TrainSpec":
+        if self.freeze and not self.init_from:
+            raise ValueError(f"freeze={self.freeze} needs init_from: a checkpoint whose weights are kept fixed")
+        return self
 
 
 class ElasticWorkers(_Spec):

@@ -16,7 +16,7 @@ README = open(os.path.join(ROOT, "README.md")).read()
 
 
 def _commands() -> set[str]:
-    from rayload import _cli_ab, _cli_ops  # noqa: F401  (register their commands)
+    from rayload import _cli_ab, _cli_life, _cli_ops  # noqa: F401  (register their commands)
 
     group = typer.main.get_group(app)
     out = set()

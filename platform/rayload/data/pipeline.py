@@ -71,7 +71,8 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     on_stage = on_stage or (lambda text: log.info("%s", text))
     schema = Schema.from_spec(spec.data)
     inputs = resolve_inputs(spec.data, cache_root())
-    key = cache_key(spec, inputs)
+    fixed = fixed_features(spec)
+    key = cache_key(spec, inputs, fixed)
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
     cached = load_result(out_dir, expect_key=key)
     if cached is not None:
@@ -97,6 +98,8 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     weights = {str(k): v for k, v in reb.class_weights} or None
     with _timed(timings, "fit"):
         features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
+        if fixed is not None:  # the checkpoint's transforms; the label (and its weights) are this data's
+            features = replace(fixed, label=features.label)
     _reset(out_dir)
     plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
     on_stage(f"transforming and writing shards to {out_dir}")
@@ -152,9 +155,23 @@ class LocalEngine:
         return [row for batch in self.batches() for row in fn(batch, plan).to_pylist()]
 
 
-def cache_key(spec, inputs: Inputs) -> str:
+def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     sections = spec.model_dump(include={"data", "split", "rebalance", "features"}, mode="json")
-    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint})
+    extra = {"fixed_features": digest(fixed.to_json())} if fixed is not None else {}
+    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **extra})
+
+
+def fixed_features(spec) -> FittedFeatures | None:
+    """A job that starts from a checkpoint (train.init_from) transforms its data with that
+    checkpoint's fitted features instead of fitting new ones: an ID, a bucket, a scale must
+    mean what the copied weights learned. Only the label (rate, class weights) comes from this data."""
+    init = getattr(getattr(spec, "train", None), "init_from", None)
+    if not init:
+        return None
+    path = os.path.join(init, "features.json")
+    if not os.path.exists(path):
+        raise DataError(f"train.init_from={init!r} is not a checkpoint: {path} does not exist")
+    return FittedFeatures.load(path)
 
 
 def _counts(parts: list[dict], inputs: Inputs) -> dict:

@@ -261,18 +261,27 @@ def _to_table(params: SynthParams, model: _Model, d: dict[str, np.ndarray], p: n
     return pa.table(cols)
 
 
-def generate_table_with_truth(params: SynthParams, start: int, stop: int) -> tuple[pa.Table, np.ndarray]:
+def drifted_model(params: SynthParams, drift_seed: int) -> _Model:
+    """The world after a change of taste: the same users, items and feature values (ID strings,
+    numeric distributions), but click effects drawn afresh from `drift_seed`."""
+    model, new = _model(params), _model(dataclasses.replace(params, seed=drift_seed))
+    return dataclasses.replace(new, num_mu=model.num_mu, num_sigma=model.num_sigma, id_keys=model.id_keys, cards=model.cards)
+
+
+def generate_table_with_truth(params: SynthParams, start: int, stop: int, drift_seed: int | None = None) -> tuple[pa.Table, np.ndarray]:
     """Rows [start, stop) plus their true click probability; built chunk by chunk so the peak
-    memory beyond the result stays one chunk's worth."""
+    memory beyond the result stays one chunk's worth. With `drift_seed` the rows are the same
+    but labels and probabilities follow the drifted ground truth (drifted_model)."""
     if not 0 <= start <= stop <= params.rows:
         raise ValueError(f"need 0 <= start <= stop <= rows={params.rows}, got start={start}, stop={stop}")
     model, tables, probs, first = _model(params), [], [], start // CHUNK_ROWS
+    truth = model if drift_seed is None else drifted_model(params, drift_seed)
     for chunk in range(first, max(-(-stop // CHUNK_ROWS), first + 1)):
         c0 = chunk * CHUNK_ROWS
         lo, hi = max(start, c0) - c0, min(stop, c0 + CHUNK_ROWS) - c0
         drawn = _draw(params, model, np.random.SeedSequence([params.seed, chunk]), hi)
         d = {k: v[..., lo:] for k, v in drawn.items()}
-        probs.append(_sigmoid(_logit(model, d)))
+        probs.append(_sigmoid(_logit(truth, d)))
         tables.append(_to_table(params, model, d, probs[-1]))
     return pa.concat_tables(tables), np.concatenate(probs)
 

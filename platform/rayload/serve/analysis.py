@@ -52,6 +52,7 @@ class Analysis:
     decision: str = "continue"
     reasons: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self), default=_jsonable, allow_nan=True).replace("NaN", "null"))

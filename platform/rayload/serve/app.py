@@ -59,10 +59,10 @@ def _validation_detail(exc: ValidationError) -> list[dict]:
 class _Models:
     """Every arm's model in this replica, scored in dynamic batches (combined mode)."""
 
-    def __init__(self, checkpoints: dict[str, str]):
+    def __init__(self, checkpoints: dict[str, str], drift: bool = False):
         from .scorer import Scorer
 
-        self.scorers = {arm: Scorer.load(arm, path) for arm, path in checkpoints.items()}
+        self.scorers = {arm: Scorer.load(arm, path, drift) for arm, path in checkpoints.items()}
 
     async def score(self, arm: str, rows: list[dict]) -> tuple[list[float], str]:
         return await self._batched((arm, rows))
@@ -100,12 +100,13 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
 class ModelDeployment:
     """One arm's model (separate mode), batched the same way."""
 
-    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0):
+    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0, monitor: dict | None = None):
         from .scorer import Scorer
 
-        self.scorers = {arm: Scorer.load(arm, checkpoint)}
+        self.scorers = {arm: Scorer.load(arm, checkpoint, drift=monitor is not None)}
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1000.0)
+        self.flusher = _flusher(monitor, self.scorers)
 
     async def score(self, arm: str, rows: list[dict]):
         result = await self._batched((arm, rows))
@@ -120,6 +121,27 @@ class ModelDeployment:
     def feature_names(self) -> list[str]:
         return sorted(next(iter(self.scorers.values())).feature_names)
 
+    def __del__(self):
+        if getattr(self, "flusher", None) is not None:
+            self.flusher.close()
+
+
+def _monitor(args: dict) -> dict | None:
+    """What a replica needs to write drift counts, or None when drift monitoring is off."""
+    cfg = args["spec"].get("drift") or {}
+    if not cfg.get("enabled", True):
+        return None
+    return {"url": args["events_url"], "experiment": args["experiment"],
+            "cfg": {k: cfg.get(k, v) for k, v in (("threshold", 0.2), ("min_rows", 500), ("flush_s", 5.0))}}
+
+
+def _flusher(monitor: dict | None, scorers: dict):
+    if monitor is None:
+        return None
+    from .monitor import DriftFlusher
+
+    return DriftFlusher(monitor["url"], monitor["experiment"], scorers, monitor["cfg"])
+
 
 @serve.deployment
 @serve.ingress(api)
@@ -132,7 +154,11 @@ class ABRouter:
         self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
         self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
-        self.models = None if handles else _Models(args["checkpoints"])
+        monitor = _monitor(args)
+        self.models = None if handles else _Models(args["checkpoints"], drift=monitor is not None)
+        self.flusher = _flusher(monitor, self.models.scorers) if self.models else None
+        self.log_features = args["events"].get("log_features", True)
+        self.checkpoints = args["checkpoints"]
         if self.models:
             self.models._batched.set_max_batch_size(serving["max_batch_size"])
             self.models._batched.set_batch_wait_timeout_s(serving["batch_wait_ms"] / 1000.0)
@@ -140,6 +166,7 @@ class ABRouter:
         else:
             self.feature_names = set(args["feature_names"])
         self.writer = EventWriter(args["events_url"], args["events"]["flush_ms"], args["events"]["max_batch"])
+        self.writer_url = args["events_url"]
         self.reader = EventReader(args["events_url"])
         self.spec_raw = args["spec"]
         self.reconfigure({"weights": args["weights"], "champion": args["champion"], "shadow": args["shadow"]})
@@ -211,7 +238,8 @@ class ABRouter:
         scores, version = answer
         top = max(range(len(scores)), key=scores.__getitem__)
         await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
-                        shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)])
+                        shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)],
+                        features=json.dumps(rows[top], default=str) if self.log_features else None)
         out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
         if body.candidates is not None:
             out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
@@ -238,11 +266,11 @@ class ABRouter:
             return result
         return await self.handles[arm].score.remote(arm, rows)
 
-    async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=()) -> None:
+    async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=(), features=None) -> None:
         now = time.time()
         futures = [self.writer.submit(kind, {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm,
                                              "model_version": version, "score": score, "status": status, "latency_ms": latency,
-                                             "layout": self.layout_json, "ts": now})]
+                                             "layout": self.layout_json, "ts": now, "features": features})]
         for shadow_arm, (scores, version_s) in shadows:
             futures.append(self.writer.submit("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s,
                                                          "score": max(scores), "ts": now}))
@@ -272,6 +300,10 @@ class ABRouter:
         spec = ABSpec.model_validate(self.spec_raw)
         frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event)
         result = await asyncio.to_thread(analyze, frame, spec, self.weights, self.champion)
+        if spec.drift.enabled:
+            from .monitor import report_for
+
+            result.drift = await asyncio.to_thread(report_for, self.writer_url, self.experiment, self.checkpoints, spec.drift)
         return {**result.to_dict(), "shadow": self.shadow}
 
     @api.get("/healthz")
@@ -281,6 +313,8 @@ class ABRouter:
         return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid()}
 
     def __del__(self):
+        if getattr(self, "flusher", None) is not None:
+            self.flusher.close()
         writer = getattr(self, "writer", None)
         if writer is not None:
             writer.close()
@@ -298,5 +332,5 @@ def build_app(args: dict):
             handles[arm] = ModelDeployment.options(name=f"model_{arm}", num_replicas=serving["replicas"],
                                                    max_ongoing_requests=serving["max_ongoing_requests"],
                                                    ray_actor_options={"num_cpus": serving["cpus_per_replica"]}).bind(
-                arm, path, serving["max_batch_size"], serving["batch_wait_ms"])
+                arm, path, serving["max_batch_size"], serving["batch_wait_ms"], _monitor(args))
     return ABRouter.options(**options).bind(args, **handles)

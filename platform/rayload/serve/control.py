@@ -250,7 +250,12 @@ def _analysis(run: str):
         frame = reader.frame(args["experiment"], spec.analysis.event)
     finally:
         reader.close()
-    return analyze(frame, spec, user["weights"], user["champion"]), spec
+    result = analyze(frame, spec, user["weights"], user["champion"])
+    if spec.drift.enabled:
+        from .monitor import report_for
+
+        result.drift = report_for(args["events_url"], args["experiment"], args["checkpoints"], spec.drift)
+    return result, spec
 
 
 def stop(run: str) -> None:

@@ -8,7 +8,12 @@ Writes are grouped: one writer thread per replica commits everything that arrive
 `flush_ms` (or `max_batch` rows) in one transaction, so the commit cost is shared.
 
 `request_id` is the primary key of an exposure; an outcome is keyed by (request_id, event),
-so a repeated feedback call is a no-op. The schema carries its version in `meta`.
+so a repeated feedback call is a no-op. An exposure keeps the raw features of the row it
+showed (JSON), which `rayload retrain` turns back into training rows. `ab_drift` holds each
+replica's feature-drift counts (serve/drift.py), rewritten in place as they grow.
+
+The schema carries its version in `ab_meta`; an older store is migrated forward in place
+(version 1 -> 2: exposures.features and ab_drift were added).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = sa.MetaData()
 meta = sa.Table("ab_meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
@@ -40,6 +45,7 @@ exposures = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("layout", sa.String(256), nullable=False),  # the weights in force (JSON), for the SRM check
     sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("features", sa.Text),  # the shown row's raw features (JSON); null when logging them is off
 )
 shadow_scores = sa.Table(
     "ab_shadow", metadata,
@@ -54,6 +60,16 @@ outcomes = sa.Table(
     sa.Column("request_id", sa.String(64), primary_key=True),
     sa.Column("event", sa.String(16), primary_key=True),
     sa.Column("value", sa.Float, nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+)
+drift_counts = sa.Table(
+    "ab_drift", metadata,
+    sa.Column("experiment", sa.String(128), primary_key=True),
+    sa.Column("arm", sa.String(64), primary_key=True),
+    sa.Column("replica", sa.String(128), primary_key=True),
+    sa.Column("model_version", sa.String(128), nullable=False),
+    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("counts", sa.Text, nullable=False),  # JSON: feature -> bin counts
     sa.Column("ts", sa.Float, nullable=False),
 )
 TABLES = {"exposure": exposures, "shadow": shadow_scores, "outcome": outcomes}
@@ -87,8 +103,20 @@ def create_schema(engine: sa.Engine) -> None:
         row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
         if row is None:
             _insert_ignore(conn, meta, [{"key": "schema_version", "value": str(SCHEMA_VERSION)}])
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise RayloadError(f"event store schema version {row[0]} is not this rayload's {SCHEMA_VERSION}: use a new events.url")
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise RayloadError(f"event store schema version {row[0]} is newer than this rayload's {SCHEMA_VERSION}: "
+                               "upgrade rayload or use a new events.url")
+        elif int(row[0]) < SCHEMA_VERSION:
+            _migrate(conn, int(row[0]))
+
+
+def _migrate(conn, version: int) -> None:
+    """Bring an older store forward in the same transaction (create_all already added new tables)."""
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("ab_exposures")}
+    if version < 2 and "features" not in columns:
+        conn.execute(sa.text("ALTER TABLE ab_exposures ADD COLUMN features TEXT"))
+    conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+    log.info("event store migrated from schema version %d to %d", version, SCHEMA_VERSION)
 
 
 def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
@@ -195,9 +223,55 @@ class EventReader:
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(query).mappings().all(), columns=[c.name for c in query.selected_columns])
 
+    def training_frame(self, experiment: str | None, since: float | None, until: float | None = None, event: str = "click"):
+        """Exposures with their logged features and the time of their first `event` outcome, for retraining."""
+        import pandas as pd
+
+        q = (sa.select(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features,
+                       sa.func.min(outcomes.c.ts).label("outcome_ts"))
+             .select_from(exposures.outerjoin(outcomes, sa.and_(outcomes.c.request_id == exposures.c.request_id, outcomes.c.event == event)))
+             .where(exposures.c.status == "ok", exposures.c.features.is_not(None))
+             .group_by(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features))
+        if experiment is not None:
+            q = q.where(exposures.c.experiment == experiment)
+        if since is not None:
+            q = q.where(exposures.c.ts >= since)
+        if until is not None:
+            q = q.where(exposures.c.ts < until)
+        with self.engine.connect() as conn:
+            return pd.DataFrame(conn.execute(q).mappings().all(), columns=[c.name for c in q.selected_columns])
+
+    def drift(self, experiment: str) -> dict[str, list[dict]]:
+        """arm -> every replica's drift snapshot ({model_version, rows, counts})."""
+        import json
+
+        q = sa.select(drift_counts).where(drift_counts.c.experiment == experiment)
+        out: dict[str, list[dict]] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(q).mappings():
+                out.setdefault(row["arm"], []).append({"model_version": row["model_version"], "rows": row["rows"],
+                                                       "counts": json.loads(row["counts"]), "replica": row["replica"]})
+        return out
+
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as conn:
             return {name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() for name, t in TABLES.items()}
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def upsert_drift(engine: sa.Engine, rows: list[dict]) -> None:
+    """Replace these replicas' drift snapshots (one row per experiment, arm and replica)."""
+    if not rows:
+        return
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    stmt = insert(drift_counts)
+    stmt = stmt.on_conflict_do_update(index_elements=["experiment", "arm", "replica"],
+                                      set_={c: stmt.excluded[c] for c in ("model_version", "rows", "counts", "ts")})
+    with engine.begin() as conn:
+        conn.execute(stmt, rows)

@@ -64,9 +64,24 @@ def render(result: Analysis) -> str:
                 f"[{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; fixed-horizon p = {result.z_p_value:.4g}; "
                 f"sequential (always valid) p = {result.sequential_p:.4g}</p>")
     srm = "MISMATCH: results invalid" if result.srm_flagged else "ok"
+    drift = drift_table(result.drift)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>A/B {html.escape(result.experiment)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head><body>
 <h1>Experiment {html.escape(result.experiment)}</h1>
 <p>champion <b>{html.escape(result.champion)}</b>; decision <b id="decision">{html.escape(result.decision)}</b>: {html.escape('; '.join(result.reasons))}</p>
 <table><tr><th>arm</th><th>weight</th><th>units</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th><th>errors</th><th>p99 ms</th><th>guardrails</th></tr>{rows}</table>
-{lift}<p>sample ratio check p = {result.srm_p:.4g} ({srm})</p>{images}</body></html>"""
+{lift}<p>sample ratio check p = {result.srm_p:.4g} ({srm})</p>{drift}{images}</body></html>"""
+
+
+def drift_table(rows: list[dict]) -> str:
+    """Feature drift per arm (PSI against the training data; flagged past the threshold)."""
+    if not rows:
+        return ""
+    body = []
+    for r in rows:
+        oov = f"{r['oov_rate']:.2%}" if "oov_rate" in r else ""
+        status, css = ("DRIFT", ' class="flagged"') if r["flagged"] else ("ok", "")
+        body.append(f"<tr{css}><td>{html.escape(r['arm'])}</td><td>{html.escape(r['feature'])}</td><td>{r['rows']}</td>"
+                    f"<td>{r['psi']:.4f}</td><td>{oov}</td><td>{status}</td></tr>")
+    return ('<h2>Feature drift</h2><table id="drift"><tr><th>arm</th><th>feature</th><th>rows</th><th>PSI</th><th>OOV rate</th>'
+            f"<th>status</th></tr>{''.join(body)}</table>")

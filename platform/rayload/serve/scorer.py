@@ -21,9 +21,10 @@ class Scorer:
     layout: object
     binary: bool
     params: int
+    drift: object = None  # serve.drift.DriftCounter of the rows this model scored, when monitoring is on
 
     @classmethod
-    def load(cls, arm: str, checkpoint: str) -> "Scorer":
+    def load(cls, arm: str, checkpoint: str, drift: bool = False) -> "Scorer":
         import torch
 
         from ..train import checkpoint as ckpt
@@ -31,9 +32,14 @@ class Scorer:
 
         torch.set_num_threads(1)  # one replica per core: intra-op threads only contend
         loaded = ckpt.load(checkpoint)
-        params = sum(p.numel() for p in loaded.model.parameters())
+        params = sum(t.numel() for t in loaded.model.state_dict().values() if isinstance(t, torch.Tensor))
+        counter = None
+        if drift:
+            from .drift import DriftCounter
+
+            counter = DriftCounter(loaded.features)
         return cls(arm, checkpoint, model_version(checkpoint), loaded.model, loaded.features,
-                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params)
+                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params, counter)
 
     @property
     def feature_names(self) -> set[str]:
@@ -46,6 +52,8 @@ class Scorer:
         from ..train.batch import collate
 
         table = self.features.transform_rows(rows)
+        if self.drift is not None:  # rows that passed the transform are the traffic this model saw
+            self.drift.observe(rows)
         batch = collate(table, self.layout)
         with torch.no_grad():
             out = self.model(*batch.inputs()).float()

@@ -31,16 +31,18 @@ class SimResult:
 class SyntheticWorld:
     """Candidates from synthetic-ctr with their true click probabilities."""
 
-    def __init__(self, params, candidates: int = 10, seed: int = 0, pool_rows: int = 20_000):
+    def __init__(self, params, candidates: int = 10, seed: int = 0, pool_rows: int = 20_000, drift_seed: int | None = None):
         import dataclasses
 
         from ..data.synthetic import generate_table_with_truth
 
         self.k, self.rng, self.pool_rows = candidates, np.random.default_rng(seed), pool_rows
         # Rows past the data set's end: fresh draws from the same planted model (the row count
-        # does not change the model), so no training row is ever shown.
+        # does not change the model), so no training row is ever shown. `drift_seed`: the same
+        # items, clicked by a changed ground truth (the world the models were trained on is gone).
         start = params.rows
-        table, self.truth = generate_table_with_truth(dataclasses.replace(params, rows=start + pool_rows), start, start + pool_rows)
+        table, self.truth = generate_table_with_truth(dataclasses.replace(params, rows=start + pool_rows), start, start + pool_rows,
+                                                      drift_seed)
         self.rows = table.drop(["label"]).to_pylist()
 
     def request(self, user: int) -> tuple[list[dict], list[float]]:

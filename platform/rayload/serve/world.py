@@ -28,7 +28,7 @@ def world_for(ab: ABSpec, args: dict):
 
         if job.data.source.kind != "synthetic-ctr":
             raise ValueError(f"simulate.source synthetic-ctr needs arms trained on synthetic-ctr, not {job.data.source.kind}")
-        return SyntheticWorld(_synth_params(job.data.source), seed=sim.seed)
+        return SyntheticWorld(_synth_params(job.data.source), seed=sim.seed, drift_seed=sim.drift_seed)
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
     return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed)

@@ -107,7 +107,14 @@ def load(path: str, device: str | torch.device = "cpu") -> LoadedModel:
         spec = json.load(f)
     shape = InputShape(spec["shape"]["dense"], tuple(spec["shape"]["sparse"]), tuple(spec["shape"]["bags"]))
     model = build_model(spec["config"], shape)
-    model.load_state_dict(torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu"))
+    weights = torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu")
+    compression = spec.get("compression") or {}
+    if compression.get("method") == "int8":  # CPU int8 modules rebuilt from plain int8 tensors
+        from ..models import quantized
+
+        model = quantized.build(model, weights, compression["plan"])
+    else:  # fp32, or pruned (same layout, zeros where weights were cut)
+        model.load_state_dict(weights)
     features = FittedFeatures.load(os.path.join(path, FEATURES))
     manifest_path = os.path.join(path, MANIFEST)
     manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}

@@ -25,6 +25,7 @@ from ..models import InputShape, build_model
 from ..models._inputs import FieldEmbeddings
 from ..spec import JobSpec
 from . import checkpoint as ckpt
+from . import transfer
 from .batch import Batch, Layout
 from .session import RaySession, Session, scratch_dir
 
@@ -64,6 +65,9 @@ def seed_everything(seed: int) -> None:
 def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.Module:
     seed_everything(spec.train.seed)  # the same initial weights on every rank
     model = build_model(spec.model.model_dump(), InputShape.from_features(features))
+    if spec.train.init_from:
+        transfer.init_weights(model, spec.train.init_from)
+        transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return session.prepare(model)
@@ -76,8 +80,11 @@ def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimiz
         for module in model.modules():
             if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
                 sparse_ids.add(id(module.weight))
-    dense = [p for p in model.parameters() if id(p) not in sparse_ids]
-    sparse = [p for p in model.parameters() if id(p) in sparse_ids]
+    trainable = [p for p in model.parameters() if p.requires_grad]  # frozen parts get no optimizer state
+    dense = [p for p in trainable if id(p) not in sparse_ids]
+    sparse = [p for p in trainable if id(p) in sparse_ids]
+    if not dense:
+        raise ValueError(f"train.freeze={t.freeze} leaves no dense parameters to train; freeze fewer parts")
     opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
     if sparse:
         opts.append(torch.optim.SparseAdam(sparse, lr=t.sparse_lr or t.lr))
@@ -169,6 +176,7 @@ class Trainer:
 
     def train_epoch(self, epoch: int, fault: "Fault | None" = None) -> dict:
         self.model.train()
+        transfer.eval_frozen(self.model, self.spec.train.freeze)
         k = self.spec.train.accumulation
         micro = max(1, self.spec.train.batch_size // k)
         group, losses, rows, start = [], [], 0, time.perf_counter()

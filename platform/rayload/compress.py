@@ -1,0 +1,242 @@
+"""`rayload compress`: an int8 or pruned copy of a checkpoint, written only past an accuracy gate.
+
+The gate scores the validation split of the checkpoint's own job spec (from its manifest,
+preprocessed with the same fitted features) with the original and with the compressed model,
+exactly as it will be loaded for serving, and refuses when the AUC drops by more than
+`max_auc_drop`. A refused model is never written.
+
+The result is a checkpoint like any other (model.pt, model.json, features.json,
+manifest.json) that `ckpt.load`, serving and A/B experiments read; `model.json` carries
+`compression` (method, settings, and for int8 which modules became int8). It has no
+train_state.pt: a compressed model is served, not resumed; fine-tune the original instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import DataError, RayloadError
+
+log = logging.getLogger(__name__)
+Method = Literal["int8", "prune"]
+
+
+@dataclass(frozen=True)
+class CompressResult:
+    method: str
+    source: str
+    checkpoint: str | None  # where it was written; None when the gate refused it
+    auc_before: float
+    auc_after: float
+    max_auc_drop: float
+    bytes_before: int
+    bytes_after: int
+    settings: dict
+
+    @property
+    def auc_drop(self) -> float:
+        return self.auc_before - self.auc_after
+
+    @property
+    def passed(self) -> bool:
+        return self.auc_drop <= self.max_auc_drop
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "auc_drop": self.auc_drop, "passed": self.passed}
+
+
+class GateRefused(RayloadError):
+    def __init__(self, result: CompressResult):
+        self.result = result
+        super().__init__(
+            f"{result.method} model refused: validation AUC {result.auc_before:.5f} -> {result.auc_after:.5f} "
+            f"(drop {result.auc_drop:.5f} > max_auc_drop {result.max_auc_drop}); nothing written. "
+            "Use a smaller --amount, add --finetune-epochs, or raise --max-auc-drop"
+        )
+
+
+def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, structured: bool = False, finetune_epochs: int = 0,
+             max_auc_drop: float = 0.002, out: str | None = None, spec=None, address: str | None = None) -> CompressResult:
+    """Compress `checkpoint`; raises GateRefused (with both AUCs) when the gate fails."""
+    from .evaluate import auc
+    from .train import checkpoint as ckpt
+
+    _check_args(method, amount, finetune_epochs, max_auc_drop)
+    source = ckpt.load(checkpoint)
+    config = _model_json(checkpoint)
+    if config.get("compression"):
+        raise RayloadError(f"{checkpoint} is already compressed ({config['compression']['method']}); compress the original")
+    if source.features.label.task != "binary":
+        raise RayloadError("the compression gate compares validation AUC: it needs a binary-label model")
+    job, pre = _validation_data(checkpoint, source, spec, address)
+    layout = _layout(source.features)
+    labels, before = _predict(source.model, pre.dataset("val"), layout)
+    if method == "int8":
+        model, state, info = _int8(source.model, config)
+    else:
+        model, info = _prune(copy.deepcopy(source.model), amount, structured)
+        if finetune_epochs:
+            _finetune(model, pre.dataset("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size)
+            info["finetune_epochs"] = finetune_epochs
+        _unmask(model)
+        info["sparsity"] = sparsity(model)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    _, after = _predict(model, pre.dataset("val"), layout)
+    target = out or f"{os.path.normpath(checkpoint)}-{method if method == 'int8' else f'prune{round(amount * 100)}'}"
+    result = CompressResult(method, checkpoint, None, auc(labels, before), auc(labels, after), max_auc_drop,
+                            os.path.getsize(os.path.join(checkpoint, ckpt.MODEL)), 0, info)
+    if not result.passed:
+        raise GateRefused(result)
+    size = _write(checkpoint, target, state, config, source.manifest, result)
+    return CompressResult(**{**asdict(result), "checkpoint": target, "bytes_after": size})
+
+
+def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float) -> None:
+    if method not in ("int8", "prune"):
+        raise RayloadError(f"--method must be int8 or prune, got {method!r}")
+    if not 0.0 < amount < 1.0:
+        raise RayloadError(f"--amount is the fraction of weights to cut and must be in (0, 1), got {amount}")
+    if finetune_epochs < 0 or max_auc_drop < 0:
+        raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0, got {finetune_epochs} and {max_auc_drop}")
+    if finetune_epochs and method != "prune":
+        raise RayloadError("--finetune-epochs applies to --method prune only")
+
+
+def _model_json(checkpoint: str) -> dict:
+    with open(os.path.join(checkpoint, "model.json")) as f:
+        return json.load(f)
+
+
+def _layout(features):
+    from .train.batch import Layout
+
+    return Layout.from_features(features)
+
+
+def _validation_data(checkpoint: str, source, spec, address):
+    """The checkpoint's job spec (manifest, or the one given) preprocessed into its splits."""
+    from .data.pipeline import preprocess
+    from .spec import JobSpec
+
+    if spec is None:
+        if "spec" not in source.manifest:
+            raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
+        spec = JobSpec.model_validate(source.manifest["spec"])
+    pre = preprocess(spec, address=address)
+    if pre.features != source.features:
+        raise DataError(f"{checkpoint} was trained on a different preprocessing than its spec's data now gives (features.json differs); "
+                        "pass the job spec (and --set overrides) it was trained with")
+    if not pre.files.get("val"):
+        raise DataError(f"the spec of {checkpoint} has no validation split to gate on; give split fractions with val > 0")
+    return spec, pre
+
+
+def _predict(model: nn.Module, dataset, layout) -> tuple[np.ndarray, np.ndarray]:
+    from .evaluate import predict
+
+    model.eval()
+    return predict(model, dataset, layout, binary=True)
+
+
+# ---------------------------------------------------------------- int8
+
+
+def _int8(model: nn.Module, config: dict):
+    """The int8 model built through the loader's own path from the state written to disk, so
+    the gate scores exactly what serving will run."""
+    from .models import InputShape, build_model, quantized
+
+    state, plan = quantized.quantize(copy.deepcopy(model))
+    shape = InputShape(config["shape"]["dense"], tuple(config["shape"]["sparse"]), tuple(config["shape"]["bags"]))
+    served = quantized.build(build_model(config["config"], shape), state, plan)
+    return served, state, {"plan": plan, "engine": torch.backends.quantized.engine}
+
+
+# ---------------------------------------------------------------- prune
+
+
+def _linears(model: nn.Module, structured: bool) -> list[nn.Linear]:
+    # Embedding tables are not pruned: a zeroed ID row is a different model, not a smaller one.
+    # Structured pruning removes whole output neurons, so an output layer (1 unit) is left alone.
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and not (structured and m.out_features == 1)]
+
+
+def _prune(model: nn.Module, amount: float, structured: bool):
+    """Magnitude pruning: global L1 over all linear weights (unstructured), or the output neurons
+    with the smallest L2 norm in each linear layer (structured). Masks stay on for fine-tuning."""
+    import torch.nn.utils.prune as tp
+
+    layers = _linears(model, structured)
+    if structured:
+        for layer in layers:
+            tp.ln_structured(layer, "weight", amount=amount, n=2, dim=0)
+    else:
+        tp.global_unstructured([(m, "weight") for m in layers], pruning_method=tp.L1Unstructured, amount=amount)
+    return model, {"amount": amount, "structured": structured}
+
+
+def _unmask(model: nn.Module) -> None:
+    import torch.nn.utils.prune as tp
+
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and tp.is_pruned(m):
+            tp.remove(m, "weight")
+
+
+def sparsity(model: nn.Module) -> float:
+    weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    return float(sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1))
+
+
+def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int) -> None:
+    """A short fine-tune of the dense layers with the pruning masks applied (cut weights stay 0);
+    the embedding tables stay fixed."""
+    from .train.batch import collate
+
+    for m in model.modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            m.weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    for _ in range(epochs):
+        for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+            batch = collate(table, layout)
+            loss = nn.functional.binary_cross_entropy_with_logits(model(*batch.inputs()).float(), batch.label)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    model.eval()
+
+
+# ---------------------------------------------------------------- write
+
+
+def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: dict, result: CompressResult) -> int:
+    """Write into a temporary folder, then move it into place: a reader never sees half a checkpoint."""
+    from .train import checkpoint as ckpt
+
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    torch.save(state, os.path.join(tmp, ckpt.MODEL))
+    shutil.copy(os.path.join(checkpoint, ckpt.FEATURES), os.path.join(tmp, ckpt.FEATURES))
+    summary = {"method": result.method, "source": os.path.abspath(checkpoint), **result.settings,
+               "auc_before": result.auc_before, "auc_after": result.auc_after, "max_auc_drop": result.max_auc_drop}
+    with open(os.path.join(tmp, ckpt.MODEL_JSON), "w") as f:
+        json.dump({**config, "compression": summary}, f, indent=1)
+    with open(os.path.join(tmp, ckpt.MANIFEST), "w") as f:
+        json.dump({**manifest, "compression": {k: v for k, v in summary.items() if k != "plan"}}, f, indent=1, default=str)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    log.info("wrote %s (%s)", target, result.method)
+    return os.path.getsize(os.path.join(target, ckpt.MODEL))

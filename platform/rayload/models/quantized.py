@@ -1,0 +1,162 @@
+"""int8 models for CPU serving: dynamic int8 linear layers and weight-only int8 embedding tables.
+
+Engine choice (measured, see benchmarks/bench_compress.py and the probe in RESULTS.md): the
+linear layers run on PyTorch's own dynamic int8 kernel (`quantized::linear_dynamic`, fbgemm on
+x86 or qnnpack on ARM: int8 weights, activations quantized per batch, int32 accumulation). torchao 0.18's
+Int8DynamicActivationInt8Weight on CPU runs as a tensor subclass in eager mode and measured
+16x *slower* than fp32 at batch 1 and 0.89x at batch 256 (it needs torch.compile to fuse,
+which a serving replica would have to pay per batch shape); PyTorch's kernels measured 2.8x
+faster at batch 256. torchao has no CPU kernel for weight-only int8 embeddings either, so the
+tables use the small modules below: int8 rows plus a float scale per row, dequantized only
+for the rows a batch looks up (4x less memory, lookups cost the same).
+
+On disk everything is plain tensors (int8 weights, float scales, biases) in `model.pt`, which
+loads with `torch.load(weights_only=True)`; the fbgemm packed weights are built at load time
+from them, so no packed or pickled object is ever stored. Quantization is symmetric per output
+channel (linear, 7 bits: see Int8Linear) or per row (embeddings, 8 bits): scale = max|w| / limit, q = round(w / scale).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+PER_ROW_MIN_DIM = 8  # below this a per-row scale costs more than it saves: one scale per table
+# Linear layers smaller than this stay fp32: the first-order Linear over raw dense features and
+# the 1-unit output layers weigh nothing and save nothing, but quantizing their inputs per batch
+# (7-bit activations on fbgemm) measured most of the AUC loss on small models.
+MIN_INT8_WEIGHTS = 1024
+
+
+def quantize_rows(w: torch.Tensor, per_row: bool = True, limit: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values in [-limit, limit], float32 scales) of a 2-D weight, symmetric per row (or per tensor)."""
+    w = w.detach().float()
+    peak = w.abs().amax(dim=1) if per_row else w.abs().max().reshape(1)
+    scale = torch.where(peak > 0, peak / limit, torch.ones_like(peak))
+    q = torch.round(w / (scale.unsqueeze(1) if per_row else scale)).clamp(-limit, limit).to(torch.int8)
+    return q, scale
+
+
+class Int8Embedding(nn.Module):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale)
+        self.num_embeddings, self.embedding_dim = q.shape
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        scale = self.scale[ids].unsqueeze(-1) if self.scale.numel() > 1 else self.scale
+        return self.q[ids].float() * scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows(ids)
+
+
+class Int8EmbeddingBag(Int8Embedding):
+    """Mean-pooled bags (the only mode FieldEmbeddings uses) over int8 rows."""
+
+    def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        rows = self.rows(values)
+        return nn.functional.embedding_bag(torch.arange(len(values), device=values.device), rows, offsets, mode="mean")
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b on PyTorch's dynamic int8 kernel (fbgemm on x86, qnnpack on ARM): W int8 per
+    output channel, x quantized per call to 8 bits (asymmetric, from its min and max).
+
+    torch.ao's DynamicLinear calls the kernel with reduce_range=True, i.e. 7-bit activations,
+    because u8 x s8 pair sums can saturate int16 on AVX2 without VNNI. Here the weights use 7
+    bits instead ([-63, 63]: 2 * 255 * 63 < 32767, so no saturation on any CPU) and the
+    activations keep all 8: on a small DeepFM that cut the AUC loss of the layer from 0.0028 to
+    0.0007 (measured; activations carry the outliers, weights are per-channel scaled)."""
+
+    LIMIT = 63
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        with warnings.catch_warnings():  # torch warns that quantized tensors will move to torchao (see above)
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(q.float() * scale.unsqueeze(1), scale.double(),
+                                                 torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, reduce_range=False)
+
+
+def fold_batch_norms(model: nn.Module) -> list[str]:
+    """Fold every eval-mode BatchNorm1d that follows a Linear inside a Sequential into that
+    Linear (one affine map instead of two) and replace it with Identity; returns their names."""
+    folded = []
+    for name, seq in model.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        for i in range(1, len(seq)):
+            lin, bn = seq[i - 1], seq[i]
+            if isinstance(lin, nn.Linear) and isinstance(bn, nn.BatchNorm1d) and bn.track_running_stats:
+                with torch.no_grad():
+                    gamma = (bn.weight if bn.affine else torch.ones_like(bn.running_var)) / torch.sqrt(bn.running_var + bn.eps)
+                    beta = bn.bias if bn.affine else torch.zeros_like(bn.running_mean)
+                    bias = lin.bias if lin.bias is not None else torch.zeros_like(bn.running_mean)
+                    lin.weight.mul_(gamma.unsqueeze(1))
+                    lin.bias = nn.Parameter((bias - bn.running_mean) * gamma + beta)
+                seq[i] = nn.Identity()
+                folded.append(f"{name}.{i}" if name else str(i))
+    return folded
+
+
+def quantize(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict]:
+    """The int8 state dict and the plan (which modules became what) of an fp32 model in eval mode."""
+    model = model.eval()
+    plan = {"folded_batch_norm": fold_batch_norms(model), "linear": [], "embedding": [], "bag": []}
+    state = {}
+    replaced = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.weight.numel() >= MIN_INT8_WEIGHTS:
+            q, scale = quantize_rows(module.weight, limit=Int8Linear.LIMIT)
+            state.update({f"{name}.q": q, f"{name}.scale": scale})
+            if module.bias is not None:
+                state[f"{name}.bias"] = module.bias.detach().float().clone()
+            plan["linear"].append(name)
+        elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            q, scale = quantize_rows(module.weight, per_row=module.embedding_dim >= PER_ROW_MIN_DIM)
+            state.update({f"{name}.q": q, f"{name}.scale": scale})
+            plan["bag" if isinstance(module, nn.EmbeddingBag) else "embedding"].append(name)
+        else:
+            continue
+        replaced.add(name)
+    for key, value in model.state_dict().items():
+        owner = key.rsplit(".", 1)[0]
+        if owner not in replaced:
+            state[key] = value.detach().clone()
+    return state, plan
+
+
+def build(model: nn.Module, state: dict[str, torch.Tensor], plan: dict) -> nn.Module:
+    """Turn a freshly built fp32 model of the same architecture into the int8 one."""
+    for name in plan["folded_batch_norm"]:
+        _set(model, name, nn.Identity())
+    for kind, cls in (("embedding", Int8Embedding), ("bag", Int8EmbeddingBag)):
+        for name in plan[kind]:
+            _set(model, name, cls(state[f"{name}.q"], state[f"{name}.scale"]))
+
+    def in_linear(key: str) -> bool:
+        return any(key.startswith(name + ".") for name in plan["linear"])
+
+    # Everything but the linear layers loads as usual (while those are still fp32 modules:
+    # a quantized Linear insists on its own packed keys); then the linears are swapped in.
+    missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if not in_linear(k)}, strict=False)
+    missing = [k for k in missing if not in_linear(k)]
+    if missing or unexpected:
+        raise ValueError(f"int8 checkpoint does not fit its architecture: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name in plan["linear"]:
+        _set(model, name, Int8Linear(state[f"{name}.q"], state[f"{name}.scale"], state.get(f"{name}.bias")))
+    return model.eval()
+
+
+def _set(model: nn.Module, dotted: str, module: nn.Module) -> None:
+    parent, _, leaf = dotted.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)

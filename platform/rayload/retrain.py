@@ -1,0 +1,216 @@
+"""`rayload retrain SPEC --from-events RUN`: continuous training from an A/B run's feedback.
+
+1. Training rows: the run's exposures (the raw features of the row each user was shown,
+   logged by the router) in a sliding `window` of recent time, labelled 1 when an outcome of
+   the experiment's event arrived within `attribution` of the exposure. An exposure younger
+   than `attribution` with no outcome yet is left out: its label is not known yet.
+2. A job: SPEC's model and training settings on those rows, warm-started from the champion
+   checkpoint (`train.init_from`, which also reuses the champion's fitted features, so IDs keep
+   their meaning), split at random by request_id into train and validation.
+3. Offline gate: the new model and the champion are scored on the same held-out recent rows;
+   the new model must beat the champion's AUC by at least `min_auc_gain`.
+4. Registration: a new A/B spec (`ab.yaml` in the retrain folder) with the champion as control
+   and the new model as challenger, under a new experiment name (so a new salt reshuffles units),
+   ready for `rayload serve`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from .errors import DataError, RayloadError
+from .paths import runs_root
+
+log = logging.getLogger(__name__)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    run_dir: str
+    experiment: str  # the experiment whose events were used
+    champion: str  # its checkpoint
+    checkpoint: str | None  # the retrained model
+    rows: int
+    positives: int
+    auc_champion: float
+    auc_new: float
+    min_auc_gain: float
+    ab_spec: str | None  # the new experiment's spec, written when the gate passed
+
+    @property
+    def passed(self) -> bool:
+        return self.auc_new - self.auc_champion >= self.min_auc_gain
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def parse_duration(text: str, field: str) -> float | None:
+    """'7d', '12h', '30m', '45s', '2w' to seconds; 'all' to None (no limit)."""
+    if text == "all":
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
+    if not m:
+        raise RayloadError(f"{field} must look like 30s, 15m, 12h, 7d or 2w (or 'all'), got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m", min_auc_gain: float = 0.0,
+            challenger_weight: float | None = None, name: str | None = None, overrides=(), address: str | None = None,
+            now: float | None = None) -> RetrainResult:
+    """Retrain the champion of A/B run `from_events` on its logged feedback; see the module doc."""
+    from .serve.control import load_state, parts
+    from .spec import JobSpec, load_spec
+
+    job = spec if isinstance(spec, JobSpec) else load_spec(spec, list(overrides))
+    run, state = load_state(from_events)
+    args, user = parts(state["config"])
+    champion = args["checkpoints"][user["champion"]]
+    now = time.time() if now is None else now
+    stamp = _dt.datetime.fromtimestamp(now).strftime("%Y%m%d-%H%M%S")
+    out = os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}")
+    os.makedirs(out, exist_ok=True)
+    table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now)
+    path = os.path.join(out, "events.parquet")
+    pq.write_table(table, path)
+    label = _label_column(champion)
+    positives = int(pa.compute.sum(table.column(label)).as_py() or 0)
+    _check_rows(table.num_rows, positives, from_events)
+    retrain_job = job_for(job, champion, path, label, f"retrain-{args['experiment']}-{stamp}")
+    result = _fit_and_gate(retrain_job, champion, address)
+    ab_path = None
+    new_auc, old_auc, checkpoint = result
+    outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, old_auc, new_auc, min_auc_gain, None)
+    if outcome.passed:
+        ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name or f"{args['experiment']}-r{stamp}", challenger_weight)
+        outcome = RetrainResult(**{**asdict(outcome), "ab_spec": ab_path})
+    with open(os.path.join(out, "retrain.json"), "w") as f:
+        json.dump({**outcome.to_dict(), "window": window, "attribution": attribution, "job": retrain_job.model_dump(mode="json")},
+                  f, indent=1, default=str)
+    return outcome
+
+
+def _label_column(champion: str) -> str:
+    from .features import FittedFeatures
+
+    return FittedFeatures.load(os.path.join(champion, "features.json")).label.column
+
+
+def training_rows(args: dict, champion: str, window_s: float | None, attribution_s: float | None, now: float) -> pa.Table:
+    """The labelled rows: one per exposure in the window whose label is known."""
+    from .ab_spec import ABSpec
+    from .features import FittedFeatures
+    from .serve.events import EventReader
+
+    spec = ABSpec.model_validate(args["spec"])
+    reader = EventReader(args["events_url"])
+    try:
+        frame = reader.training_frame(args["experiment"], since=None if window_s is None else now - window_s, until=now,
+                                      event=spec.analysis.event)
+    finally:
+        reader.close()
+    waited = now - frame["ts"]
+    delay = frame["outcome_ts"] - frame["ts"]
+    within = delay.notna() & ((delay <= attribution_s) if attribution_s is not None else True)
+    known = within | (waited >= (attribution_s or 0.0))  # no outcome yet and still inside the window: unknown
+    frame = frame[known]
+    features = FittedFeatures.load(os.path.join(champion, "features.json"))
+    names = [c["name"] for c in _input_columns(features)]
+    rows = [json.loads(text) for text in frame["features"]]
+    columns = {n: [r.get(n) for r in rows] for n in names}
+    columns[features.label.column] = [1.0 if v else 0.0 for v in within[known]]
+    columns["request_id"] = list(frame["request_id"])
+    return pa.table(columns)
+
+
+def _input_columns(features) -> list[dict]:
+    """The raw columns a request carries: the training schema less the label and derived columns."""
+    return [c for c in features.columns if c["role"] != "label" and c["name"] not in features.derived]
+
+
+def _check_rows(rows: int, positives: int, run: str) -> None:
+    if rows < 50 or positives == 0 or positives == rows:
+        raise DataError(f"A/B run {run} has {rows} labelled exposures ({positives} with an outcome) in the window: too few, or one "
+                        "class only, to retrain on; widen --window, wait for more traffic, or check that events.log_features is on")
+
+
+def job_for(job, champion: str, events_path: str, label: str, run_name: str):
+    """SPEC's model and training settings on the event rows, warm-started from the champion."""
+    from .features import FittedFeatures
+    from .spec import JobSpec
+
+    features = FittedFeatures.load(os.path.join(champion, "features.json"))
+    columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in _input_columns(features)]
+    raw = job.model_dump(mode="json", exclude_none=True)
+    raw["name"] = run_name
+    raw["data"] = {"source": {"kind": "parquet", "path": events_path},
+                   "columns": [*columns, {"name": label, "role": "label"}, {"name": "request_id", "role": "id"}],
+                   "label": {"column": label, "task": "binary"}}
+    raw["split"] = {"kind": "random", "train": 0.8, "val": 0.2, "test": 0.0, "seed": job.split.seed, "key": ["request_id"]}
+    raw["rebalance"] = {"method": "none"}
+    raw["train"] = {**raw["train"], "init_from": os.path.abspath(champion), "run_name": run_name}
+    raw["model"] = _model_section(champion)
+    return JobSpec.model_validate(raw)
+
+
+def _model_section(champion: str) -> dict:
+    """The champion's architecture: a warm start needs the same shapes whatever SPEC says."""
+    with open(os.path.join(champion, "model.json")) as f:
+        config = dict(json.load(f)["config"])
+    from .spec import ModelSpec
+
+    return {k: v for k, v in config.items() if k in ModelSpec.model_fields}
+
+
+def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:
+    """(new AUC, champion AUC, new checkpoint), both scored on the held-out recent events."""
+    from .evaluate import evaluate_checkpoint
+    from .train.trainer import fit
+
+    result = fit(job, address=address, evaluate_test=False)
+    val = result.preprocessed.dataset("val")
+    new = evaluate_checkpoint(result.checkpoint, val, job.eval).auc
+    old = evaluate_checkpoint(champion, val, job.eval).auc
+    if new is None or old is None:
+        raise DataError("the held-out events have one class only: no AUC to gate on; retrain with a wider --window")
+    return new, old, result.checkpoint
+
+
+def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> str:
+    """The next experiment: the champion against the retrained model, otherwise as before."""
+    prior = args["spec"]
+    weight = weight if weight is not None else _first_weight(prior)
+    spec = {k: v for k, v in prior.items() if k not in ("name", "salt", "arms", "champion", "shadow")}
+    spec.update(name=re.sub(r"[^A-Za-z0-9_.-]", "-", name), champion=champion_arm, arms=[
+        {"name": champion_arm, "weight": round(1.0 - weight, 6), "checkpoint": os.path.abspath(champion)},
+        {"name": "retrained", "weight": weight, "checkpoint": os.path.abspath(challenger)},
+    ])
+    if spec.get("events", {}).get("url") is None:
+        spec.get("events", {}).pop("url", None)
+    path = os.path.join(out, "ab.yaml")
+    with open(path, "w") as f:
+        f.write(f"# rayload serve {path}\n# written by rayload retrain: the champion against the model retrained on its feedback\n")
+        yaml.safe_dump(spec, f, sort_keys=False)
+    from .ab_spec import load_ab_spec
+
+    load_ab_spec(path)  # what we hand over must load
+    return path
+
+
+def _first_weight(prior: dict) -> float:
+    ramp = prior.get("ramp") or {}
+    if ramp.get("auto") and ramp.get("steps"):  # the controller ramps from its first step
+        return float(ramp["steps"][0])
+    others = [a["weight"] for a in prior["arms"] if a["name"] != prior.get("champion")]
+    return float(others[0]) if others and others[0] > 0 else 0.5

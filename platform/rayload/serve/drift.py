@@ -1,0 +1,170 @@
+"""Feature drift of served traffic against the training data, in bounded memory.
+
+Every model deployment counts the raw feature values it scores into fixed bins taken from
+its checkpoint's `features.json`:
+
+- numeric: the training deciles (distinct inner edges) plus a missing bin; the reference
+  shares are the training histogram over those edges (`stats.histogram`), or an even split
+  per decile for a features.json written before histograms were kept;
+- categorical (vocabulary): the most frequent training values (`stats.top_values`), the rest
+  of the vocabulary, out-of-vocabulary, missing; without `top_values`: in-vocabulary, OOV,
+  missing. Hash-encoded columns have no vocabulary: only their missing rate is tracked.
+
+The counts (a few dozen integers per feature, whatever the traffic) are flushed to the event
+store per replica and summed over replicas when read, so the statistics cover all of them.
+
+PSI = sum over bins of (observed - expected) * ln(observed / expected), with empty bins
+floored at EPS. With n rows and B bins a sample from the training distribution itself gives
+PSI of about (B - 1) / n on average, so a feature is flagged only past `threshold` (0.2, the
+usual "significant shift") and after `min_rows` rows, which keeps false alarms rare
+(tests/unit/test_drift.py measures the rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EPS = 1e-4
+
+
+@dataclass(frozen=True)
+class Bins:
+    feature: str
+    kind: str  # numeric | categorical | missing-only
+    labels: tuple[str, ...]
+    expected: tuple[float, ...]
+    edges: tuple[float, ...] = ()
+    top: tuple[str, ...] = ()
+    vocab: frozenset = frozenset()
+    multi: bool = False
+    separator: str = "|"
+
+    def index(self, values: list) -> np.ndarray:
+        """Bin of every raw value (bags: of every token)."""
+        if self.kind == "numeric":
+            return self._numeric(values)
+        if self.kind == "missing-only":
+            return np.array([0 if _missing(v) else 1 for v in values], dtype=np.int64)
+        return self._categorical(values)
+
+    def _numeric(self, values: list) -> np.ndarray:
+        x = np.array([np.nan if _missing(v) else _float(v) for v in values], dtype=np.float64)
+        out = np.searchsorted(np.asarray(self.edges), x, side="right") + 1
+        out[np.isnan(x)] = 0
+        return out
+
+    def _categorical(self, values: list) -> np.ndarray:
+        tokens = []
+        for v in values:
+            if self.multi:
+                tokens += [t.strip() for t in ("" if _missing(v) else str(v)).split(self.separator) if t.strip()]
+            else:
+                tokens.append(None if _missing(v) else str(v))
+        top = {v: i + 1 for i, v in enumerate(self.top)}
+        other, oov = len(self.top) + 1, len(self.top) + 2
+        return np.array([0 if t is None else top.get(t) or (other if t in self.vocab else oov) for t in tokens], dtype=np.int64)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v)) or v == ""
+
+
+def _float(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def bins_for(features) -> list[Bins]:
+    """The bins of every raw input column a model reads, with the training shares."""
+    inputs = {c["name"] for c in features.columns if c["role"] not in ("label", "timestamp", "id")}
+    out = [_numeric_bins(s) for s in features.numeric if s.name in inputs and s.stats.get("count")]
+    out += [_categorical_bins(s) for s in features.categorical if s.name in inputs]
+    return out
+
+
+def _numeric_bins(state) -> Bins:
+    null = float(state.stats.get("null_rate", 0.0))
+    hist = state.stats.get("histogram")
+    if hist:
+        edges, shares = hist["edges"], hist["shares"]
+    else:  # older features.json: assume the deciles split the values evenly
+        edges = sorted(set(state.stats["quantiles"][1:-1]))
+        shares = [1.0 / (len(edges) + 1)] * (len(edges) + 1)
+    labels = ["missing", f"<= {edges[0]:g}" if edges else "all"] + [f"> {e:g}" for e in edges]
+    return Bins(state.name, "numeric", tuple(labels), (null, *[(1 - null) * s for s in shares]), edges=tuple(edges))
+
+
+def _categorical_bins(state) -> Bins:
+    null = 0.0 if state.multi else float(state.stats.get("null_rate", 0.0))
+    if state.encode == "hash" or state.vocab is None:
+        return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null))
+    coverage = float(state.stats.get("coverage", 1.0))
+    top, shares = state.stats.get("top_values", []), state.stats.get("top_shares", [])
+    rest = max(coverage - sum(shares), 0.0)
+    expected = (null, *[(1 - null) * s for s in shares], (1 - null) * rest, (1 - null) * (1 - coverage))
+    labels = ("missing", *top, "other (in vocabulary)", "out of vocabulary")
+    return Bins(state.name, "categorical", labels, expected, top=tuple(top), vocab=frozenset(state.vocab),
+                multi=state.multi, separator=state.separator)
+
+
+class DriftCounter:
+    """Bin counts of one model's traffic: fixed size, whatever the number of requests."""
+
+    def __init__(self, features):
+        self.bins = {b.feature: b for b in bins_for(features)}
+        self.counts = {name: np.zeros(len(b.labels), dtype=np.int64) for name, b in self.bins.items()}
+        self.rows = 0
+        self.version = 0  # bumps on every observe: the flusher writes only what changed
+
+    def observe(self, rows: list[dict]) -> None:
+        for name, b in self.bins.items():
+            idx = b.index([r.get(name) for r in rows])
+            if len(idx):
+                self.counts[name] += np.bincount(idx, minlength=len(b.labels))
+        self.rows += len(rows)
+        self.version += 1
+
+    def snapshot(self) -> dict:
+        return {"rows": self.rows, "counts": {k: v.tolist() for k, v in self.counts.items()}}
+
+
+def merge(snapshots: list[dict]) -> dict:
+    """Sum of several replicas' snapshots of the same model."""
+    out = {"rows": 0, "counts": {}}
+    for snap in snapshots:
+        out["rows"] += snap["rows"]
+        for name, counts in snap["counts"].items():
+            prev = out["counts"].get(name)
+            out["counts"][name] = counts if prev is None else [a + b for a, b in zip(prev, counts)]
+    return out
+
+
+def psi(expected, counts) -> float:
+    e = np.maximum(np.asarray(expected, dtype=np.float64), EPS)
+    total = float(np.sum(counts))
+    if total == 0:
+        return 0.0
+    a = np.maximum(np.asarray(counts, dtype=np.float64) / total, EPS)
+    e = e / e.sum()
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def report(bins: list[Bins], snapshot: dict, threshold: float = 0.2, min_rows: int = 500) -> list[dict]:
+    """Per feature: rows seen, PSI, OOV rate (categoricals), and whether it is flagged."""
+    out = []
+    for b in bins:
+        counts = snapshot["counts"].get(b.feature)
+        if counts is None:
+            continue
+        n = int(sum(counts))
+        value = psi(b.expected, counts)
+        row = {"feature": b.feature, "kind": b.kind, "rows": n, "psi": value, "flagged": bool(n >= min_rows and value > threshold)}
+        if b.kind == "categorical":
+            row["oov_rate"] = counts[-1] / n if n else 0.0
+            row["training_oov_rate"] = b.expected[-1] / max(sum(b.expected), EPS)
+        out.append(row)
+    return sorted(out, key=lambda r: -r["psi"])

@@ -1,0 +1,74 @@
+"""train.init_from / train.freeze: warm starts and frozen parts, on the in-process loop."""
+
+import pytest
+import torch
+from test_train_loop import MemorySession, features, job, table
+
+from rayload.errors import RayloadError
+from rayload.spec import JobSpec
+from rayload.train.loop import run
+
+CONTEXT = {"train_rows": 1024, "manifest": {}}
+
+
+def _weights(checkpoint: str) -> dict:
+    return torch.load(f"{checkpoint}/model.pt", weights_only=True)
+
+
+def _source(tmp_path, **model) -> str:
+    session = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "source"))
+    spec = job(epochs=1)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update=model)})
+    run(spec, features(), session, CONTEXT)
+    return session.reports[-1][1]
+
+
+def _tuned(tmp_path, source: str, name: str = "tuned", model: dict | None = None, **train) -> dict:
+    spec = job(epochs=2, init_from=source, **train)
+    if model:
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update=model)})
+    session = MemorySession(table(1024, 2), table(512, 3), str(tmp_path / name))
+    run(spec, features(), session, CONTEXT)
+    return _weights(session.reports[-1][1])
+
+
+def test_frozen_parts_stay_bit_identical_and_the_rest_trains(tmp_path):
+    source = _source(tmp_path, batch_norm=True)
+    before = _weights(source)
+    after = _tuned(tmp_path, source, model={"batch_norm": True}, freeze=["embeddings", "deep"])
+    frozen = [k for k in before if k.startswith(("embed.", "deep."))]
+    assert any("running_mean" in k for k in frozen)  # batch-norm statistics of a frozen part stay too
+    for k in frozen:
+        assert torch.equal(before[k], after[k]), k
+    moved = [k for k in before if k.startswith("first.") and not torch.equal(before[k], after[k])]
+    assert moved, "the unfrozen first-order part did not train"
+
+
+def test_full_fine_tune_starts_from_the_checkpoint(tmp_path):
+    source = _source(tmp_path)
+    before = _weights(source)
+    warm = _tuned(tmp_path, source, "warm", lr=1e-9)  # steps this small keep the starting point visible
+    fresh_session = MemorySession(table(1024, 2), table(512, 3), str(tmp_path / "fresh"))
+    run(job(epochs=2, lr=1e-9), features(), fresh_session, CONTEXT)
+    fresh = _weights(fresh_session.reports[-1][1])
+    for key in ("embed.tables.0.weight", "deep.0.weight"):
+        assert torch.allclose(warm[key], before[key], atol=1e-6), key
+        assert not torch.allclose(fresh[key], before[key], atol=1e-4), key
+
+
+def test_freeze_needs_init_from_and_a_part_the_model_has(tmp_path):
+    with pytest.raises(ValueError, match="freeze=.*needs init_from"):
+        job(freeze=["embeddings"])
+    source = _source(tmp_path)
+    spec = JobSpec.model_validate({**job().model_dump(), "model": {**job().model_dump()["model"], "name": "dlrm"},
+                                   "train": {**job().model_dump()["train"], "init_from": source, "freeze": ["deep"]}})
+    session = MemorySession(table(256, 0), table(256, 1), str(tmp_path / "x"))
+    with pytest.raises(RayloadError):  # the deepfm checkpoint does not fit a dlrm first
+        run(spec, features(), session, CONTEXT)
+
+
+def test_a_part_the_model_lacks_is_named_with_the_parts_it_has(tmp_path):
+    source = _source(tmp_path)
+    spec = job(init_from=source, freeze=["bottom"])
+    with pytest.raises(RayloadError, match=r"DeepFM has no 'bottom' part; its parts are \['embeddings', 'first_order', 'dense_vectors', 'deep'\]"):
+        run(spec, features(), MemorySession(table(256, 0), table(256, 1), str(tmp_path / "y")), CONTEXT)
