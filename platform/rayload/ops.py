@@ -85,14 +85,13 @@ def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".
 
 def _commit_env(working_dir: str) -> dict:
     """The upload has no .git: send the commit so the run's manifest still names it."""
-    from .train.trainer import _git_commit
+    import subprocess
 
-    cwd = os.getcwd()
     try:
-        os.chdir(working_dir)
-        commit = _git_commit()
-    finally:
-        os.chdir(cwd)
+        out = subprocess.run(["git", "-C", working_dir, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        commit = out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
     return {"RAYLOAD_GIT_COMMIT": commit} if commit else {}
 
 

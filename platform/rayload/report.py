@@ -103,7 +103,7 @@ def _ab_section(ab: dict, decided: dict) -> str:
     if not ab.get("run_dir") or not os.path.exists(os.path.join(ab["run_dir"], "serve.json")):
         return "<p>no A/B experiment in this run</p>"
     from .serve.control import analysis_for
-    from .serve.report import plots
+    from .serve.report import drift_table, plots
 
     result = analysis_for(ab["run_dir"])
     rows = "".join(f"<tr><td>{html.escape(a.arm)}</td><td>{a.units}</td><td>{a.exposures}</td><td>{a.clicks}</td>"
@@ -113,7 +113,7 @@ def _ab_section(ab: dict, decided: dict) -> str:
                                             f"sample ratio p {result.srm_p:.4g}</p>")
     images = "".join(_img(name, png) for name, png in plots(result).items())
     return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th></tr>{rows}</table>"
-            f"{lift}{images}")
+            f"{lift}{drift_table(result.drift)}{images}")
 
 
 def render(manifest: dict) -> str:

@@ -89,9 +89,11 @@ class Head:
     def run(self, *args, timeout=600, env: dict | None = None, cwd: str = ROOT):
         return subprocess.run(list(args), cwd=cwd, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
-    def job_submit(self, *entrypoint, timeout=600):
-        """`ray job submit --working-dir .` from the repository, as the README says."""
-        return self.run(os.path.join(BIN, "ray"), "job", "submit", f"--address={self.url}", "--working-dir", ".", "--",
+    def job_submit(self, *entrypoint, timeout=600, working_dir: bool = True):
+        """`ray job submit --working-dir .` from the repository, as the README says (or, with
+        working_dir=False, a job that runs the installed package on paths it is given)."""
+        upload = ["--working-dir", "."] if working_dir else []
+        return self.run(os.path.join(BIN, "ray"), "job", "submit", f"--address={self.url}", *upload, "--",
                         *entrypoint, timeout=timeout)
 
     def processes(self) -> list[psutil.Process]:

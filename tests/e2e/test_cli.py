@@ -75,3 +75,11 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert metrics["rows"] > 15000 and 0.6 < metrics["auc"] < 0.9
     r = cli("evaluate", str(spec), "--set", "features.categorical.userId.min_count=3", "--checkpoint", checkpoint, home=tmp_path)
     assert r.returncode == 2 and "different preprocessing" in r.stderr
+    # The lifecycle commands on the same MovieLens checkpoint: int8 passes the gate, an
+    # over-pruned model is refused with both AUCs and exit 1, and nothing is written for it.
+    r = cli("compress", checkpoint, "--method", "int8", home=tmp_path)
+    assert r.returncode == 0 and "wrote" in r.stdout and "validation AUC" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert os.path.exists(os.path.join(checkpoint + "-int8", "model.pt"))
+    r = cli("compress", checkpoint, "--method", "prune", "--amount", "0.99", home=tmp_path)
+    assert r.returncode == 1 and "refused" in r.stderr and "validation AUC" in r.stderr, r.stdout + r.stderr[-3000:]
+    assert not os.path.exists(checkpoint + "-prune99")

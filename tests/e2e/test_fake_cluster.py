@@ -44,9 +44,13 @@ def test_derived_config_keeps_cluster_yaml_node_types(cluster):
 def test_gpu_training_job_launches_the_gpu_worker_type(cluster):
     h, config = cluster
     gpu_type = next(k for k, v in config["available_node_types"].items() if v.get("resources", {}).get("GPU"))
-    r = h.job_submit("rayload", "train", "jobs/movielens_deepfm.yaml", "--set", "resources.workers=2", "--set",
+    # No working_dir upload here (test_job_submit covers it): every fake node lives in one session
+    # folder, so a node that joins re-extracts the shared working_dir package under workers that
+    # run in it; their cwd vanishes and MKL then cannot load libtorch ("getcwd() failed"). Real
+    # nodes each have their own session folder.
+    r = h.job_submit("rayload", "train", os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "--set", "resources.workers=2", "--set",
                      "resources.gpus_per_worker=1", "--set", "resources.cpu_fallback=true", "--set", "train.epochs=1", "--set", "train.max_failures=3",
-                     "--set", "model.hidden=[16]", "--set", f"train.storage_path={h.dir}/checkpoints", timeout=600)
+                     "--set", "model.hidden=[16]", "--set", f"train.storage_path={h.dir}/checkpoints", timeout=600, working_dir=False)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert "best checkpoint:" in out

@@ -19,7 +19,7 @@ SMALL = {
     "movielens_deepfm.yaml": ["train.train.epochs=1", "train.model.hidden=[16]"],
     "synthetic_dlrm.yaml": ["train.data.source.rows=3000", "train.data.source.shard_rows=1500", "train.train.epochs=1",
                             "train.train.batch_size=256"],
-    "ab_movielens.yaml": ["ab.arms.0.set=[train.epochs=1]", "ab.arms.1.set=[train.epochs=1]",
+    "ab_movielens.yaml": ['ab.arms.0.set=["train.epochs=1", "model.hidden=[16]"]', 'ab.arms.1.set=["train.epochs=1", "model.hidden=[16]"]',
                           "ab.simulate.requests=300", "ab.serving.port=8781"],
     "movielens_pipeline.yaml": ["baseline.train.epochs=1", "baseline.model.hidden=[16]", "search.num_samples=1",
                                 "search.scheduler.max_epochs=1", "search.scheduler.grace_period=1", "search.startup_trials=1",

@@ -62,7 +62,7 @@ def test_decision_follows_the_offline_winner(models, better):
     spec = ab_from_dict(experiment("better" if better else "worse", champion, challenger, route))
     dep = control.start(spec)
     world = world_for(spec, dep.args)
-    out = simulate_and_decide(dep.run_dir, dep.url, world, users=3000, requests=4000, concurrency=8, chunks=10)
+    out = simulate_and_decide(dep.run_dir, dep.url, world, users=3000, requests=4000, concurrency=8, chunks=20)
     assert set(out.status) <= {200}, out.status
     assert out.decision == ("promote" if better else "rollback"), (out.decision, out.reasons, out.steps)
     _, state = control.load_state(dep.run_dir)

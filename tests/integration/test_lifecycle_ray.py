@@ -127,8 +127,26 @@ def test_compressed_model_serves_against_its_original_with_drift_merged_over_rep
         from rayload.serve.report import render
 
         assert 'id="drift"' in render(status) and "DRIFT" in render(status)
+        metrics = _prometheus(lambda text: 'feature="I1"' in text and "rayload_feature_drift_flagged" in text)
+        psi = [line for line in metrics.splitlines() if line.startswith("ray_rayload_feature_psi{") and 'feature="I1"' in line]
+        assert psi and all(float(line.rsplit(" ", 1)[1]) > 0.2 for line in psi), metrics[-2000:]
     finally:
         control.stop(dep.run_dir)
+
+
+def _prometheus(done, timeout: float = 45.0) -> str:
+    """The text Ray's metrics agent serves to Prometheus, once `done(text)` (replicas report
+    their metrics every few seconds)."""
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    deadline, text = time.time() + timeout, ""
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        if done(text):
+            break
+        time.sleep(1)
+    return text
 
 
 def _post_all(client, prefix: str, rows: list[dict]) -> list:

@@ -1,0 +1,96 @@
+"""Training rows for `rayload retrain` from a real SQLite event store: the sliding window, the
+attribution window, labels still unknown, and the schema migration that added features."""
+
+import dataclasses
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from rayload.errors import DataError, RayloadError
+from rayload.retrain import _check_rows, parse_duration, training_rows
+from rayload.serve import events
+from test_train_loop import features
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture()
+def store(tmp_path):
+    champion = tmp_path / "champion"
+    champion.mkdir()
+    columns = [{"name": "x", "role": "numeric"}, {"name": "c", "role": "categorical"}, {"name": "b", "role": "multi_categorical"},
+               {"name": "y", "role": "label"}]
+    dataclasses.replace(features(), columns=columns).save(str(champion / "features.json"))
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    writer = events.EventWriter(url, flush_ms=1)
+
+    def exposure(rid, age, outcome_after=None, feats=True, experiment="exp"):
+        row = {"request_id": rid, "experiment": experiment, "unit_id": "u", "arm": "a", "model_version": "v", "score": 0.5,
+               "status": "ok", "latency_ms": 1.0, "layout": "{}", "ts": NOW - age,
+               "features": json.dumps({"x": 1.5, "c": "3", "b": "p|q"}) if feats else None}
+        writer.submit("exposure", row).result()
+        if outcome_after is not None:
+            writer.submit("outcome", {"request_id": rid, "event": "click", "value": 1.0, "ts": NOW - age + outcome_after}).result()
+
+    yield {"url": url, "exposure": exposure, "champion": str(champion)}
+    writer.close()
+
+
+def _args(url):
+    return {"events_url": url, "experiment": "exp", "spec": {"name": "exp", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"},
+                                                                                     {"name": "b", "weight": 0.5, "checkpoint": "y"}]}}
+
+
+def test_labels_follow_the_attribution_window_and_unknown_labels_are_left_out(store):
+    e = store["exposure"]
+    e("clicked-fast", age=3600, outcome_after=10)          # positive
+    e("clicked-late", age=7200, outcome_after=3000)        # outcome after the 30 min window: negative
+    e("no-click-old", age=3600)                            # window passed without an outcome: negative
+    e("no-click-young", age=60)                            # still inside the window: unknown, left out
+    e("clicked-young", age=60, outcome_after=30)           # young but already clicked: positive
+    e("too-old", age=9 * 86400, outcome_after=5)           # outside the 7-day sliding window
+    e("no-features", age=3600, outcome_after=5, feats=False)
+    e("other-experiment", age=3600, outcome_after=5, experiment="other")
+    table = training_rows(_args(store["url"]), store["champion"], parse_duration("7d", "w"), parse_duration("30m", "a"), NOW)
+    labels = dict(zip(table.column("request_id").to_pylist(), table.column("y").to_pylist()))
+    assert labels == {"clicked-fast": 1.0, "clicked-late": 0.0, "no-click-old": 0.0, "clicked-young": 1.0}
+    assert set(table.column_names) == {"x", "c", "b", "y", "request_id"}
+    assert table.column("c").to_pylist() == ["3"] * 4
+
+
+def test_durations_parse_and_bad_ones_name_the_option():
+    assert parse_duration("7d", "--window") == 7 * 86400 and parse_duration("1.5h", "--window") == 5400
+    assert parse_duration("all", "--window") is None
+    with pytest.raises(RayloadError, match="--window must look like"):
+        parse_duration("7 days", "--window")
+
+
+def test_too_few_or_one_class_rows_are_refused_with_what_to_do():
+    with pytest.raises(DataError, match="widen --window"):
+        _check_rows(1000, 0, "exp")
+    with pytest.raises(DataError, match="too few"):
+        _check_rows(10, 5, "exp")
+    _check_rows(1000, 100, "exp")
+
+
+def test_a_version_1_store_is_migrated_in_place(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # the version-1 layout: no features column, no drift table
+        conn.execute(sa.text("CREATE TABLE ab_meta (key VARCHAR(64) PRIMARY KEY, value TEXT)"))
+        conn.execute(sa.text("INSERT INTO ab_meta VALUES ('schema_version', '1')"))
+        conn.execute(sa.text("CREATE TABLE ab_exposures (request_id VARCHAR(64) PRIMARY KEY, experiment VARCHAR(128) NOT NULL, "
+                             "unit_id VARCHAR(256) NOT NULL, arm VARCHAR(64) NOT NULL, model_version VARCHAR(128) NOT NULL, score FLOAT, "
+                             "status VARCHAR(16) NOT NULL, latency_ms FLOAT NOT NULL, layout VARCHAR(256) NOT NULL, ts FLOAT NOT NULL)"))
+        conn.execute(sa.text("INSERT INTO ab_exposures VALUES ('old', 'exp', 'u', 'a', 'v', 0.5, 'ok', 1.0, '{}', 1.0)"))
+    reader = events.EventReader(url)
+    with reader.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT value FROM ab_meta")).scalar_one() == str(events.SCHEMA_VERSION)
+        assert conn.execute(sa.text("SELECT request_id, features FROM ab_exposures")).all() == [("old", None)]
+    assert reader.drift("exp") == {}
+    reader.close()
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ab_meta SET value = '99'"))
+    with pytest.raises(RayloadError, match="newer than this rayload"):
+        events.EventReader(url)
