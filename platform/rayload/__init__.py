@@ -47,7 +47,7 @@ def run(spec, run_id: str | None = None, overrides=(), address: str | None = Non
 def compress(checkpoint: str, method: str = "int8", **options):
     """An int8 or pruned copy of a checkpoint, written only if its validation AUC drops by at
     most `max_auc_drop` (else GateRefused with both AUCs); returns a CompressResult."""
-    from .compress import compress as run
+    from .compression import compress as run
 
     return run(checkpoint, method, **options)
 
@@ -55,7 +55,7 @@ def compress(checkpoint: str, method: str = "int8", **options):
 def retrain(spec, from_events: str, **options):
     """Retrain an A/B run's champion on its logged feedback, gate it, and write the next A/B
     spec with it as challenger; returns a RetrainResult."""
-    from .retrain import retrain as run
+    from .retraining import retrain as run
 
     return run(spec, from_events, **options)
 
@@ -87,11 +87,11 @@ def __getattr__(name: str):
 
         return TuneResult
     if name == "CompressResult":
-        from .compress import CompressResult
+        from .compression import CompressResult
 
         return CompressResult
     if name == "RetrainResult":
-        from .retrain import RetrainResult
+        from .retraining import RetrainResult
 
         return RetrainResult
     if name == "synth":

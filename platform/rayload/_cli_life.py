@@ -23,8 +23,8 @@ def compress(
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Write a compressed copy of a checkpoint if it passes the validation-AUC gate."""
-    from .compress import GateRefused
-    from .compress import compress as run
+    from .compression import GateRefused
+    from .compression import compress as run
     from .spec import load_spec
 
     job = load_spec(spec, set_ or []) if spec else None
@@ -56,7 +56,7 @@ def retrain(
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Retrain the champion on its A/B feedback, gate it offline, and register it as the next challenger."""
-    from .retrain import retrain as run
+    from .retraining import retrain as run
 
     with console.status("joining exposures and outcomes, warm-starting from the champion..."):
         result = run(spec, from_events, window=window, attribution=attribution, min_auc_gain=min_auc_gain,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rayload.ab_spec import ab_from_dict, load_ab_spec
-from rayload.compress import GateRefused, compress
+from rayload.compression import GateRefused, compress
 from rayload.data.builtin import _synth_params
 from rayload.serve import control
 from rayload.serve.simulate import SyntheticWorld, simulate
@@ -85,7 +85,7 @@ def test_the_gate_refuses_an_over_pruned_model_and_writes_nothing(champion):
 def test_pruning_with_fine_tune_keeps_the_cut_weights_at_zero(champion):
     result = compress(champion["checkpoint"], "prune", amount=0.4, finetune_epochs=1, max_auc_drop=0.05)
     assert result.settings["sparsity"] >= 0.39
-    from rayload.compress import sparsity
+    from rayload.compression import sparsity
 
     assert sparsity(ckpt.load(result.checkpoint).model) == pytest.approx(result.settings["sparsity"])
 
@@ -167,7 +167,7 @@ def _wait_drift(client, done, timeout: float = 30.0) -> list[dict]:
 
 
 def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_the_next_experiment(champion):
-    from rayload.retrain import retrain
+    from rayload.retraining import retrain
 
     params = _synth_params(job().data.source)
     int8 = compress(champion["checkpoint"], "int8").checkpoint

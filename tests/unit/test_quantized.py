@@ -77,3 +77,15 @@ def test_a_state_that_does_not_fit_the_architecture_is_refused():
     state.pop(next(k for k in state if k.startswith("dense_vectors")))
     with pytest.raises(ValueError, match="does not fit"):
         q.build(build_model(cfg, SHAPE), state, plan)
+
+
+@pytest.mark.parametrize("dim,per_row", [(16, True), (1, False)])
+def test_int8_lookups_equal_the_dequantized_table_for_ids_and_uneven_bags(dim, per_row):
+    torch.manual_seed(3)
+    codes, scale = q.quantize_rows(torch.randn(100, dim) * 0.05, per_row=per_row)
+    table = codes.float() * (scale.unsqueeze(1) if per_row else scale)
+    ids = torch.randint(0, 100, (64, 2))[:, 1]  # a strided column, as FieldEmbeddings passes it
+    assert torch.allclose(q.Int8Embedding(codes, scale)(ids), table[ids], atol=1e-7)
+    values, offsets = torch.randint(0, 100, (10,)), torch.tensor([0, 1, 4, 6])
+    expected = nn.functional.embedding_bag(values, table, offsets, mode="mean")
+    assert torch.allclose(q.Int8EmbeddingBag(codes, scale)(values, offsets), expected, atol=1e-7)

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from rayload.errors import DataError, RayloadError
-from rayload.retrain import _check_rows, parse_duration, training_rows
+from rayload.retraining import _check_rows, parse_duration, training_rows
 from rayload.serve import events
 from test_train_loop import features
 
@@ -94,3 +94,13 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
         conn.execute(sa.text("UPDATE ab_meta SET value = '99'"))
     with pytest.raises(RayloadError, match="newer than this rayload"):
         events.EventReader(url)
+
+
+def test_sdk_entry_points_stay_functions_after_their_modules_load():
+    # A submodule named like an SDK function would replace it on the package once imported.
+    import rayload
+    import rayload.compression  # noqa: F401
+    import rayload.retraining  # noqa: F401
+    import rayload.tuning  # noqa: F401
+
+    assert all(callable(getattr(rayload, name)) for name in ("compress", "retrain", "tune", "train", "run"))
