@@ -72,6 +72,9 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     from .train import checkpoint as ckpt
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
+    target = out or f"{os.path.normpath(checkpoint)}-{method if method == 'int8' else f'prune{round(amount * 100)}'}"
+    if os.path.abspath(target) == os.path.abspath(checkpoint):
+        raise RayloadError(f"--out {target} is the checkpoint being compressed; write the compressed copy somewhere else")
     source = ckpt.load(checkpoint)
     config = _model_json(checkpoint)
     if config.get("compression"):
@@ -92,7 +95,6 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         info["sparsity"] = sparsity(model)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     _, after = _predict(model, pre.dataset("val"), layout)
-    target = out or f"{os.path.normpath(checkpoint)}-{method if method == 'int8' else f'prune{round(amount * 100)}'}"
     result = CompressResult(method, checkpoint, None, auc(labels, before), auc(labels, after), max_auc_drop,
                             os.path.getsize(os.path.join(checkpoint, ckpt.MODEL)), 0, info)
     if not result.passed:

@@ -85,6 +85,22 @@ def test_simulate_status_and_report(running):
     assert "data:image/png;base64," in page and f'id="decision">{analysis["decision"]}<' in page
 
 
+def test_retrain_from_the_logged_movielens_feedback_writes_the_next_experiment(running):
+    # After test_simulate_status_and_report: hundreds of MovieLens exposures with their clicks.
+    run = running["home"] / "runs" / "ab" / "ab_cli"
+    address = json.loads((run / "serve.json").read_text())["address"]  # the serving process's Ray
+    time.sleep(1.5)  # every exposure older than the 1 s attribution window: all labels known
+    r = cli("retrain", "jobs/movielens_deepfm.yaml", "--from-events", "ab_cli", "--window", "all", "--attribution", "1s",
+            "--min-auc-gain=-1", "--weight", "0.2", "--set", "train.epochs=1", "--address", address, env=running["env"], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "labelled exposures" in r.stdout and "held-out AUC: champion" in r.stdout and "next experiment" in r.stdout
+    path = r.stdout.split("rayload serve ")[-1].split()[0]
+    nxt = yaml.safe_load(open(path).read())
+    assert [(a["name"], a["weight"]) for a in nxt["arms"]] == [("baseline", 0.8), ("retrained", 0.2)] and nxt["name"] != "ab_cli"
+    manifest = json.loads(open(os.path.join(nxt["arms"][1]["checkpoint"], "manifest.json")).read())
+    assert manifest["spec"]["train"]["init_from"] == nxt["arms"][0]["checkpoint"]  # warm-started from the champion
+
+
 def test_serve_build_writes_a_config_serve_accepts(running, tmp_path):
     from ray.serve.schema import ServeDeploySchema
 
