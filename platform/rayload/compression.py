@@ -76,7 +76,7 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     if os.path.abspath(target) == os.path.abspath(checkpoint):
         raise RayloadError(f"--out {target} is the checkpoint being compressed; write the compressed copy somewhere else")
     source = ckpt.load(checkpoint)
-    config = _model_json(checkpoint)
+    config = ckpt.read_model_json(checkpoint)
     if config.get("compression"):
         raise RayloadError(f"{checkpoint} is already compressed ({config['compression']['method']}); compress the original")
     if source.features.label.task != "binary":
@@ -112,11 +112,6 @@ def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: 
         raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0, got {finetune_epochs} and {max_auc_drop}")
     if finetune_epochs and method != "prune":
         raise RayloadError("--finetune-epochs applies to --method prune only")
-
-
-def _model_json(checkpoint: str) -> dict:
-    with open(os.path.join(checkpoint, "model.json")) as f:
-        return json.load(f)
 
 
 def _layout(features):
@@ -156,11 +151,11 @@ def _predict(model: nn.Module, dataset, layout) -> tuple[np.ndarray, np.ndarray]
 def _int8(model: nn.Module, config: dict):
     """The int8 model built through the loader's own path from the state written to disk, so
     the gate scores exactly what serving will run."""
-    from .models import InputShape, build_model, quantized
+    from .models import build_model, quantized
+    from .train.checkpoint import input_shape
 
     state, plan = quantized.quantize(copy.deepcopy(model))
-    shape = InputShape(config["shape"]["dense"], tuple(config["shape"]["sparse"]), tuple(config["shape"]["bags"]))
-    served = quantized.build(build_model(config["config"], shape), state, plan)
+    served = quantized.build(build_model(config["config"], input_shape(config)), state, plan)
     return served, state, {"plan": plan, "engine": torch.backends.quantized.engine}
 
 

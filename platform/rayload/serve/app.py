@@ -128,11 +128,13 @@ class ModelDeployment:
 
 def _monitor(args: dict) -> dict | None:
     """What a replica needs to write drift counts, or None when drift monitoring is off."""
-    cfg = args["spec"].get("drift") or {}
-    if not cfg.get("enabled", True):
+    from ..ab_spec import Drift
+
+    cfg = Drift.model_validate(args["spec"].get("drift") or {})  # the spec's defaults, not copies of them
+    if not cfg.enabled:
         return None
     return {"url": args["events_url"], "experiment": args["experiment"],
-            "cfg": {k: cfg.get(k, v) for k, v in (("threshold", 0.2), ("min_rows", 500), ("flush_s", 5.0))}}
+            "cfg": cfg.model_dump(include={"threshold", "min_rows", "flush_s"})}
 
 
 def _flusher(monitor: dict | None, scorers: dict):

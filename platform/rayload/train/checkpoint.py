@@ -101,12 +101,21 @@ class LoadedModel:
     manifest: dict
 
 
+def read_model_json(path: str) -> dict:
+    """A checkpoint's model.json: architecture config, input shape, compression (if any)."""
+    with open(os.path.join(path, MODEL_JSON)) as f:
+        return json.load(f)
+
+
+def input_shape(spec: dict) -> InputShape:
+    """The InputShape recorded in a model.json."""
+    return InputShape(spec["shape"]["dense"], tuple(spec["shape"]["sparse"]), tuple(spec["shape"]["bags"]))
+
+
 def load(path: str, device: str | torch.device = "cpu") -> LoadedModel:
     """Rebuild the model from a checkpoint directory (on CPU unless told otherwise), in eval mode."""
-    with open(os.path.join(path, MODEL_JSON)) as f:
-        spec = json.load(f)
-    shape = InputShape(spec["shape"]["dense"], tuple(spec["shape"]["sparse"]), tuple(spec["shape"]["bags"]))
-    model = build_model(spec["config"], shape)
+    spec = read_model_json(path)
+    model = build_model(spec["config"], input_shape(spec))
     weights = torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu")
     compression = spec.get("compression") or {}
     if compression.get("method") == "int8":  # CPU int8 modules rebuilt from plain int8 tensors

@@ -8,7 +8,6 @@ statistics do not move and its dropout is off, as a fixed feature extractor shou
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -48,11 +47,12 @@ def init_weights(model: nn.Module, checkpoint: str) -> None:
 
 
 def _model_json(checkpoint: str) -> dict:
-    path = os.path.join(checkpoint, "model.json")
+    from .checkpoint import MODEL_JSON, read_model_json
+
+    path = os.path.join(checkpoint, MODEL_JSON)
     if not os.path.exists(path):
         raise RayloadError(f"train.init_from={checkpoint!r} is not a checkpoint: {path} does not exist")
-    with open(path) as f:
-        return json.load(f)
+    return read_model_json(checkpoint)
 
 
 def frozen_parts(model: nn.Module, freeze: list[str]) -> list[tuple[str, nn.Module | nn.Parameter]]:
