@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ._memo import Memo
 from .hashing import to_unit
 
 
 @dataclass
-class TargetState:
+class TargetState(Memo):
     name: str
     values: list[str]
     sums: list[float]
@@ -65,22 +66,41 @@ def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: f
                        fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed, source)
 
 
+def _lookups(state: TargetState) -> dict:
+    """The state's lists as numpy arrays and its values as a dict, built once per state."""
+
+    def build():
+        index: dict[str, int] = {}
+        for i, v in enumerate(state.values):
+            index.setdefault(v, i)
+        counts = np.asarray(state.counts, dtype=np.float64)
+        return {"index": index, "value_set": pa.array(state.values, pa.string()), "sums": np.asarray(state.sums, dtype=np.float64),
+                "counts": counts, "fold_sums": np.asarray(state.fold_sums, dtype=np.float64),
+                "fold_counts": np.asarray(state.fold_counts, dtype=np.float64),
+                "log_scale": max(np.log1p(counts.max() if len(counts) else 0.0), 1.0)}
+
+    return state._memo(build, state.values, state.sums, state.counts, state.fold_sums, state.fold_counts)
+
+
 def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[str, pa.Array]:
     values = table.column(state.name)
-    found = pc.index_in(values, value_set=pa.array(state.values, pa.string()))
-    idx = pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    look = _lookups(state)
+    if len(values) <= 256:  # a request's few rows: dict lookups beat building Arrow's hash table
+        idx = np.fromiter((look["index"].get(v, -1) for v in values.to_pylist()), dtype=np.int64, count=len(values))
+    else:
+        idx = pc.fill_null(pc.index_in(values, value_set=look["value_set"]), -1).to_numpy(zero_copy_only=False).astype(np.int64)
     known = idx >= 0  # unseen and missing values get the prior
     idx = np.maximum(idx, 0)
-    sums, counts = np.asarray(state.sums)[idx], np.asarray(state.counts)[idx]
+    sums, counts = (look["sums"][idx], look["counts"][idx]) if len(state.values) else (np.zeros(len(idx)), np.zeros(len(idx)))
     if out_of_fold and len(state.values):
         f = row_folds(table, state.key, state.seed, state.folds)
-        sums = sums - np.asarray(state.fold_sums)[f, idx]
-        counts = counts - np.asarray(state.fold_counts)[f, idx]
+        sums = sums - look["fold_sums"][f, idx]
+        counts = counts - look["fold_counts"][f, idx]
     sums, counts = np.where(known, sums, 0.0), np.where(known, counts, 0.0)
     mean = (sums + state.prior * state.smoothing) / (counts + state.smoothing)
     # Centred on the prior and scaled to about [-1, 1] so they enter the model like z-scores.
     if state.source == "raw":
         return {state.outputs[0]: pa.array((mean - state.prior).astype(np.float32))}
-    scale = max(np.log1p(max(state.counts, default=0.0)), 1.0)
+    scale = look["log_scale"]
     return {state.outputs[0]: pa.array((2 * (mean - state.prior)).astype(np.float32)),
             state.outputs[1]: pa.array((np.log1p(counts) / scale).astype(np.float32))}

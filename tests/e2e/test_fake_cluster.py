@@ -59,7 +59,8 @@ def test_gpu_training_job_launches_the_gpu_worker_type(cluster):
     assert ranks == {"0", "1"}, out[-5000:]
     status = _status(h)
     launched = re.search(rf"(\d+) {gpu_type}", status)
-    assert launched and int(launched.group(1)) == 2, status
+    # At least the two nodes the ranks ran on (the autoscaler may start a spare while a slow node boots).
+    assert launched and int(launched.group(1)) >= 2, status
     assert os.path.exists(os.path.join(h.dir, "checkpoints"))
 
 

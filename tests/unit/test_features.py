@@ -1,5 +1,6 @@
 """Every transform against a numpy/pandas reference; JSON round trip; batch vs request parity."""
 
+import pickle
 import subprocess
 import sys
 
@@ -102,6 +103,9 @@ def test_vocab_top_k_min_count_oov_and_missing(df):
     np.testing.assert_array_equal(ids, ref)
     rows = feats.transform_rows([{"user": None}, {"user": "never-seen"}, {"user": expected[0]}])
     assert rows.column("user").to_pylist() == [MISSING_ID, OOV_ID, 2]
+    # The serve-time lookup cache stays out of what is shipped to Ray workers and out of the JSON.
+    assert "_memo_cache" in state.__dict__ and "_memo_cache" not in pickle.loads(pickle.dumps(state)).__dict__
+    assert FittedFeatures.from_json(feats.to_json()) == feats
 
 
 def test_hash_is_stable_across_processes(df):
