@@ -77,7 +77,9 @@ def test_relaunch_with_same_run_name_resumes_and_new_name_starts_fresh(movielens
     again = fit(job(movielens_subset, train={"epochs": 2, "run_name": "resume-me", "storage_path": str(tmp_path)}), evaluate_test=False)
     assert [h["epoch"] for h in again.history] == [0, 1] and again.history[-1]["restarts"] == 1
     assert again.history[0]["val_auc"] == first.history[0]["val_auc"]
-    fresh = fit(job(movielens_subset, train={"epochs": 1, "run_name": "other", "storage_path": str(tmp_path)}), evaluate_test=False)
+    # Run names are resolved before either path starts: one in-process worker shows it without a second worker group.
+    fresh = fit(job(movielens_subset, train={"epochs": 1, "run_name": "other", "storage_path": str(tmp_path)}, resources={"workers": 1}),
+                evaluate_test=False)
     assert fresh.history[-1]["restarts"] == 0
 
 

@@ -138,3 +138,19 @@ def test_report_has_the_plots_the_table_and_the_decision():
     page = render(result)
     assert page.count("data:image/png;base64,") == 2  # cumulative CTR with bands, lift over time
     assert 'id="decision">promote<' in page and f"{result.arms[0].ctr:.4f}" in page
+
+
+def test_cumulative_unit_sums_equal_a_group_by_at_every_look():
+    import pandas as pd
+
+    from rayload.serve.analysis import cumulative_unit_sums, unit_sums
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    frame = pd.DataFrame({"ts": rng.uniform(0, 100, n).round(1), "unit_id": rng.integers(0, 700, n).astype(str),
+                          "clicked": (rng.random(n) < 0.2).astype(float)})
+    times = np.quantile(frame["ts"].to_numpy(), np.linspace(0, 1, 41)[1:])
+    for t, got in zip(times, cumulative_unit_sums(frame, times)):
+        want = unit_sums(frame[frame["ts"] <= t])
+        assert got.n == want.n
+        np.testing.assert_allclose([got.x, got.y, got.xx, got.yy, got.xy], [want.x, want.y, want.xx, want.yy, want.xy])

@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from ..ab_spec import ABSpec
 from . import stats
@@ -130,14 +131,31 @@ def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
     """Always-valid p-value: the mSPRT at LOOKS points in time, running minimum of 1/Lambda."""
     times = np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, LOOKS + 1)[1:])
     lambdas = []
-    for t in times:
-        upto = ok[ok["ts"] <= t]
-        control, treatment = upto[upto["arm"] == champion], upto[upto["arm"] == challenger]
-        if control["unit_id"].nunique() < 2 or treatment["unit_id"].nunique() < 2:
+    for c, tr in zip(cumulative_unit_sums(ok[ok["arm"] == champion], times), cumulative_unit_sums(ok[ok["arm"] == challenger], times)):
+        if c.n < 2 or tr.n < 2:
             continue
-        c, tr = unit_sums(control), unit_sums(treatment)
         lambdas.append(stats.msprt_lambda(tr.ctr - c.ctr, c.var + tr.var, tau))
     return stats.always_valid_p(lambdas)
+
+
+def cumulative_unit_sums(frame, times) -> list["stats.ArmSums"]:
+    """unit_sums of the rows with ts <= t, for each t of the ascending `times`, in one pass:
+    per-unit counters grow look by look instead of a group-by over all rows at every look
+    (that was half of a live experiment's analysis time)."""
+    order = np.argsort(frame["ts"].to_numpy(), kind="stable")
+    ts = frame["ts"].to_numpy()[order]
+    codes, uniques = pd.factorize(frame["unit_id"].to_numpy()[order])
+    clicked = frame["clicked"].to_numpy(dtype=float)[order]
+    clicks, exposures = np.zeros(len(uniques)), np.zeros(len(uniques))
+    out, start = [], 0
+    for t in times:
+        end = int(np.searchsorted(ts, t, side="right"))
+        np.add.at(clicks, codes[start:end], clicked[start:end])
+        np.add.at(exposures, codes[start:end], 1.0)
+        start = end
+        seen = exposures > 0
+        out.append(stats.ArmSums.from_units(clicks[seen], exposures[seen]))
+    return out
 
 
 def timeline(ok, arms: list[str], alpha: float, points: int = 30) -> list[dict]:
