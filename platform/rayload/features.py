@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from . import target_stats
 from ._memo import Memo
 from .derived import derive
-from .hashing import as_array, combine, hash_strings, seed_key
+from .hashing import as_array, as_strings, combine, hash_strings, seed_key
 from .target_stats import TargetState
 
 MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
@@ -230,6 +230,7 @@ def encode_ids(state: CategoricalState, values: pa.Array) -> np.ndarray:
     if state.encode == "hash":
         return (hash_strings(values, _HASH_KEY) % np.uint64(state.buckets)).astype(np.int64)
     index, value_set = _vocab_lookup(state)
+    values = as_strings(values)
     if len(values) <= SMALL_LOOKUP:
         return np.fromiter((MISSING_ID if v is None else index.get(v, OOV_ID) for v in values.to_pylist()),
                            dtype=np.int64, count=len(values))

@@ -29,6 +29,17 @@ def as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column
 
 
+def as_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One string Array: dictionary columns decoded, numbers and booleans cast to their text
+    (what validation does to a categorical column), so a lookup by text finds them."""
+    arr = as_array(column)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if not pa.types.is_string(arr.type):
+        arr = pc.cast(arr, pa.string())
+    return arr
+
+
 def hash_strings(values: pa.Array | pa.ChunkedArray, key: str) -> np.ndarray:
     """uint64 hash per element of a string array; nulls hash like the missing token.
 

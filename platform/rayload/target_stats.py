@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._memo import Memo
-from .hashing import to_unit
+from .hashing import as_strings, to_unit
 
 
 @dataclass
@@ -83,7 +83,7 @@ def _lookups(state: TargetState) -> dict:
 
 
 def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[str, pa.Array]:
-    values = table.column(state.name)
+    values = as_strings(table.column(state.name))
     look = _lookups(state)
     if len(values) <= 256:  # a request's few rows: dict lookups beat building Arrow's hash table
         idx = np.fromiter((look["index"].get(v, -1) for v in values.to_pylist()), dtype=np.int64, count=len(values))

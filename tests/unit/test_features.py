@@ -200,3 +200,15 @@ def test_request_with_unparsable_value_names_row_and_column(df):
     feats, _ = fit(df, {})
     with pytest.raises(DataError, match=r"request row 1: price: cannot parse"):
         feats.transform_rows([{"price": 3}, {"price": "abc"}])
+
+
+@pytest.mark.parametrize("rows", [40, 1500], ids=["dict-lookup", "arrow-lookup"])
+def test_raw_integer_ids_get_the_ids_of_their_text_on_both_lookup_paths(df, rows):
+    # A raw Arrow table (item as int64, as Parquet holds MovieLens IDs) encodes like the validated one.
+    feats, good = fit(df, {"categorical": {"item": {"encode": "vocab", "min_count": 2, "target_stats": True}}})
+    raw = pa.Table.from_pandas(df.drop(columns=["y"]), preserve_index=False).slice(0, rows)
+    assert pa.types.is_integer(raw.schema.field("item").type)
+    want = feats.transform_table(good.slice(0, rows)).drop(["label"])
+    got = feats.transform_table(raw)
+    for name in ("item", "item__te", "item__logcount"):
+        assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
