@@ -3,6 +3,7 @@ against its original over real HTTP, drift statistics merged over two replicas, 
 of continuous training: the world drifts, the champion's CTR falls, a model retrained from the
 logged events wins the next A/B experiment."""
 
+import json
 import os
 import time
 
@@ -194,6 +195,11 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
     finally:
         control.stop(dep.run_dir)
     assert 2500 <= result.rows < 2560 and result.passed  # the drifted exposures, hardly any from before and result.auc_new > result.auc_champion
+    # The gate refuses a model that does not gain enough: both AUCs reported, no next experiment written.
+    refused = retrain(job(epochs=1), dep.run_dir, window="all", attribution="1s", min_auc_gain=1.0, name="life-refused")
+    assert not refused.passed and refused.ab_spec is None and 0 < refused.auc_champion < 1 and 0 < refused.auc_new < 1
+    assert not os.path.exists(os.path.join(refused.run_dir, "ab.yaml")) and refused.run_dir != result.run_dir
+    assert json.load(open(os.path.join(refused.run_dir, "retrain.json")))["passed"] is False
     nxt = load_ab_spec(result.ab_spec)
     assert [(a.name, a.weight) for a in nxt.arms] == [("champion", 0.5), ("retrained", 0.5)]
     assert nxt.arms[0].checkpoint == os.path.abspath(champion["checkpoint"]) and nxt.arms[1].checkpoint == result.checkpoint

@@ -56,10 +56,11 @@ def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_
     # Mid-epoch, seconds after the epoch-0 checkpoint: Ray Train registers a reported
     # checkpoint asynchronously, so a crash right after report() can lose it.
     monkeypatch.setenv("RAYLOAD_FAULT", f"epoch=1,rank=1,batch=80,delay=5,marker={marker}")
-    res = fit(job(movielens_subset, train={"epochs": 3, "max_failures": 2, "batch_size": 128, "storage_path": str(tmp_path)}))
+    res = fit(job(movielens_subset, train={"epochs": 2, "max_failures": 2, "batch_size": 128, "storage_path": str(tmp_path)}),
+              evaluate_test=False)
     assert marker.exists()
-    assert [h["epoch"] for h in res.history] == [0, 1, 2]  # resumed at checkpoint epoch 0 + 1
-    assert [h["restarts"] for h in res.history] == [0, 1, 1]  # exactly one restart
+    assert [h["epoch"] for h in res.history] == [0, 1]  # resumed at checkpoint epoch 0 + 1
+    assert [h["restarts"] for h in res.history] == [0, 1]  # exactly one restart
 
 
 def test_worker_failing_every_attempt_names_rank_and_error(movielens_subset, tmp_path, monkeypatch):
