@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import uuid
+
 import numpy as np
 import pandas as pd
 
@@ -43,3 +47,23 @@ def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
         **sections,
     }
     return JobSpec.model_validate(raw)
+
+
+PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@contextlib.contextmanager
+def pg_database(prefix: str):
+    """A fresh database on the machine's PostgreSQL for one test (its URL), dropped afterwards."""
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+    try:
+        yield PG.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE {name} WITH (FORCE)"))
+        admin.dispose()

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
+from helpers import pg_database
+
 from rayload.ab_spec import ab_from_dict
 from rayload.errors import SpecError
 from rayload.serve import control
@@ -111,6 +113,8 @@ def test_bad_input_gets_4xx_naming_the_field_and_never_5xx(served):
         ("post", "/nowhere", {"json": {}}, 404, ""),
         ("post", "/feedback", {"json": {"request_id": "nope", "event": "click"}}, 404, "unknown request_id"),
         ("post", "/feedback", {"json": {"request_id": "x", "event": "purchase"}}, 422, "event"),
+        ("post", "/assign", {"json": {"unit_ids": []}}, 422, "unit_ids"),
+        ("post", "/assign", {"json": {"unit_ids": [{"a": 1}]}}, 422, "unit_ids"),
     ]
     with httpx.Client(timeout=30) as client:
         for method, path, kwargs, status, needle in cases:
@@ -253,3 +257,95 @@ def test_separate_deployments_and_shadow_mode(served):
         shadow = conn.execute(sa.text("select request_id, arm from ab_shadow")).all()
     engine.dispose()
     assert {r.request_id for r in shadow} >= set(ids) and {r.arm for r in shadow} == {"challenger"}
+
+
+@pytest.fixture
+def pg_url():
+    with pg_database("rayload_serve") as url:
+        yield url
+
+
+def test_postgresql_event_store_behind_two_router_replicas(served, pg_url):
+    """The multi-process case PostgreSQL is for: two router replicas write one PostgreSQL store;
+    every acknowledged exposure and outcome is there once, and /experiment reads it back."""
+    spec = ab_from_dict({"name": "pgtest", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
+                                                    {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
+                         "serving": {"port": PORT, "route_prefix": "/pg", "replicas": 2, "cpus_per_replica": 0.1},
+                         "events": {"url": pg_url}})
+    dep = control.start(spec)
+    rows = served["rows"]
+
+    def one(i):
+        with httpx.Client(timeout=30) as client:
+            r = client.post(f"{URL}/pg/predict", json={"unit_id": f"pg-{i % 40}", "features": features(rows[i % 50])})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(120)))
+    clicked = [a["request_id"] for a in answers[::3]]
+    with httpx.Client(timeout=30) as client:
+        pids = {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(40)}
+        for rid in clicked:
+            assert client.post(f"{URL}/pg/feedback", json={"request_id": rid, "event": "click"}).status_code == 200
+        again = client.post(f"{URL}/pg/feedback", json={"request_id": clicked[0], "event": "click"})
+        assert again.status_code == 200 and again.json()["duplicate"]
+        live = client.get(f"{URL}/pg/experiment").json()
+    assert len(pids) == 2  # both replicas answered, each with its own writer
+    engine = sa.create_engine(pg_url)
+    with engine.connect() as conn:
+        stored = [r[0] for r in conn.execute(sa.text("select request_id from ab_exposures where experiment = 'pgtest'"))]
+        outcomes = conn.execute(sa.text("select count(*) from ab_outcomes")).scalar_one()
+    engine.dispose()
+    assert sorted(stored) == sorted(a["request_id"] for a in answers)  # each acknowledged exposure, once
+    assert outcomes == len(clicked)
+    arms = live["arms"]
+    assert sum(a["exposures"] for a in arms) == 120 and sum(a["clicks"] for a in arms) == len(clicked)
+    assert sum(a["units"] for a in arms) == 40
+    control.stop(dep.run_dir)
+
+
+def assignments(client, units: list[str], chunk: int = 200) -> dict:
+    out = {}
+    for i in range(0, len(units), chunk):
+        r = client.post(f"{URL}/assign", json={"unit_ids": units[i:i + chunk]})
+        assert r.status_code == 200, r.text
+        out.update(r.json()["arms"])
+    return out
+
+
+def wait_for_replicas(client, n: int, old: set, timeout: float = 120) -> set:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pids = replica_pids(client, 30)
+        except httpx.HTTPError:
+            pids = set()
+        if len(pids) == n and not pids & old:
+            return pids
+        time.sleep(1)
+    raise AssertionError(f"router replicas did not come back: wanted {n} new, last saw {pids}")
+
+
+def test_sticky_assignment_survives_router_restarts_and_replica_counts(served):
+    """10,000 units get the same arms from the deployed router before and after every router
+    replica is killed, after a redeploy with one replica, and as computed in this process.
+    (Last in the module: it restarts the shared router.)"""
+    units = [f"user-{i}" for i in range(10_000)]
+    expected = Layout.build(served["spec"].weights, "control", ["control", "challenger"])
+    with httpx.Client(timeout=30) as client:
+        before = assignments(client, units)
+        assert before == {u: expected.assign("itest", u) for u in units}
+        pids = replica_pids(client)
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for_replicas(client, 2, pids)
+        assert assignments(client, units) == before
+        one = ab_from_dict({**served["spec"].model_dump(mode="json", exclude_none=True),
+                            "serving": {**served["spec"].serving.model_dump(mode="json", exclude_none=True), "replicas": 1}})
+        control.start(one)
+        wait_for_replicas(client, 1, set())
+        assert assignments(client, units) == before
+    share = sum(arm == "challenger" for arm in before.values()) / len(units)
+    assert abs(share - 0.3) < 0.02

@@ -6,30 +6,21 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
+from helpers import pg_database
 
 from rayload.errors import RayloadError
 from rayload.serve.events import EventReader, EventWriter, meta
-
-PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'events.db'}"
         return
-    name = f"rayload_ab_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE {name}"))
-    yield PG.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"DROP DATABASE {name} WITH (FORCE)"))
-    admin.dispose()
+    with pg_database("rayload_ab") as url:
+        yield url
 
 
 def exposure(i: int) -> dict:

@@ -41,6 +41,11 @@ class PredictBody(BaseModel):
     candidates: list[dict[str, Any]] | None = Field(default=None, description="feature dicts to rank; the top one is shown")
 
 
+class AssignBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unit_ids: list[str | int] = Field(min_length=1, description="units whose arm to look up (bounded by max_body_bytes)")
+
+
 class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str
@@ -291,6 +296,16 @@ class ABRouter:
             await asyncio.wrap_future(self.writer.submit("outcome", {"request_id": body.request_id, "event": body.event,
                                                                      "value": body.value, "ts": time.time()}))
         return {"request_id": body.request_id, "event": body.event, "duplicate": duplicate}
+
+    @api.post("/assign")
+    async def assign(self, request: Request):
+        """Which arm each unit is in under the live weights: a lookup, not an exposure (nothing is
+        logged), for support questions ("what does user X see?") and for checking stickiness."""
+        body = await self._parse(request, AssignBody)
+        if isinstance(body, JSONResponse):
+            return body
+        return {"arms": {str(u): self.layout.assign(self.salt, str(u)) for u in body.unit_ids}, "weights": self.weights,
+                "champion": self.champion}
 
     @api.get("/experiment")
     async def experiment(self, request: Request):
