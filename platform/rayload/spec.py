@@ -221,7 +221,10 @@ class TrainSpec(_Spec):
     batch_size: int = Field(default=1024, ge=1, description="per worker, per optimizer step")
     accumulation: int = Field(default=1, ge=1, description="micro-batches per optimizer step")
     lr: float = Field(default=1e-3, gt=0.0)
-    sparse_lr: float | None = Field(default=None, gt=0.0, description="SparseAdam lr; default: lr")
+    sparse_lr: float | None = Field(default=None, gt=0.0, description="lr of the sparse embedding optimizer; default: lr")
+    # Adam gives a rare ID's row a full-size step whenever it appears, so rare rows overfit;
+    # Adagrad's steps shrink with how often a row was updated (the DLRM reference's choice).
+    sparse_optimizer: Literal["adam", "adagrad"] = "adam"
     weight_decay: float = Field(default=0.0, ge=0.0)
     embedding_l2: float = Field(default=0.0, ge=0.0, description="L2 on the embedding rows a batch uses")
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"

@@ -84,6 +84,20 @@ def test_training_learns_and_reports_every_epoch(tmp_path):
     assert os.path.exists(os.path.join(session.reports[-1][1], "model.pt"))
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
+def test_sparse_embeddings_learn_with_either_sparse_optimizer_and_resume(tmp_path, optimizer):
+    spec = JobSpec.model_validate({**job(epochs=2, sparse_optimizer=optimizer, sparse_lr=0.05).model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "sparse_embeddings": True}})
+    session = MemorySession(table(4096, 0), table(2048, 1), str(tmp_path))
+    run(spec, features(), session, {"train_rows": 4096, "manifest": {}})
+    assert session.reports[-1][0]["val_auc"] > 0.75
+    trainer = Trainer(spec, features(), MemorySession(table(16, 9), table(16, 9), "."), 1)
+    kind = torch.optim.SparseAdam if optimizer == "adam" else torch.optim.Adagrad
+    assert [type(o) for o in trainer.optimizers] == [torch.optim.AdamW, kind]
+    trainer.restore(session.reports[-1][1])  # the sparse optimizer's state comes back with the weights
+    assert trainer.optimizers[1].state
+
+
 def test_accumulation_matches_one_large_batch():
     t = table(256, 3)
     big = Trainer(job(batch_size=256, accumulation=1), features(), MemorySession(t, t, "."), 1)

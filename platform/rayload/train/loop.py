@@ -74,7 +74,7 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
 
 
 def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimizer]:
-    """AdamW for dense weights; SparseAdam for embedding tables with sparse gradients."""
+    """AdamW for dense weights; SparseAdam (or Adagrad) for embedding tables with sparse gradients."""
     t, sparse_ids = spec.train, set()
     if spec.model.sparse_embeddings:
         for module in model.modules():
@@ -87,7 +87,8 @@ def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimiz
         raise ValueError(f"train.freeze={t.freeze} leaves no dense parameters to train; freeze fewer parts")
     opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
     if sparse:
-        opts.append(torch.optim.SparseAdam(sparse, lr=t.sparse_lr or t.lr))
+        cls = torch.optim.SparseAdam if t.sparse_optimizer == "adam" else torch.optim.Adagrad
+        opts.append(cls(sparse, lr=t.sparse_lr or t.lr))
     return opts
 
 
