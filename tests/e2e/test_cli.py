@@ -83,3 +83,41 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     r = cli("compress", checkpoint, "--method", "prune", "--amount", "0.99", home=tmp_path)
     assert r.returncode == 1 and "refused" in r.stderr and "validation AUC" in r.stderr, r.stdout + r.stderr[-3000:]
     assert not os.path.exists(checkpoint + "-prune99")
+
+
+def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
+    """`rayload train` with two Ray Train workers is SIGKILLed (its whole process group, embedded
+    Ray included) after the first checkpoint is registered; the relaunch with the same
+    --run-name starts at the next epoch and keeps the first epoch's metrics."""
+    import glob
+    import signal
+    import time
+
+    args = ["train", "jobs/movielens_deepfm.yaml", "--set", "train.epochs=3", "--set", "model.hidden=[16]",
+            "--set", "resources.workers=2", "--set", "train.keep_checkpoints=3", "--run-name", "killme"]
+    env = dict(os.environ, RAYLOAD_HOME=str(tmp_path), COLUMNS="200")
+    driver = subprocess.Popen([RAYLOAD, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    snapshot = None
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and driver.poll() is None:
+            found = glob.glob(str(tmp_path / "**" / "killme" / "checkpoint_manager_snapshot.json"), recursive=True)
+            if found and "epoch_0000" in open(found[0]).read():
+                snapshot = found[0]
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+    assert snapshot, "the first checkpoint was never registered"
+    assert "epoch_0002" not in open(snapshot).read()  # killed before training ended
+    run_dir = os.path.dirname(snapshot)
+    first = json.loads(open(os.path.join(run_dir, "epoch_0000", "manifest.json")).read())
+    r = cli(*args, home=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from rayload.train.checkpoint import load_train_state
+
+    history = load_train_state(os.path.join(run_dir, "epoch_0002"))["state"].history
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    assert history[-1]["restarts"] >= 1  # the relaunch resumed from a checkpoint instead of starting over
+    assert history[0]["val_auc"] == first["metrics"]["val_auc"]  # epoch 0 was not trained again
