@@ -150,23 +150,54 @@ def bench_movielens(args) -> None:
     print(f"  random / TPE = {statistics.mean(count['random']) / statistics.mean(count['bayes']):.2f}")
 
 
+def epoch_reports(res) -> list[tuple[float, float]]:
+    """(unix time, metric) of every epoch any trial reported, from Tune's per-trial result.json:
+    the moment a value was known, not when its trial ended (a trial that runs to max_epochs
+    must not get credit only at its end)."""
+    import glob
+    import json
+
+    out = []
+    for path in glob.glob(os.path.join(res.run_dir, "tune", "**", "result.json"), recursive=True):
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if res.metric in row:
+                    out.append((row["timestamp"], row[res.metric]))
+    return sorted(out)
+
+
 def bench_asha(args) -> None:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     asha = {"kind": "asha", "grace_period": args.grace, "reduction_factor": 3, "max_epochs": args.epochs}
-    # The same seeded random sampler proposes the same configurations in the same order.
-    plain, plain_wall = movielens_search("bench-plain", "random", args.seed, args.trials, args.epochs, None, 1)
-    stopped, stopped_wall = movielens_search("bench-asha", "random", args.seed, args.trials, args.epochs, asha, 1)
-    curves = {"without": best_so_far(plain), "with": best_so_far(stopped)}
-    target = max(c[-1][1] for c in curves.values()) - 0.002
-    reach = {k: next((t for t, b in c if b >= target), None) for k, c in curves.items()}
-    print(f"asha: {args.trials} random trials (seed {args.seed}) x up to {args.epochs} epochs, one at a time, grace period "
-          f"{args.grace}, reduction factor 3; target val AUC {target:.4f}")
-    print(f"  without ASHA: search {plain_wall:.0f} s, target reached at {reach['without']} s")
-    print(f"  with ASHA:    search {stopped_wall:.0f} s, target reached at {reach['with']} s ({stopped.counts()})")
-    if reach["without"] and reach["with"]:
-        print(f"  time to target without / with = {reach['without'] / reach['with']:.2f}; whole search {plain_wall / stopped_wall:.2f}")
+    runs = {}
+    for seed in range(args.seeds):
+        # The seeded random sampler proposes the same configurations in the same order on both sides.
+        for side, sched in (("without", None), ("with", asha)):
+            start = time.time()
+            res, wall = movielens_search(f"bench-{side}-{seed}", "random", seed, args.trials, args.epochs, sched, args.concurrent)
+            runs[(side, seed)] = ([(t - start, v) for t, v in epoch_reports(res)], wall, res.counts())
+            best = max(v for _, v in runs[(side, seed)][0])
+            print(f"  seed {seed} {side} ASHA: search {wall:.0f} s, best val AUC {best:.4f}, trials {res.counts()}", flush=True)
+    target = max(v for reports, _, _ in runs.values() for _, v in reports) - 0.002
+    print(f"asha: {args.trials} random trials x up to {args.epochs} epochs, {args.concurrent} at a time, grace period {args.grace}, "
+          f"reduction factor 3, {args.seeds} seeds; target val AUC {target:.4f} (best of any run - 0.002)")
+    reach = {}
+    for (side, seed), (reports, wall, _) in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        reach[(side, seed)] = next((t for t, v in reports if v >= target), None)
+        shown = f"{reach[(side, seed)]:.0f} s" if reach[(side, seed)] is not None else "never"
+        print(f"  seed {seed} {side:>7} ASHA: target reached at {shown} of a {wall:.0f} s search")
+    for side in ("without", "with"):
+        missed = [seed for seed in range(args.seeds) if reach[(side, seed)] is None]
+        if missed:
+            print(f"  {side} ASHA never reached the target with seeds {missed}: no time-to-target ratio")
+            return
+    means = {side: statistics.mean(reach[(side, seed)] for seed in range(args.seeds)) for side in ("without", "with")}
+    walls = {side: statistics.mean(runs[(side, seed)][1] for seed in range(args.seeds)) for side in ("without", "with")}
+    print(f"  mean time to target without / with = {means['without']:.0f} s / {means['with']:.0f} s = "
+          f"{means['without'] / means['with']:.2f}; whole search {walls['without'] / walls['with']:.2f}")
 
 
 def main() -> None:
@@ -184,10 +215,11 @@ def main() -> None:
     m.add_argument("--trials", type=int, default=10)
     m.add_argument("--epochs", type=int, default=4)
     a = sub.add_parser("asha")
-    a.add_argument("--trials", type=int, default=12)
+    a.add_argument("--trials", type=int, default=18)
     a.add_argument("--epochs", type=int, default=9)
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--grace", type=int, default=3, help="ASHA grace period (epochs)")
+    a.add_argument("--seeds", type=int, default=3)
+    a.add_argument("--concurrent", type=int, default=2)
+    a.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
     args = p.parse_args()
     {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha}[args.what](args)
 
