@@ -98,6 +98,22 @@ def test_sparse_embeddings_learn_with_either_sparse_optimizer_and_resume(tmp_pat
     assert trainer.optimizers[1].state
 
 
+def test_a_trial_stopped_inside_report_leaves_no_scratch_checkpoint(tmp_path, monkeypatch):
+    """Tune stops a trial (ASHA) by raising SystemExit inside its report call."""
+    from rayload.train import loop
+
+    made = []
+    monkeypatch.setattr(loop, "scratch_dir", lambda: made.append(str(tmp_path / f"scratch{len(made)}")) or os.makedirs(made[-1]) or made[-1])
+
+    class Stopped(MemorySession):
+        def report(self, metrics, checkpoint_dir, name):
+            raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        run(job(epochs=2), features(), Stopped(table(512, 0), table(256, 1), str(tmp_path)), {"train_rows": 512, "manifest": {}})
+    assert len(made) == 1 and not os.path.exists(made[0])
+
+
 def test_accumulation_matches_one_large_batch():
     t = table(256, 3)
     big = Trainer(job(batch_size=256, accumulation=1), features(), MemorySession(t, t, "."), 1)

@@ -309,9 +309,11 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
         trainer.state.history.append(metrics)
         manifest = dict(context["manifest"], epoch=epoch, metrics=metrics)
         path = trainer.save(manifest)
-        session.report(metrics, path, f"epoch_{epoch:04d}")
-        if path:
-            shutil.rmtree(path, ignore_errors=True)
+        try:
+            session.report(metrics, path, f"epoch_{epoch:04d}")
+        finally:  # Tune stops a trial (ASHA) by raising inside report: the scratch copy goes either way
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
         if stop:
             break
     return {"history": trainer.state.history}
