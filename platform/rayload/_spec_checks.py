@@ -24,6 +24,9 @@ def _check_training(spec: JobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("train.sync_bn", "PyTorch synchronises batch norm only on GPUs; set resources.gpus_per_worker or sync_bn: false", True, True))
     if spec.train.batch_size < spec.train.accumulation:
         issues.append(SpecIssue("train.batch_size", f"must be at least train.accumulation={spec.train.accumulation} (micro-batches of batch_size / accumulation rows)", spec.train.batch_size, True))
+    if spec.train.sparse_optimizer != "adam" and not spec.model.sparse_embeddings:
+        issues.append(SpecIssue("train.sparse_optimizer", "applies only to sparse embedding tables; set model.sparse_embeddings: true "
+                                "or leave sparse_optimizer out", spec.train.sparse_optimizer, True))
     if spec.model.sparse_embeddings and spec.resources.gpus_per_worker > 0:
         issues.append(SpecIssue("model.sparse_embeddings", "sparse gradients need the gloo backend; NCCL (GPU workers) cannot all-reduce them", True, True))
     return issues

@@ -117,6 +117,8 @@ def test_training_settings_that_cannot_work_are_refused(tmp_path):
                                           "model.sparse_embeddings=true", "resources.gpus_per_worker=1"])
     paths = [i.path for i in info.value.issues]
     assert paths.count("train.sync_bn") == 1 and "train.batch_size" in paths and "model.sparse_embeddings" in paths
+    with pytest.raises(SpecError, match="train.sparse_optimizer.*applies only to sparse embedding tables"):
+        load_spec(write(tmp_path, GOOD), ["train.sparse_optimizer=adagrad", "model.sparse_embeddings=false"])
     with pytest.raises(SpecError, match="min must be <= max"):
         load_spec(write(tmp_path, GOOD), ["resources.workers={min: 3, max: 2}"])
     assert load_spec(write(tmp_path, GOOD), ["resources.workers={min: 1, max: 2}"]).resources.workers.max == 2
