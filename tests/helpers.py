@@ -49,6 +49,20 @@ def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
+def movielens_subset(folder, rows: int) -> str:
+    """The first `rows` MovieLens ratings (the built-in source, materialised under `folder`) as
+    `folder`/subset.parquet; returns its path."""
+    import pyarrow.parquet as pq
+
+    from rayload.data.builtin import materialize
+
+    source = JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source
+    src = materialize(source, os.path.join(str(folder), "cache"))[0]
+    path = os.path.join(str(folder), "subset.parquet")
+    pq.write_table(pq.read_table(src).slice(0, rows), path)
+    return path
+
+
 PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 

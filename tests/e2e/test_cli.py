@@ -93,15 +93,12 @@ def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
     import signal
     import time
 
-    import pyarrow.parquet as pq
     import yaml
+    from helpers import movielens_subset
 
-    from rayload.data.builtin import materialize
-    from rayload.spec import JobSpec
     from rayload.train.checkpoint import load_train_state
 
-    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(tmp_path / "cache"))[0]
-    pq.write_table(pq.read_table(src).slice(0, 20_000), tmp_path / "subset.parquet")
+    movielens_subset(tmp_path, 20_000)
     job = {"name": "ml-kill", "data": {"source": {"kind": "parquet", "path": str(tmp_path / "subset.parquet")},
                                        "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
                                                    {"name": "year", "role": "numeric"}],

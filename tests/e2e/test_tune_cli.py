@@ -8,9 +8,9 @@ import sys
 import time
 
 import optuna
-import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import movielens_subset
 
 pytestmark = pytest.mark.e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,11 +18,7 @@ RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
 
 
 def specs(tmp_path) -> str:
-    from rayload.data.builtin import materialize
-    from rayload.spec import JobSpec
-
-    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(tmp_path / "cache"))[0]
-    pq.write_table(pq.read_table(src).slice(0, 5000), tmp_path / "subset.parquet")
+    movielens_subset(tmp_path, 5000)
     job = {"name": "ml-tiny",
            "data": {"source": {"kind": "parquet", "path": str(tmp_path / "subset.parquet")},
                     "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from helpers import pg_database
+from helpers import movielens_subset, pg_database
 
 from rayload.ab_spec import ab_from_dict
 from rayload.errors import SpecError
@@ -31,15 +31,12 @@ URL = f"http://127.0.0.1:{PORT}"
 @pytest.fixture(scope="module")
 def served(ray_local, tmp_path_factory):
     """Two tiny DeepFMs (1 and 3 epochs) on 6,000 MovieLens ratings behind the A/B router."""
-    from rayload.data.builtin import materialize
     from rayload.train.trainer import fit
 
     folder = tmp_path_factory.mktemp("serve")
     old_home = os.environ.get("RAYLOAD_HOME")
     os.environ["RAYLOAD_HOME"] = str(folder / "runs")
-    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(folder / "cache"))[0]
-    table = pq.read_table(src).slice(0, 6000)
-    pq.write_table(table, folder / "subset.parquet")
+    table = pq.read_table(movielens_subset(folder, 6000))
     raw = {"name": "ml-serve",
            "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
                     "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},

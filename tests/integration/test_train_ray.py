@@ -3,8 +3,8 @@
 import os
 import time
 
-import pyarrow.parquet as pq
 import pytest
+import helpers
 
 from rayload.errors import RayloadError
 from rayload.paths import cache_root
@@ -17,13 +17,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def movielens_subset(ray_local, tmp_path_factory):
     """The first 30,000 MovieLens ratings as a Parquet file (the built-in source, materialised)."""
-    from rayload.data.builtin import materialize
-
     folder = tmp_path_factory.mktemp("ml")
-    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(folder / "cache"))[0]
-    path = folder / "subset.parquet"
-    pq.write_table(pq.read_table(src).slice(0, 30_000), path)
-    return str(path)
+    return helpers.movielens_subset(folder, 30_000)
 
 
 def job(path: str, **sections) -> JobSpec:

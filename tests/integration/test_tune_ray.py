@@ -5,12 +5,11 @@ import math
 import os
 
 import optuna
-import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import movielens_subset
 
 import rayload
-from rayload.spec import JobSpec
 
 pytestmark = pytest.mark.integration
 PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -19,11 +18,8 @@ PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:54
 @pytest.fixture(scope="module")
 def base_job(ray_local, tmp_path_factory):
     """A job spec over the first 6,000 MovieLens ratings with a tiny DeepFM."""
-    from rayload.data.builtin import materialize
-
     folder = tmp_path_factory.mktemp("tune")
-    src = materialize(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source, str(folder / "cache"))[0]
-    pq.write_table(pq.read_table(src).slice(0, 6000), folder / "subset.parquet")
+    movielens_subset(folder, 6000)
     raw = {"name": "ml-tiny",
            "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
                     "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
