@@ -85,12 +85,44 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     assert not os.path.exists(checkpoint + "-prune99")
 
 
-def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
-    """`rayload train` with two Ray Train workers is SIGKILLed (its whole process group, embedded
-    Ray included) after the first checkpoint is registered; the relaunch with the same
-    --run-name starts at the next epoch and keeps the first epoch's metrics."""
-    import glob
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid` at once, until none is left: the driver and its
+    embedded Ray, as when the machine or container running them dies. (A process group is not
+    enough: Ray puts each worker in a group of its own, and orphaned Train workers go on for
+    about two seconds, long enough to finish and register the next epoch.)"""
     import signal
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry)) == sid:
+                    os.kill(int(entry), signal.SIGKILL)
+                    alive.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                continue
+        zombies = 0
+        for pid in alive:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    zombies += f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                zombies += 1
+        if len(alive) == zombies:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes of session {sid} survived SIGKILL for 30 s")
+
+
+def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
+    """`rayload train` with two Ray Train workers is SIGKILLed (every process of its session:
+    the driver and its embedded Ray) after the first checkpoint is registered; the relaunch
+    with the same --run-name starts at the next epoch and keeps the first epoch's metrics."""
+    import glob
     import time
 
     import yaml
@@ -119,7 +151,7 @@ def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
                 break
             time.sleep(0.2)
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)
+        _kill_session(driver.pid)
         driver.wait(timeout=60)
     assert snapshot, "the first checkpoint was never registered"
     assert "epoch_0001" not in open(snapshot).read()  # killed before training ended
