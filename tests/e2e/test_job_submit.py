@@ -52,6 +52,10 @@ def test_ray_job_submit_runs_every_job_spec(head, spec):
         manifest = json.load(f)
     assert manifest["stages"] and all(s["outcome"] == "ok" for s in manifest["stages"])
     assert manifest["versions"]["ray"] == "2.60.0" and manifest["specs"]
+    if spec == "ab_movielens.yaml":  # both arms run the same small job here (an A/A test): trained once, shared
+        assert sorted(os.listdir(os.path.join(head.home, "train"))) == ["ab-ab_movielens-baseline"]
+        checkpoints = manifest["stages"][0]["outputs"]["checkpoints"]
+        assert checkpoints["baseline"] == checkpoints["challenger"], checkpoints
 
 
 def _run_id(spec: str) -> str:

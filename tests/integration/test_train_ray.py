@@ -38,14 +38,6 @@ def job(path: str, **sections) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
-def test_two_gloo_workers_learn(movielens_subset, tmp_path):
-    res = fit(job(movielens_subset, train={"storage_path": str(tmp_path)}), address=None)
-    assert res.history[-1]["world_size"] == 2
-    assert res.metrics["val_auc"] > 0.65 and res.test["auc"] > 0.65
-    assert res.metrics["val_rows"] == res.preprocessed.counts["written"]["val"]  # exact, no dropped rows
-    assert os.path.exists(os.path.join(res.checkpoint, "model.pt"))
-
-
 def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_path, monkeypatch):
     marker = tmp_path / "crashed-once"
     # Mid-epoch, seconds after the epoch-0 checkpoint: Ray Train registers a reported
@@ -69,14 +61,18 @@ def test_worker_failing_every_attempt_names_rank_and_error(movielens_subset, tmp
 
 
 def test_relaunch_with_same_run_name_resumes_and_new_name_starts_fresh(movielens_subset, tmp_path):
-    first = fit(job(movielens_subset, train={"epochs": 1, "run_name": "resume-me", "storage_path": str(tmp_path)}), evaluate_test=False)
-    again = fit(job(movielens_subset, train={"epochs": 2, "run_name": "resume-me", "storage_path": str(tmp_path)}), evaluate_test=False)
+    """The in-process path (one worker); tests/e2e/test_cli.py kills a two-worker Ray Train
+    driver and relaunches it."""
+    one = {"workers": 1}
+    first = fit(job(movielens_subset, train={"epochs": 1, "run_name": "resume-me", "storage_path": str(tmp_path)}, resources=one),
+                evaluate_test=False)
+    again = fit(job(movielens_subset, train={"epochs": 2, "run_name": "resume-me", "storage_path": str(tmp_path)}, resources=one),
+                evaluate_test=False)
     assert [h["epoch"] for h in again.history] == [0, 1] and again.history[-1]["restarts"] == 1
     assert again.history[0]["val_auc"] == first.history[0]["val_auc"]
-    # Run names are resolved before either path starts: one in-process worker shows it without a second worker group.
-    fresh = fit(job(movielens_subset, train={"epochs": 1, "run_name": "other", "storage_path": str(tmp_path)}, resources={"workers": 1}),
+    fresh = fit(job(movielens_subset, train={"epochs": 1, "run_name": "other", "storage_path": str(tmp_path)}, resources=one),
                 evaluate_test=False)
-    assert fresh.history[-1]["restarts"] == 0
+    assert fresh.history[-1]["restarts"] == 0 and fresh.run_dir != again.run_dir
 
 
 def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path):
@@ -86,10 +82,13 @@ def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path
     assert time.monotonic() - start < 60
 
 
-def test_elastic_workers_start_with_what_the_cluster_holds(movielens_subset, tmp_path):
-    res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"epochs": 2, "storage_path": str(tmp_path)}),
-              evaluate_test=False)
-    assert res.history[-1]["world_size"] == 2 and res.metrics["val_auc"] > 0.6
+def test_two_gloo_workers_learn_elastically_with_what_the_cluster_holds(movielens_subset, tmp_path):
+    """workers: {min: 1, max: 2} on a 2-CPU Ray starts 2 gloo workers, and they learn."""
+    res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"storage_path": str(tmp_path)}))
+    assert res.history[-1]["world_size"] == 2
+    assert res.metrics["val_auc"] > 0.65 and res.test["auc"] > 0.65
+    assert res.metrics["val_rows"] == res.preprocessed.counts["written"]["val"]  # exact, no dropped rows
+    assert os.path.exists(os.path.join(res.checkpoint, "model.pt"))
 
 
 def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):

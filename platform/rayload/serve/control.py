@@ -34,6 +34,7 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
     """Each arm's checkpoint: given, or the best of training its job spec (a finished run
     with the same name is reused, so this trains once)."""
     out = {}
+    trained: dict[str, str] = {}  # resolved job (run name aside) -> the arm that trained it
     for arm in spec.arms:
         if arm.checkpoint:
             if not os.path.exists(os.path.join(arm.checkpoint, "model.pt")):
@@ -44,8 +45,16 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
         from ..train.trainer import fit
 
         job = load_spec(arm.job, [*arm.set, f"train.run_name=ab-{spec.name}-{arm.name}"])
+        raw = job.model_dump(mode="json")
+        raw["train"].pop("run_name")
+        key = json.dumps(raw, sort_keys=True)
+        if key in trained:  # an A/A test: the same job trains to the same model (one seed), once
+            log.info("arm %s: the same job as arm %s; sharing its checkpoint", arm.name, trained[key])
+            out[arm.name] = out[trained[key]]
+            continue
         log.info("arm %s: training %s", arm.name, arm.job)
         out[arm.name] = fit(job, address=address, evaluate_test=False).checkpoint
+        trained[key] = arm.name
     return out
 
 
