@@ -238,3 +238,55 @@ def test_gpu_worker_without_cuda_stops_unless_cpu_fallback_is_allowed(monkeypatc
     with caplog.at_level(logging.WARNING, logger="rayload.train.session"):
         assert cpu_fallback_device(True, 1).type == "cpu"
     assert "CPU FALLBACK: rank 1 on node type gpu_worker" in caplog.text
+
+
+class StreamSession(Session):
+    """Session.train_batches itself, over a stream that counts how often it is read."""
+
+    def __init__(self, train: pa.Table, cache_bytes: int):
+        super().__init__({"layout": Layout(("x",), ("c",), ("b",)), "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 0,
+                          "cache_bytes": cache_bytes})
+        self.train, self.reads = train, 0
+
+    def _train_source(self):
+        return self.train
+
+    def _iter(self, source, batch_size, seed, drop_last):
+        self.reads += 1
+        for start in range(0, source.num_rows, batch_size):
+            yield collate(source.slice(start, batch_size), self.loader["layout"])
+
+
+def _labels(batches) -> list[float]:
+    return [float(b.label.sum()) for b in batches]
+
+
+def test_worker_cache_serves_later_epochs_from_memory_in_a_reshuffled_order():
+    t = table(2048, 0)
+    session = StreamSession(t, cache_bytes=2**20)
+    first = list(session.train_batches(0, 128))
+    second = list(session.train_batches(1, 128))
+    third = list(session.train_batches(2, 128))
+    assert session.reads == 1  # epochs 1 and 2 read nothing
+    assert len(first) == len(second) == len(third) == 16
+    assert {id(b) for b in second} == {id(b) for b in first}  # the same batches, kept
+    assert [id(b) for b in second] != [id(b) for b in first] and [id(b) for b in third] != [id(b) for b in second]
+    again = StreamSession(t, cache_bytes=2**20)
+    list(again.train_batches(0, 128))
+    assert _labels(again.train_batches(1, 128)) == _labels(second)  # the order is seeded per rank and epoch
+    list(session.train_batches(3, 64))
+    assert session.reads == 2  # another batch size (accumulation changed) streams again
+
+
+def test_worker_cache_streams_every_epoch_over_budget_or_when_off():
+    t = table(2048, 0)
+    for budget in (1000, 0):  # 1000 bytes hold less than an epoch; 0 turns the cache off
+        session = StreamSession(t, cache_bytes=budget)
+        for epoch in range(3):
+            assert len(list(session.train_batches(epoch, 128))) == 16
+        assert session.reads == 3
+    from rayload.train.loop import loader_options
+
+    assert loader_options(job(), features())["cache_bytes"] == 1024 * 2**20
+    assert loader_options(job(shuffle_buffer=1000), features())["cache_bytes"] == 0  # a row-level shuffle needs the stream
+    assert loader_options(job(worker_cache_mb=0), features())["cache_bytes"] == 0

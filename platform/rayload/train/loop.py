@@ -45,7 +45,7 @@ def worker_entry(config: dict) -> None:
 def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False, cpu_fallback: bool = False) -> dict:
     t = spec.train
     return {"prefetch_batches": t.prefetch_batches, "shuffle_buffer": t.shuffle_buffer, "seed": t.seed,
-            "layout": Layout.from_features(features), "use_gpu": use_gpu, "cpu_fallback": cpu_fallback}
+            "cache_bytes": 0 if t.shuffle_buffer else t.worker_cache_mb * 2**20, "layout": Layout.from_features(features), "use_gpu": use_gpu, "cpu_fallback": cpu_fallback}
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

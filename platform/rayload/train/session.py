@@ -54,9 +54,34 @@ class Session:
         )
 
     def train_batches(self, epoch: int, batch_size: int):
+        """This rank's training batches for `epoch`: streamed from Ray Data, or, once a whole
+        epoch of them fitted in the worker cache (`train.worker_cache_mb`), the kept batches
+        in an order reshuffled per rank and epoch."""
         # Data order differs per rank and epoch; model initialisation uses the shared seed.
         seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
-        return self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
+        cached = getattr(self, "_train_cache", None)
+        if cached is not None and cached[0] == batch_size:
+            batches = cached[1]
+            return (batches[i] for i in np.random.default_rng(seed).permutation(len(batches)))
+        stream = self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
+        budget = self.loader.get("cache_bytes", 0)
+        return self._keeping(stream, batch_size, budget) if budget else stream
+
+    def _keeping(self, stream, batch_size: int, budget: int):
+        """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
+        an epoch read to the end and kept whole becomes the cache."""
+        kept, size = [], 0
+        for batch in stream:
+            if kept is not None:
+                size += batch_nbytes(batch)
+                if size <= budget:
+                    kept.append(batch)
+                else:
+                    kept = None
+                    log.info("rank %d: training batches exceed train.worker_cache_mb; streaming every epoch", self.rank)
+            yield batch
+        if kept:
+            self._train_cache = (batch_size, kept)
 
     VAL_CACHE_ROWS = 2_000_000
 
@@ -138,6 +163,11 @@ class LocalSession(Session):
         with open(tmp, "w") as f:
             json.dump(entries, f, indent=1)
         os.replace(tmp, self._index_path)  # the index never points at a half-written list
+
+
+def batch_nbytes(batch) -> int:
+    tensors = [batch.dense, batch.sparse, *batch.bag_values, *batch.bag_offsets] + ([batch.label] if batch.label is not None else [])
+    return sum(t.element_size() * t.numel() for t in tensors)
 
 
 def best_of(entries: list[dict], score: str, mode: str) -> list[dict]:
