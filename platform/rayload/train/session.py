@@ -80,7 +80,14 @@ class Session:
                     kept = None
                     log.info("rank %d: training batches exceed train.worker_cache_mb; streaming every epoch", self.rank)
             yield batch
-        if kept:
+        whole = bool(kept)
+        if self.world_size > 1:
+            # Every rank caches or none does: a rank that streams alone would wait forever at
+            # the streaming split's next epoch for ranks that no longer read it.
+            flag = torch.tensor([int(whole)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            whole = bool(flag.item())
+        if whole:
             self._train_cache = (batch_size, kept)
 
     VAL_CACHE_ROWS = 2_000_000
