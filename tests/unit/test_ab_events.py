@@ -86,3 +86,35 @@ def test_sigkill_loses_no_acknowledged_event(url, tmp_path):
     reader.close()
     assert len(acked) >= 300
     assert set(acked) <= stored
+
+
+OPENER = """
+import sys, time
+from rayload.serve.events import EventWriter
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+EventWriter(sys.argv[1]).close()
+print("opened")
+"""
+
+
+def test_replicas_opening_a_new_store_at_once_all_start(url):
+    """Serve starts an experiment's replicas together: each creates the schema of the same new
+    store at the same moment (the race once stopped a replica with "table ab_meta already
+    exists")."""
+    for _ in range(3):  # a fresh store each round: the race is in creating it
+        target = url if url.startswith("postgresql") else url.replace("events.db", f"events-{_}.db")
+        if url.startswith("postgresql") and _:
+            engine = sa.create_engine(url)
+            with engine.begin() as conn:
+                for table in ("ab_drift", "ab_outcomes", "ab_shadow", "ab_exposures", "ab_meta"):
+                    conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+            engine.dispose()
+        start = time.time() + 3  # past every interpreter's start-up
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, target, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(4)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outs]
+        reader = EventReader(target)
+        assert reader.counts() == {"exposure": 0, "shadow": 0, "outcome": 0}
+        reader.close()

@@ -94,12 +94,37 @@ def engine_for(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
 
 
-def create_schema(engine: sa.Engine) -> None:
-    """Create the tables (idempotent) and check the stored schema version."""
+_SCHEMA_LOCK = 0x7261796C6F6164  # PostgreSQL advisory lock key ("rayload")
+
+
+def create_schema(engine: sa.Engine, attempts: int = 8) -> None:
+    """Create the tables (idempotent) and check the stored schema version.
+
+    Replicas of one experiment start together and open the same store. PostgreSQL serialises
+    them on an advisory lock held for the transaction (its DDL is transactional). SQLite's
+    "check, then CREATE" can still race between processes ("table ... already exists"): such
+    an error is retried, and the retry finds the tables the other process created."""
+    import random
+
+    for attempt in range(attempts):
+        try:
+            _create_schema(engine)
+            return
+        except sa.exc.DBAPIError as exc:  # OperationalError, ProgrammingError, IntegrityError
+            text = str(exc.orig).lower()
+            if attempt == attempts - 1 or not ("already exists" in text or "duplicate" in text or "locked" in text):
+                raise
+            log.info("event store schema: another process is creating it (%s); retrying", str(exc.orig).strip())
+            time.sleep(0.05 * (attempt + 1) + random.random() * 0.05)
+
+
+def _create_schema(engine: sa.Engine) -> None:
     from ..errors import RayloadError
 
-    metadata.create_all(engine, checkfirst=True)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+        metadata.create_all(conn, checkfirst=True)
         row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
         if row is None:
             _insert_ignore(conn, meta, [{"key": "schema_version", "value": str(SCHEMA_VERSION)}])
