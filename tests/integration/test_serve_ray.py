@@ -272,6 +272,19 @@ def test_postgresql_event_store_behind_two_router_replicas(served, pg_url):
     dep = control.start(spec)
     rows = served["rows"]
 
+    def healthz_pids(n: int) -> set:
+        with httpx.Client(timeout=30) as client:
+            return {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(n)}
+
+    # Serve's router keeps choosing a replica whose queue length it has cached and probes the
+    # other only once that entry expires (10 s) or the first is full; a replica that missed its
+    # first probe (100 ms deadline) on a busy machine waits for that. Both answer before the traffic.
+    pids, deadline = healthz_pids(20), time.monotonic() + 60
+    while len(pids) < 2 and time.monotonic() < deadline:
+        time.sleep(11)
+        pids |= healthz_pids(20)
+    assert len(pids) == 2, f"only replica(s) {pids} answered within 60 s"
+
     def one(i):
         with httpx.Client(timeout=30) as client:
             r = client.post(f"{URL}/pg/predict", json={"unit_id": f"pg-{i % 40}", "features": features(rows[i % 50])})
@@ -282,13 +295,13 @@ def test_postgresql_event_store_behind_two_router_replicas(served, pg_url):
         answers = list(pool.map(one, range(120)))
     clicked = [a["request_id"] for a in answers[::3]]
     with httpx.Client(timeout=30) as client:
-        pids = {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(40)}
+        pids |= {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(40)}
         for rid in clicked:
             assert client.post(f"{URL}/pg/feedback", json={"request_id": rid, "event": "click"}).status_code == 200
         again = client.post(f"{URL}/pg/feedback", json={"request_id": clicked[0], "event": "click"})
         assert again.status_code == 200 and again.json()["duplicate"]
         live = client.get(f"{URL}/pg/experiment").json()
-    assert len(pids) == 2  # both replicas answered, each with its own writer
+    assert len(pids) == 2  # both replicas are the same two, each with its own writer
     engine = sa.create_engine(pg_url)
     with engine.connect() as conn:
         stored = [r[0] for r in conn.execute(sa.text("select request_id from ab_exposures where experiment = 'pgtest'"))]
