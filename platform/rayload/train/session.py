@@ -84,7 +84,7 @@ class Session:
         if self.world_size > 1:
             # Every rank caches or none does: a rank that streams alone would wait forever at
             # the streaming split's next epoch for ranks that no longer read it.
-            flag = torch.tensor([int(whole)])
+            flag = torch.tensor([int(whole)], device=self.device)  # NCCL reduces CUDA tensors only
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             whole = bool(flag.item())
         if whole:
