@@ -12,7 +12,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect once per process. `address` (or $RAY_ADDRESS) joins a running cluster.
 
     A job started by `ray job submit` already runs inside its cluster; `ray.init()` with no
-    address joins it there, and starts an embedded local Ray everywhere else.
+    address joins it there, and starts an embedded local Ray everywhere else, except where
+    Ray's own rule applies first: a live cluster from `ray start` on this machine (named in
+    /tmp/ray/ray_current_cluster) is joined.
     """
     import ray
 
