@@ -90,29 +90,27 @@ def _kill_session(sid: int) -> None:
     embedded Ray, as when the machine or container running them dies. (A process group is not
     enough: Ray puts each worker in a group of its own, and orphaned Train workers go on for
     about two seconds, long enough to finish and register the next epoch.)"""
-    import signal
     import time
+
+    import psutil
+
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        alive = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+        mine = []
+        for p in psutil.process_iter():
             try:
-                if os.getsid(int(entry)) == sid:
-                    os.kill(int(entry), signal.SIGKILL)
-                    alive.append(int(entry))
-            except (ProcessLookupError, PermissionError):
+                if os.getsid(p.pid) == sid:
+                    p.kill()
+                    mine.append(p)
+            except (psutil.Error, ProcessLookupError, PermissionError):
                 continue
-        zombies = 0
-        for pid in alive:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    zombies += f.read().rsplit(")", 1)[1].split()[0] == "Z"
-            except OSError:
-                zombies += 1
-        if len(alive) == zombies:
+        if all(gone(p) for p in mine):
             return
         time.sleep(0.1)
     raise AssertionError(f"processes of session {sid} survived SIGKILL for 30 s")

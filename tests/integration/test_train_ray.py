@@ -7,7 +7,6 @@ import pytest
 import helpers
 
 from rayload.errors import RayloadError
-from rayload.paths import cache_root
 from rayload.spec import JobSpec
 from rayload.train.trainer import TrainingError, fit
 

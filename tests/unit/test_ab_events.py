@@ -102,9 +102,9 @@ def test_replicas_opening_a_new_store_at_once_all_start(url):
     """Serve starts an experiment's replicas together: each creates the schema of the same new
     store at the same moment (the race once stopped a replica with "table ab_meta already
     exists")."""
-    for _ in range(3):  # a fresh store each round: the race is in creating it
-        target = url if url.startswith("postgresql") else url.replace("events.db", f"events-{_}.db")
-        if url.startswith("postgresql") and _:
+    for round_ in range(3):  # a fresh store each round: the race is in creating it
+        target = url if url.startswith("postgresql") else url.replace("events.db", f"events-{round_}.db")
+        if url.startswith("postgresql") and round_:
             engine = sa.create_engine(url)
             with engine.begin() as conn:
                 for table in ("ab_drift", "ab_outcomes", "ab_shadow", "ab_exposures", "ab_meta"):

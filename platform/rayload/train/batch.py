@@ -48,6 +48,10 @@ class Batch:
     def inputs(self) -> tuple:
         return self.dense, self.sparse, self.bag_values, self.bag_offsets
 
+    def nbytes(self) -> int:
+        tensors = [self.dense, self.sparse, *self.bag_values, *self.bag_offsets] + ([] if self.label is None else [self.label])
+        return sum(t.element_size() * t.numel() for t in tensors)
+
 
 def _column(table, name: str):
     return as_array(table.column(name) if isinstance(table, pa.Table) else table[name])

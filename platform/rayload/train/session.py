@@ -73,7 +73,7 @@ class Session:
         kept, size = [], 0
         for batch in stream:
             if kept is not None:
-                size += batch_nbytes(batch)
+                size += batch.nbytes()
                 if size <= budget:
                     kept.append(batch)
                 else:
@@ -170,11 +170,6 @@ class LocalSession(Session):
         with open(tmp, "w") as f:
             json.dump(entries, f, indent=1)
         os.replace(tmp, self._index_path)  # the index never points at a half-written list
-
-
-def batch_nbytes(batch) -> int:
-    tensors = [batch.dense, batch.sparse, *batch.bag_values, *batch.bag_offsets] + ([batch.label] if batch.label is not None else [])
-    return sum(t.element_size() * t.numel() for t in tensors)
 
 
 def best_of(entries: list[dict], score: str, mode: str) -> list[dict]:
