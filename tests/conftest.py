@@ -15,6 +15,17 @@ def _isolated_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
 
 
+def pytest_configure(config):
+    """The Ray auth token, made once before pytest-xdist starts its workers: two e2e modules
+    generating it at the same moment in two workers would each start a head with its own."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller already did it
+        return
+    sys.path.insert(0, os.path.join(HERE, "e2e"))
+    from ray_head import ensure_token
+
+    ensure_token()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

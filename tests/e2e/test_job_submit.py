@@ -1,6 +1,7 @@
 """A real head (`ray start --head`, token auth) and real jobs: `ray job submit --working-dir .`
-runs every spec in jobs/, `rayload submit` wraps it, the job API refuses a missing or wrong
-token, and `rayload doctor` checks the cluster."""
+runs every training spec in jobs/ (test_job_submit_serving.py runs the serving ones),
+`rayload submit` wraps it, the job API refuses a missing or wrong token, and `rayload doctor`
+checks the cluster."""
 
 import glob
 import json
@@ -10,21 +11,9 @@ import subprocess
 import httpx
 import pytest
 from ray_head import BIN, ROOT, Head, ensure_token
+from small_jobs import SERVING, SMALL, sets, submit_and_check
 
 pytestmark = pytest.mark.e2e
-
-# Tiny versions of each spec, so every file in jobs/ runs as a job within seconds. A spec added
-# to jobs/ without an entry here fails test_every_job_spec_has_a_small_run.
-SMALL = {
-    "movielens_deepfm.yaml": ["train.train.epochs=1", "train.model.hidden=[16]"],
-    "synthetic_dlrm.yaml": ["train.data.source.rows=3000", "train.data.source.shard_rows=1500", "train.train.epochs=1",
-                            "train.train.batch_size=256"],
-    "ab_movielens.yaml": ['ab.arms.0.set=["train.epochs=1", "model.hidden=[16]"]', 'ab.arms.1.set=["train.epochs=1", "model.hidden=[16]"]',
-                          "ab.simulate.requests=300", "ab.serving.port=8781"],
-    "movielens_pipeline.yaml": ["baseline.train.epochs=1", "baseline.model.hidden=[16]", "search.num_samples=1",
-                                "search.scheduler.max_epochs=1", "search.scheduler.grace_period=1", "search.startup_trials=1",
-                                "ab.serving.port=8782", "ab.simulate.requests=300"],
-}
 
 
 @pytest.fixture(scope="module")
@@ -35,34 +24,13 @@ def head():
     h.stop()
 
 
-def _sets(items):
-    return [a for item in items for a in ("--set", item)]
-
-
 def test_every_job_spec_has_a_small_run():
     assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "jobs", "*.yaml"))) == sorted(SMALL)
 
 
-@pytest.mark.parametrize("spec", sorted(SMALL))
+@pytest.mark.parametrize("spec", sorted(set(SMALL) - set(SERVING)))
 def test_ray_job_submit_runs_every_job_spec(head, spec):
-    r = head.job_submit("rayload", "run", f"jobs/{spec}", *_sets(SMALL[spec]))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert "succeeded" in r.stdout + r.stderr
-    with open(os.path.join(head.home, _run_id(spec), "manifest.json")) as f:
-        manifest = json.load(f)
-    assert manifest["stages"] and all(s["outcome"] == "ok" for s in manifest["stages"])
-    assert manifest["versions"]["ray"] == "2.60.0" and manifest["specs"]
-    if spec == "ab_movielens.yaml":  # both arms run the same small job here (an A/A test): trained once, shared
-        assert sorted(os.listdir(os.path.join(head.home, "train"))) == ["ab-ab_movielens-baseline"]
-        checkpoints = manifest["stages"][0]["outputs"]["checkpoints"]
-        assert checkpoints["baseline"] == checkpoints["challenger"], checkpoints
-
-
-def _run_id(spec: str) -> str:
-    import yaml
-
-    with open(os.path.join(ROOT, "jobs", spec)) as f:
-        return yaml.safe_load(f)["name"]
+    submit_and_check(head, spec)
 
 
 def test_upload_leaves_out_runs_venv_and_caches(head, tmp_path):
@@ -87,7 +55,7 @@ def test_job_api_refuses_missing_and_wrong_tokens(head):
 
 def test_rayload_submit_runs_a_spec_with_the_uploaded_code(head):
     r = head.run(os.path.join(BIN, "rayload"), "submit", "jobs/movielens_deepfm.yaml", "--address", head.url,
-                 *_sets(SMALL["movielens_deepfm.yaml"]))
+                 *sets(SMALL["movielens_deepfm.yaml"]))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "SUCCEEDED" in r.stdout and "python -m rayload run jobs/movielens_deepfm.yaml" in r.stdout
     head_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

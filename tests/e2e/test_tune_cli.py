@@ -3,6 +3,7 @@
 import glob
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -33,14 +34,21 @@ def specs(tmp_path) -> str:
     return str(tmp_path / "search.yaml")
 
 
-def finished(run_dir: str) -> list:
-    if not os.path.exists(os.path.join(run_dir, "study.db")):
-        return []
+def finished(run_dir: str) -> dict:
+    """{trial number: completion time} of the study's complete trials, read through a read-only
+    SQLite connection: optuna.load_study would write (it stamps Alembic's version table when it
+    finds none), racing the driver that is creating the study (seen: UNIQUE constraint failed)."""
+    path = os.path.join(run_dir, "study.db")
+    if not os.path.exists(path):
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
-    except KeyError:  # created, not yet written
-        return []
-    return [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+        rows = db.execute("SELECT number, datetime_complete FROM trials WHERE state = 'COMPLETE'").fetchall()
+    except sqlite3.OperationalError:  # the driver has not created the tables yet
+        return {}
+    finally:
+        db.close()
+    return dict(rows)
 
 
 def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_path):
@@ -59,7 +67,7 @@ def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_p
         assert driver.poll() is None, "the search ended before it could be killed"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-        before = {t.number: t.datetime_complete for t in finished(run_dir)}
+        before = finished(run_dir)
         assert 2 <= len(before) < 5
         stamps = {n: os.path.getmtime(os.path.join(run_dir, "trials", f"trial_{n:04d}", "checkpoints.json")) for n in before}
         status = subprocess.run([RAYLOAD, "tune", "status", run_dir], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -73,11 +81,10 @@ def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_p
     done = finished(run_dir)
     study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
     assert len(study.trials) == 5 and len(done) == 5  # N in total: nothing re-run, nothing lost
-    for t in done:
-        if t.number in before:
-            assert t.datetime_complete == before[t.number]
-            path = os.path.join(run_dir, "trials", f"trial_{t.number:04d}", "checkpoints.json")
-            assert os.path.getmtime(path) == stamps[t.number]
+    for number, completed in before.items():
+        assert done[number] == completed
+        path = os.path.join(run_dir, "trials", f"trial_{number:04d}", "checkpoints.json")
+        assert os.path.getmtime(path) == stamps[number]
     assert os.path.exists(os.path.join(run_dir, "best.yaml")) and "5 complete" in resumed.stdout
     status = subprocess.run([RAYLOAD, "tune", "status", os.path.basename(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert ": finished, 5 of 5 trials finished" in " ".join(status.stdout.split()), status.stdout

@@ -180,7 +180,9 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
     spec = ab_from_dict({"name": "life-drift", "champion": "champion",
                          "arms": [{"name": "champion", "weight": 0.5, "checkpoint": champion["checkpoint"]},
                                   {"name": "int8", "weight": 0.5, "checkpoint": int8}],
-                         "serving": {"port": PORT}, "ramp": {"auto": False}, "analysis": {"min_units": 300, "tau": 0.05}})
+                         "serving": {"port": PORT}, "ramp": {"auto": False}, "analysis": {"min_units": 300, "tau": 0.05},
+                         # the decision under test is the sequential test's; p99 on 2 shared cores is not
+                         "guardrails": {"max_p99_ms": 5000}})
     dep = control.start(spec)
     try:
         before = simulate(URL, SyntheticWorld(params, seed=1), users=5000, requests=300)
@@ -203,6 +205,7 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
     assert json.load(open(os.path.join(refused.run_dir, "retrain.json")))["passed"] is False
     nxt = load_ab_spec(result.ab_spec)
     assert [(a.name, a.weight) for a in nxt.arms] == [("champion", 0.5), ("retrained", 0.5)]
+    assert nxt.guardrails.max_p99_ms == 5000  # the next experiment keeps the old one's settings
     assert nxt.arms[0].checkpoint == os.path.abspath(champion["checkpoint"]) and nxt.arms[1].checkpoint == result.checkpoint
     dep2 = control.start(nxt)
     try:

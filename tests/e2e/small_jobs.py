@@ -1,0 +1,47 @@
+"""Every spec in jobs/ as a small `ray job submit --working-dir .` run, shared by
+test_job_submit.py (the training specs) and test_job_submit_serving.py (the specs that serve
+an A/B test): two files, so that make test's two workers can run them side by side."""
+
+import json
+import os
+
+from ray_head import ROOT, Head
+
+# Tiny versions of each spec, so every file in jobs/ runs as a job within seconds. A spec added
+# to jobs/ without an entry here fails test_every_job_spec_has_a_small_run.
+SMALL = {
+    "movielens_deepfm.yaml": ["train.train.epochs=1", "train.model.hidden=[16]"],
+    "synthetic_dlrm.yaml": ["train.data.source.rows=3000", "train.data.source.shard_rows=1500", "train.train.epochs=1",
+                            "train.train.batch_size=256"],
+    "ab_movielens.yaml": ['ab.arms.0.set=["train.epochs=1", "model.hidden=[16]"]', 'ab.arms.1.set=["train.epochs=1", "model.hidden=[16]"]',
+                          "ab.simulate.requests=300", "ab.serving.port=8781"],
+    "movielens_pipeline.yaml": ["baseline.train.epochs=1", "baseline.model.hidden=[16]", "search.num_samples=1",
+                                "search.scheduler.max_epochs=1", "search.scheduler.grace_period=1", "search.startup_trials=1",
+                                "ab.serving.port=8782", "ab.simulate.requests=300"],
+}
+SERVING = ("ab_movielens.yaml", "movielens_pipeline.yaml")  # test_job_submit_serving.py runs these
+
+
+def sets(items):
+    return [a for item in items for a in ("--set", item)]
+
+
+def submit_and_check(head: Head, spec: str) -> None:
+    r = head.job_submit("rayload", "run", f"jobs/{spec}", *sets(SMALL[spec]))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "succeeded" in r.stdout + r.stderr
+    with open(os.path.join(head.home, _run_id(spec), "manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["stages"] and all(s["outcome"] == "ok" for s in manifest["stages"])
+    assert manifest["versions"]["ray"] == "2.60.0" and manifest["specs"]
+    if spec == "ab_movielens.yaml":  # both arms run the same small job here (an A/A test): trained once, shared
+        assert sorted(os.listdir(os.path.join(head.home, "train"))) == ["ab-ab_movielens-baseline"]
+        checkpoints = manifest["stages"][0]["outputs"]["checkpoints"]
+        assert checkpoints["baseline"] == checkpoints["challenger"], checkpoints
+
+
+def _run_id(spec: str) -> str:
+    import yaml
+
+    with open(os.path.join(ROOT, "jobs", spec)) as f:
+        return yaml.safe_load(f)["name"]
