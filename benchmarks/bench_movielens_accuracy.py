@@ -14,7 +14,8 @@ row (train + val) and all models are scored on the test rows. Models:
   rayload rayload.train(spec): preprocessing + training in-process on an embedded local Ray;
           test AUC of its best checkpoint by val AUC (val = the spec's val rows)
 Prints model | test AUC | train seconds (peers: fit incl. tuning; rayload: whole
-rayload.train call incl. Ray start and preprocessing), and rayload minus the best peer.
+rayload.train call incl. Ray start and preprocessing), and rayload minus the best peer with a
+paired bootstrap interval (every model's predictions on the same test rows, resampled together).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def peer_lr(tr: pd.DataFrame, te: pd.DataFrame) -> float:
     print("  lr: holdout AUC by C " + ", ".join(f"{c:g}={s:.4f}" for c, s in scores.items()) + f" -> C={best:g}")
     enc = OneHotEncoder(handle_unknown="ignore").fit(tr[cols])
     m = LogisticRegression(C=best, solver="liblinear", random_state=SEED, max_iter=1000).fit(enc.transform(tr[cols]), ytr)
-    return auc(te["rating"], m.predict_proba(enc.transform(te[cols]))[:, 1])
+    return m.predict_proba(enc.transform(te[cols]))[:, 1]
 
 
 def peer_lgbm(tr: pd.DataFrame, te: pd.DataFrame) -> float:
@@ -124,7 +125,7 @@ def peer_lgbm(tr: pd.DataFrame, te: pd.DataFrame) -> float:
     m = lgb.train(params, dtr, num_boost_round=1000, valid_sets=[dva],
                   callbacks=[lgb.early_stopping(50, verbose=False)])
     print(f"  lgbm: best iteration {m.best_iteration}, holdout AUC {m.best_score['valid_0']['auc']:.4f}")
-    return auc(te["rating"], m.predict(xte, num_iteration=m.best_iteration))
+    return m.predict(xte, num_iteration=m.best_iteration)
 
 
 def peer_deepfm(tr: pd.DataFrame, te: pd.DataFrame, epochs: int) -> float:
@@ -155,17 +156,39 @@ def peer_deepfm(tr: pd.DataFrame, te: pd.DataFrame, epochs: int) -> float:
     model = DeepFM(cols, cols, dnn_hidden_units=(256, 128), l2_reg_embedding=1e-5, task="binary", device="cpu", seed=SEED)
     model.compile("adam", "binary_crossentropy", metrics=["auc"])
     model.fit(x_tr, tr["rating"].to_numpy().copy(), batch_size=1024, epochs=epochs, verbose=0, shuffle=True)
-    return auc(te["rating"], model.predict(x_te, batch_size=8192).ravel())
+    return model.predict(x_te, batch_size=8192).ravel()
 
 
-def run_rayload(spec, n_test: int) -> float:
+def run_rayload(spec, te: pd.DataFrame) -> np.ndarray:
+    """Trains the job, then scores this script's test rows (raw columns, in this script's order)
+    through the serving path (Scorer: features.json + model), so the predictions pair row by row
+    with the peers'. Their AUC must equal the one rayload computed on its own test shards."""
+    from rayload.serve.scorer import Scorer
+
     result = rayload.train(spec)
     written = (result.preprocessed.counts.get("written") or {}) if result.preprocessed else {}
     print(f"  rayload: run {result.run_name}; val_auc of best checkpoint = {result.metrics.get('val_auc')}; "
           f"rows written train/val/test = {written.get('train')}/{written.get('val')}/{written.get('test')}")
-    if written.get("test") is not None and written["test"] != n_test:
-        print(f"  WARNING: rayload's test split has {written['test']:,} rows, this script's has {n_test:,}")
-    return float(result.test["auc"])
+    if written.get("test") is not None and written["test"] != len(te):
+        print(f"  WARNING: rayload's test split has {written['test']:,} rows, this script's has {len(te):,}")
+    scorer = Scorer.load("rayload", result.checkpoint)
+    names = sorted(scorer.feature_names & set(te.columns))
+    scores = scorer.score(te[names].to_dict("records"))
+    print(f"  rayload: test AUC on its own shards {result.test['auc']:.6f}, on this script's rows via the serving path "
+          f"{auc(te['rating'], scores):.6f}")
+    return scores
+
+
+def paired_bootstrap(y: np.ndarray, a: np.ndarray, b: np.ndarray, rounds: int = 1000) -> tuple[float, float, float]:
+    """95% interval of AUC(a) - AUC(b) over test rows resampled with replacement (the same rows
+    for both models in each round), and the share of rounds where a does not beat b."""
+    rng = np.random.default_rng(SEED)
+    diffs = []
+    for _ in range(rounds):
+        i = rng.integers(0, len(y), len(y))
+        diffs.append(auc(y[i], a[i]) - auc(y[i], b[i]))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(lo), float(hi), float(np.mean(np.asarray(diffs) <= 0))
 
 
 def main() -> None:
@@ -191,27 +214,30 @@ def main() -> None:
     peers = {"lr": ("logistic regression (one-hot user+movie)", lambda: peer_lr(tr, te)),
              "lgbm": ("LightGBM", lambda: peer_lgbm(tr, te)),
              "deepfm": ("deepctr-torch DeepFM", lambda: peer_deepfm(tr, te, args.deepfm_epochs)),
-             "rayload": (f"rayload ({spec.model.name})", lambda: run_rayload(spec, int(test.sum())))}
+             "rayload": (f"rayload ({spec.model.name})", lambda: run_rayload(spec, te))}
     rows = []
     for key in [m.strip() for m in args.models.split(",") if m.strip()]:
         label, fn = peers[key]
         print(f"training {key} ...", flush=True)
         seed_all()
         t = time.perf_counter()
-        score = fn()
-        rows.append((key, label, score, time.perf_counter() - t))
+        pred = np.asarray(fn(), dtype=float)
+        score = auc(te["rating"], pred)
+        rows.append((key, label, score, time.perf_counter() - t, pred))
         print(f"  {key}: test AUC {score:.4f} ({rows[-1][3]:.1f} s)", flush=True)
 
     print(f"\nMovieLens (dslabs, rating >= 4), test = {int(test.sum()):,} rows ({frac:.1%}), split seed {sp.seed}")
     print(f"| {'model':<42} | test AUC | train s |")
     print(f"|{'-' * 44}|----------|---------|")
-    for _, label, score, secs in rows:
+    for _, label, score, secs, _ in rows:
         print(f"| {label:<42} | {score:8.4f} | {secs:7.1f} |")
     ours = [r for r in rows if r[0] == "rayload"]
     others = [r for r in rows if r[0] != "rayload"]
     if ours and others:
         best = max(others, key=lambda r: r[2])
-        print(f"rayload - best peer ({best[1]}): {ours[0][2] - best[2]:+.4f} AUC")
+        lo, hi, not_better = paired_bootstrap(te["rating"].to_numpy(), ours[0][4], best[4])
+        print(f"rayload - best peer ({best[1]}): {ours[0][2] - best[2]:+.4f} AUC, paired bootstrap 95% interval "
+              f"[{lo:+.4f}, {hi:+.4f}] (1,000 resamples of the test rows; rayload not ahead in {not_better:.1%})")
     print(f"total {time.perf_counter() - t_all:.1f} s")
 
 
