@@ -21,7 +21,7 @@ demo: $(STAMP)
 # or Ray head stay in one worker): a single worker left a quarter of the two cores idle while
 # Ray, Serve and subprocesses start up (CPU busy 68% -> 91%, 22.5 -> 16.8 min measured).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20 tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit tests/test_specs.py

@@ -83,18 +83,18 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         raise RayloadError("the compression gate compares validation AUC: it needs a binary-label model")
     job, pre = _validation_data(checkpoint, source, spec, address)
     layout = _layout(source.features)
-    labels, before = _predict(source.model, pre.dataset("val"), layout)
+    labels, before = _predict(source.model, pre.batches("val"), layout)
     if method == "int8":
         model, state, info = _int8(source.model, config)
     else:
         model, info = _prune(copy.deepcopy(source.model), amount, structured)
         if finetune_epochs:
-            _finetune(model, pre.dataset("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size)
+            _finetune(model, pre.batches("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size)
             info["finetune_epochs"] = finetune_epochs
         _unmask(model)
         info["sparsity"] = sparsity(model)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    _, after = _predict(model, pre.dataset("val"), layout)
+    _, after = _predict(model, pre.batches("val"), layout)
     result = CompressResult(method, checkpoint, None, auc(labels, before), auc(labels, after), max_auc_drop,
                             os.path.getsize(os.path.join(checkpoint, ckpt.MODEL)), 0, info)
     if not result.passed:

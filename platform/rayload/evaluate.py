@@ -58,7 +58,8 @@ def metrics_for(task: str, labels: np.ndarray, outputs: np.ndarray, bins: int = 
 
 
 def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(labels, outputs) for every row of a preprocessed Ray Dataset, on CPU in this process."""
+    """(labels, outputs) for every row of a preprocessed split (a Ray Dataset or LocalShards),
+    on CPU in this process."""
     import torch
 
     from .train.batch import collate
@@ -101,4 +102,4 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
             f"checkpoint {checkpoint} was trained on a different preprocessing than the spec's data "
             "(features.json differs); evaluate with the job spec (and --set overrides) it was trained with"
         )
-    return evaluate_checkpoint(checkpoint, pre.dataset(split), spec.eval)
+    return evaluate_checkpoint(checkpoint, pre.batches(split), spec.eval)

@@ -132,3 +132,26 @@ def test_movielens_as_regression(tmp_path):
     y = pq.read_table(res.files["val"], columns=["label"]).column("label").to_numpy()
     assert set(np.unique(y)) <= {x / 2 for x in range(1, 11)} and len(np.unique(y)) == 10
     assert res.features.label.positive_rate is None
+
+
+def test_local_shards_read_every_row_of_a_split_without_ray(tmp_path):
+    """`batches(split)` on local shards: what evaluation and the compression gate read, every
+    row once in file order, in batches of at most the size asked, and no Ray started."""
+    import sys
+
+    import pyarrow as pa
+
+    from rayload.data.pipeline import LocalShards
+
+    parquet, _, _ = write_sources(tmp_path, frame(1500, seed=6))
+    res = preprocess(job(parquet, "parquet"), out=str(tmp_path / "out"), engine="local")
+    for split in ("train", "val", "test"):
+        shards = res.batches(split)
+        assert isinstance(shards, LocalShards) and shards.files == res.files[split]
+        tables = list(shards.iter_batches(batch_size=100))
+        assert all(t.num_rows <= 100 for t in tables)
+        assert pa.concat_tables(tables).equals(pa.concat_tables([pq.read_table(f) for f in res.files[split]]))
+        assert shards.count() == res.counts["written"][split]
+    with pytest.raises(ValueError, match="pyarrow tables only"):
+        next(res.batches("val").iter_batches(batch_format="pandas"))
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
