@@ -75,7 +75,7 @@ def holdout(n: int, frac: float = 0.1) -> np.ndarray:
     return np.random.default_rng(SEED).random(n) < frac
 
 
-def peer_lr(tr: pd.DataFrame, te: pd.DataFrame) -> float:
+def peer_lr(tr: pd.DataFrame, te: pd.DataFrame) -> np.ndarray:
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import OneHotEncoder
 
@@ -95,7 +95,7 @@ def peer_lr(tr: pd.DataFrame, te: pd.DataFrame) -> float:
     return m.predict_proba(enc.transform(te[cols]))[:, 1]
 
 
-def peer_lgbm(tr: pd.DataFrame, te: pd.DataFrame) -> float:
+def peer_lgbm(tr: pd.DataFrame, te: pd.DataFrame) -> np.ndarray:
     import lightgbm as lgb
 
     genres = sorted({g for gs in genre_lists(tr) for g in gs})
@@ -128,7 +128,7 @@ def peer_lgbm(tr: pd.DataFrame, te: pd.DataFrame) -> float:
     return m.predict(xte, num_iteration=m.best_iteration)
 
 
-def peer_deepfm(tr: pd.DataFrame, te: pd.DataFrame, epochs: int) -> float:
+def peer_deepfm(tr: pd.DataFrame, te: pd.DataFrame, epochs: int) -> np.ndarray:
     import torch
     from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat, get_feature_names
     from deepctr_torch.models import DeepFM

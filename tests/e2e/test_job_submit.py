@@ -10,18 +10,10 @@ import subprocess
 
 import httpx
 import pytest
-from ray_head import BIN, ROOT, Head, ensure_token
+from ray_head import BIN, ROOT, ensure_token
 from small_jobs import SERVING, SMALL, sets, submit_and_check
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def head():
-    ensure_token()
-    h = Head(num_cpus=2)
-    yield h
-    h.stop()
 
 
 def test_every_job_spec_has_a_small_run():

@@ -88,9 +88,6 @@ class LocalShards:
             for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
                 yield pa.Table.from_batches([record_batch])
 
-    def count(self) -> int:
-        return sum(pq.ParquetFile(path).metadata.num_rows for path in self.files)
-
 
 def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None) -> PreprocessResult:
     """engine="local" runs the same per-batch code in this process with plain pyarrow (the
