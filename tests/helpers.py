@@ -50,14 +50,15 @@ def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
 
 
 def movielens_subset(folder, rows: int) -> str:
-    """The first `rows` MovieLens ratings (the built-in source, materialised under `folder`) as
+    """The first `rows` MovieLens ratings (the built-in source, materialised in the cache) as
     `folder`/subset.parquet; returns its path."""
     import pyarrow.parquet as pq
 
     from rayload.data.builtin import materialize
+    from rayload.paths import cache_root
 
     source = JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}).data.source
-    src = materialize(source, os.path.join(str(folder), "cache"))[0]
+    src = materialize(source, cache_root())[0]
     path = os.path.join(str(folder), "subset.parquet")
     pq.write_table(pq.read_table(src).slice(0, rows), path)
     return path

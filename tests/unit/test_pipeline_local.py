@@ -155,3 +155,37 @@ def test_local_shards_read_every_row_of_a_split_without_ray(tmp_path):
     with pytest.raises(ValueError, match="pyarrow tables only"):
         next(res.batches("val").iter_batches(batch_format="pandas"))
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+_SHARED_CACHE_RUN = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from helpers import job
+from rayload.data.pipeline import preprocess
+res = preprocess(job({path!r}), engine="local")
+print(json.dumps({{"cached": res.cached, "out_dir": res.out_dir, "written": res.counts["written"]}}))
+"""
+
+
+def test_two_processes_sharing_one_cache_write_an_entry_once(tmp_path):
+    """RAYLOAD_CACHE shared by two run folders: processes started together both get the entry,
+    one writes it, the other waits on its lock and reuses it (no half-written shards)."""
+    import subprocess
+    import sys
+
+    path = write_sources(tmp_path, frame(20_000, seed=2))[0]
+    code = _SHARED_CACHE_RUN.format(tests=os.path.dirname(os.path.dirname(__file__)), path=path)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RAYLOAD_HOME=str(tmp_path / f"home{i}"), RAYLOAD_CACHE=str(tmp_path / "shared")))
+             for i in range(2)]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(o["cached"] for o in outs) == [False, True]
+    assert outs[0]["out_dir"] == outs[1]["out_dir"] and outs[0]["out_dir"].startswith(str(tmp_path / "shared"))
+    assert outs[0]["written"] == outs[1]["written"]
+    entry = load_result(outs[0]["out_dir"])
+    assert sum(pq.read_metadata(f).num_rows for split in ("train", "val", "test") for f in entry.files[split]) == 20_000
+    assert not (tmp_path / "home0" / "cache").exists() and not (tmp_path / "home1" / "cache").exists()

