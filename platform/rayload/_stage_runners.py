@@ -96,7 +96,7 @@ def tune(spec, stage, folder, outputs, address, progress) -> dict:
     best_job = load_spec(found.best_spec)
     from .data.pipeline import preprocess
 
-    test = evaluate_checkpoint(found.best["checkpoint"], preprocess(best_job, address=address).dataset("test"), best_job.eval)
+    test = evaluate_checkpoint(found.best["checkpoint"], preprocess(best_job, address=address).batches("test"), best_job.eval)
     out["best"] = {"number": found.best["number"], "value": found.best_value, "params": found.best_params,
                    "checkpoint": found.best["checkpoint"], "spec": found.best_spec, "test": test.to_dict()}
     out["checkpoint"] = found.best["checkpoint"]

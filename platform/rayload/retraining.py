@@ -179,7 +179,7 @@ def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:
     from .train.trainer import fit
 
     result = fit(job, address=address, evaluate_test=False)
-    val = result.preprocessed.dataset("val")
+    val = result.preprocessed.batches("val")  # read twice: local shards straight from Parquet
     new = evaluate_checkpoint(result.checkpoint, val, job.eval).auc
     old = evaluate_checkpoint(champion, val, job.eval).auc
     if new is None or old is None:

@@ -19,7 +19,7 @@ RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
 PIPELINE = os.path.join(ROOT, "jobs", "movielens_pipeline.yaml")
 # The demo's own options plus small stages; `rayload run` with the same items finds them unchanged.
 SETS = ["ab.serving.port=8771", "search.num_samples=2", "search.startup_trials=2", "search.scheduler.max_epochs=2",
-        "ab.simulate.requests=600", "baseline.train.epochs=4"]
+        "ab.simulate.requests=600", "baseline.train.epochs=2"]
 
 
 def cli(*args, home, timeout=600):
@@ -35,7 +35,7 @@ def _sets(items):
 def demo(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", "--ab-requests", "600",
-            "--set", "baseline.train.epochs=4", home=home, timeout=800)
+            "--set", "baseline.train.epochs=2", home=home, timeout=800)
     assert r.returncode == 0, r.stderr[-3000:]
     return home, r.stdout
 
@@ -90,7 +90,7 @@ def test_manifest_has_versions_commit_seeds_hashes_specs_and_durations(demo):
     assert manifest["git_commit"] == head
     assert manifest["seeds"]["baseline"] == 0 and "search" in manifest["seeds"]
     assert len(manifest["data_hashes"]["prepare"]) == 16 and manifest["data_hashes"]["prepare"] == manifest["data_hashes"]["baseline"]
-    assert manifest["specs"]["baseline"]["train"]["epochs"] == 4
+    assert manifest["specs"]["baseline"]["train"]["epochs"] == 2
     assert [s["name"] for s in manifest["stages"]] == ["prepare", "baseline", "search", "ab", "decide"]
     assert all(s["seconds"] > 0 and s["outcome"] == "ok" for s in manifest["stages"])
 

@@ -100,3 +100,21 @@ def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     aucs = [f.metrics["val_auc"] for f in result.folds]
     assert result.mean["val_auc"] == pytest.approx(sum(aucs) / 2) and result.std["val_auc"] >= 0
     assert result.folds[0].preprocessed.out_dir != result.folds[1].preprocessed.out_dir  # a split per fold
+
+
+def test_controller_env_drops_the_preemption_watcher_only_where_one_node_holds_the_group(ray_local, monkeypatch):
+    from rayload.spec import ResourcesSpec
+    from rayload.train.trainer import _controller_env
+
+    key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    monkeypatch.delenv(key, raising=False)
+    res = ResourcesSpec(workers=2, placement_timeout_s=42)
+    with _controller_env(res, {"CPU": 1}, 2):  # the local 2-CPU Ray holds both workers
+        assert os.environ[key] == "0" and os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "42.0"
+    assert key not in os.environ  # set for the one call only
+    for per_worker, workers in (({"CPU": 1}, 3), ({"CPU": 1, "GPU": 1}, 1)):  # more than the node has: others must join
+        with _controller_env(res, per_worker, workers):
+            assert key not in os.environ
+    monkeypatch.setenv(key, "1")
+    with _controller_env(res, {"CPU": 1}, 2):
+        assert os.environ[key] == "1"  # the user's setting wins

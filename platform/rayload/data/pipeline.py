@@ -61,8 +61,10 @@ class PreprocessResult:
 
     def batches(self, split: str):
         """The split for reading batches in this process: the shards straight from Parquet when
-        they are local files (no Ray started or joined: `rayload evaluate` and `compress` on
-        cached shards skip a Ray start of several seconds), the Ray Dataset otherwise."""
+        they are local files, the Ray Dataset otherwise. Local shards are on this machine's disk
+        whatever Ray runs, so no Ray read tasks are scheduled for them: `rayload evaluate` and
+        `compress` on cached shards start no Ray at all, and the test metrics at the end of
+        `fit`, the retraining gate and the pipeline's search stage skip a Ray Data read."""
         if not self.files.get(split):
             raise DataError(f"split '{split}' has no rows in {self.out_dir}")
         if any("://" in f for f in self.files[split]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import os
@@ -65,7 +66,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     if evaluate_test and pre.files.get(spec.eval.split):
         from ..evaluate import evaluate_checkpoint
 
-        result.test = evaluate_checkpoint(result.checkpoint, pre.dataset(spec.eval.split), spec.eval).to_dict()
+        result.test = evaluate_checkpoint(result.checkpoint, pre.batches(spec.eval.split), spec.eval).to_dict()
     return result
 
 
@@ -115,8 +116,6 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     score, mode = score_metric(spec, pre.features.label.task)
     workers = res.workers if isinstance(res.workers, int) else (res.workers.min, res.workers.max)
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
-    # Ray Train retries a worker group that cannot be placed forever; this bounds the wait.
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(res.placement_timeout_s)
     torch_config = None
     if res.gpus_per_worker and res.cpu_fallback:
         from ray.train.torch import TorchConfig
@@ -139,13 +138,43 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
-        result = trainer.fit()
+        with _controller_env(res, per_worker, workers if isinstance(workers, int) else workers[1]):
+            result = trainer.fit()
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(_failure_message(exc, spec)) from exc
     best = sorted(result.best_checkpoints, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
     checkpoint, metrics = best[0]
     history = ckpt.load_train_state(result.checkpoint.path)["state"].history
     return TrainResult(name, os.path.join(storage, name), checkpoint.path, metrics, history)
+
+
+@contextlib.contextmanager
+def _controller_env(res, per_worker: dict, max_workers: int):
+    """Settings Ray Train reads from the environment when `trainer.fit()` starts its controller
+    (which forwards them to its actor), set for that call only:
+    - the worker-group start timeout: Ray Train retries a group that cannot be placed forever;
+      this bounds the wait (resources.placement_timeout_s);
+    - no PreemptionWatcher on a one-node cluster that holds the whole group: the watcher is one
+      more actor process per worker-group start, polling for drains of the nodes that hold
+      ranks, and a drain of the only node ends the run with it. A user's own
+      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER wins."""
+    import ray
+
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(res.placement_timeout_s)}
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ and len(nodes) == 1 and all(
+            nodes[0]["Resources"].get(k, 0) >= v * max_workers for k, v in per_worker.items() if v):
+        env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def training_datasets(pre: PreprocessResult, cache: bool = True) -> dict:
