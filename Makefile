@@ -23,7 +23,11 @@ demo: $(STAMP)
 # Files go out in collection order (e2e, integration, then the many short unit files that fill
 # the end); xdist's default reorder by test count sent the two-test, two-minute A/B decision
 # file last, to run alone while the other worker sat idle.
+# compileall first: this machine (and CI) sets PYTHONDONTWRITEBYTECODE=1, so without it each of
+# the hundreds of Python processes a run starts (Ray workers, CLI calls, jobs) compiled rayload
+# from source again (~0.3 s each; site-packages were compiled by pip at install).
 test: $(STAMP)
+	$(BIN)/python -m compileall -q platform
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20 tests
 
 test-unit: $(STAMP)
