@@ -109,12 +109,13 @@ def test_controller_env_drops_the_preemption_watcher_only_where_one_node_holds_t
     key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
     monkeypatch.delenv(key, raising=False)
     res = ResourcesSpec(workers=2, placement_timeout_s=42)
-    with _controller_env(res, {"CPU": 1}, 2):  # the local 2-CPU Ray holds both workers
+    with _controller_env(res):  # the local 2-CPU Ray holds both workers
         assert os.environ[key] == "0" and os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "42.0"
     assert key not in os.environ  # set for the one call only
-    for per_worker, workers in (({"CPU": 1}, 3), ({"CPU": 1, "GPU": 1}, 1)):  # more than the node has: others must join
-        with _controller_env(res, per_worker, workers):
+    # more than the node has (3 workers, an elastic maximum of 3, a GPU): other nodes must join
+    for bigger in (ResourcesSpec(workers=3), ResourcesSpec(workers={"min": 1, "max": 3}), ResourcesSpec(workers=1, gpus_per_worker=1)):
+        with _controller_env(bigger):
             assert key not in os.environ
     monkeypatch.setenv(key, "1")
-    with _controller_env(res, {"CPU": 1}, 2):
+    with _controller_env(res):
         assert os.environ[key] == "1"  # the user's setting wins

@@ -16,7 +16,7 @@ from ..paths import runs_root
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
-from .resources import check_resources, check_storage
+from .resources import check_resources, check_storage, requested
 from .session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         dataset_config=ray.train.DataConfig(datasets_to_split=["train"]),
     )
     try:
-        with _controller_env(res, per_worker, workers if isinstance(workers, int) else workers[1]):
+        with _controller_env(res):
             result = trainer.fit()
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(_failure_message(exc, spec)) from exc
@@ -149,7 +149,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
 
 
 @contextlib.contextmanager
-def _controller_env(res, per_worker: dict, max_workers: int):
+def _controller_env(res):
     """Settings Ray Train reads from the environment when `trainer.fit()` starts its controller
     (which forwards them to its actor), set for that call only:
     - the worker-group start timeout: Ray Train retries a group that cannot be placed forever;
@@ -161,9 +161,11 @@ def _controller_env(res, per_worker: dict, max_workers: int):
     import ray
 
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(res.placement_timeout_s)}
+    _, per_worker = requested(res)
+    most = res.workers if isinstance(res.workers, int) else res.workers.max
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ and len(nodes) == 1 and all(
-            nodes[0]["Resources"].get(k, 0) >= v * max_workers for k, v in per_worker.items() if v):
+            nodes[0]["Resources"].get(k, 0) >= v * most for k, v in per_worker.items()):
         env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
