@@ -28,7 +28,8 @@ def _check_training(spec: JobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("train.sparse_optimizer", "applies only to sparse embedding tables; set model.sparse_embeddings: true "
                                 "or leave sparse_optimizer out", spec.train.sparse_optimizer, True))
     if spec.model.sparse_embeddings and spec.resources.gpus_per_worker > 0:
-        issues.append(SpecIssue("model.sparse_embeddings", "sparse gradients need the gloo backend; NCCL (GPU workers) cannot all-reduce them", True, True))
+        issues.append(SpecIssue("model.sparse_embeddings", "sparse embedding gradients are synchronised on CPU (gloo) workers only; "
+                                "on GPU workers set model.sparse_embeddings: false (dense gradients all-reduce over NCCL)", True, True))
     return issues
 
 

@@ -27,6 +27,7 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import transfer
 from .batch import Batch, Layout
+from .sparse_sync import SparseGradSync, keep_out_of_ddp
 from .session import RaySession, Session, scratch_dir
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
         transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if session.world_size > 1:
+        keep_out_of_ddp(model)  # sparse tables are averaged by SparseGradSync, not by DDP
     return session.prepare(model)
 
 
@@ -114,6 +117,8 @@ class Trainer:
         self.precision = resolve_precision(spec.train.precision, session.device)
         self.model = make_model(spec, features, session)
         self.optimizers = make_optimizers(self.model, spec)
+        tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
+        self.sparse_sync = SparseGradSync(tables, session.world_size) if tables and session.world_size > 1 else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizers[0], lr_lambda(spec, steps_per_epoch * spec.train.epochs))
         self.scaler = torch.amp.GradScaler(session.device.type) if self.precision == "fp16" else None
         self.state = ckpt.TrainState()
@@ -158,6 +163,8 @@ class Trainer:
         return total
 
     def _apply(self) -> None:
+        if self.sparse_sync:
+            self.sparse_sync()
         if self.scaler:
             for opt in self.optimizers[:1]:
                 self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
