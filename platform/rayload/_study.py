@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import warnings
 from typing import Any
 
@@ -18,6 +19,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
+from .errors import RayloadError
 from .search_spec import Param
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,25 @@ def open_study(storage: str | None, name: str, mode: str, sampler, create: bool)
     if create:
         return optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler, load_if_exists=False)
     return optuna.load_study(storage=storage, study_name=name, sampler=sampler)
+
+
+def read_study(url: str, name: str) -> optuna.Study:
+    """Open a study only to look at it (`rayload tune status`): never creates a database file,
+    optuna's tables or the study, so a status call on a moved run cannot leave an empty study
+    behind; each missing piece is a RayloadError naming it."""
+    import sqlalchemy.exc
+
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?")[0]
+        if not os.path.exists(path):
+            raise RayloadError(f"the study database {path} does not exist (was the run folder moved or deleted?)")
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return optuna.load_study(storage=storage, study_name=name)
+    except KeyError:
+        raise RayloadError(f"no study named {name!r} in {url}") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        raise RayloadError(f"cannot read the study {name!r} from {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 def _storage(url: str | None):

@@ -326,13 +326,12 @@ def write_state(run_dir: str, **updates) -> None:
 
 def status(run: str) -> dict:
     """State of a running, finished or interrupted search: its trials, counts and best trial."""
-    import optuna
-
+    from ._study import read_study
     from ._tune_report import best_row, trial_rows
 
     run_dir = find_run(run)
     state = read_state(run_dir)
-    study = optuna.load_study(storage=state["storage"], study_name=state["study"])
+    study = read_study(state["storage"], state["study"])
     rows = trial_rows(study)
     if state.get("state") == "running" and not _alive(state.get("pid"), state.get("host")):
         state["state"] = "interrupted (driver gone; continue with --resume)"

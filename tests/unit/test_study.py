@@ -51,3 +51,29 @@ def test_resume_reattaches_running_trials_then_asks_only_what_is_missing(tmp_pat
     assert again.suggest("y")["number"] == 2 and again.suggest("z")["number"] == 3
     assert again.suggest("w") == again.FINISHED
     assert len(optuna.load_study(study_name="s", storage=storage).trials) == 4
+
+
+def test_read_study_never_creates_a_database_tables_or_a_study(tmp_path):
+    import os
+
+    import pytest
+
+    from rayload._study import read_study
+    from rayload.errors import RayloadError
+
+    missing = tmp_path / "gone.db"
+    with pytest.raises(RayloadError, match=f"the study database {missing} does not exist"):
+        read_study(f"sqlite:///{missing}", "s")
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(RayloadError, match="cannot read the study 's'"):
+        read_study(f"sqlite:///{empty}", "s")
+    assert os.path.getsize(empty) == 0  # no optuna tables were created
+    s = searcher(f"sqlite:///{tmp_path}/s.db")
+    s.suggest("t0")
+    s.on_trial_complete("t0", {"val_auc": 0.6, "epochs_done": 1})
+    with pytest.raises(RayloadError, match="no study named 'other'"):
+        read_study(f"sqlite:///{tmp_path}/s.db", "other")
+    assert [st.study_name for st in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/s.db")] == ["s"]
+    assert read_study(f"sqlite:///{tmp_path}/s.db", "s").trials[0].value == 0.6
