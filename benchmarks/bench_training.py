@@ -21,7 +21,9 @@ each side's figure is the median of its measurements.
    pyarrow, keeps its contiguous half of the rows, collates its batches once with
    `rayload.train.batch.collate` before training (rayload's workers keep theirs after the
    first epoch, `train.worker_cache_mb`), trains `rayload.models.build_model`'s model wrapped in
-   DDP(gloo) with the same AdamW (+ SparseAdam for sparse embedding tables) and LR schedule,
+   DDP(gloo) with the same AdamW (+ SparseAdam for sparse embedding tables) and LR schedule
+   (sparse tables averaged by rayload's SparseGradSync, or with --plain-sparse-sync ddp by
+   DDP's own gloo sparse all-reduce, which rayload replaced: RESULTS.md),
    for the same epochs and batches per rank (drop_last, as rayload does with 2 workers),
    and, like rayload's loop, validates every epoch (each rank a stride of val batches,
    all_gather, the same metrics) and saves a checkpoint on rank 0. Both run as fresh
@@ -97,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--accum", type=int, default=4, help="micro-batches per optimizer step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the 1-process measurements")
     ap.add_argument("--only", default="ddp,ingest,accum", help="comma-separated subset of ddp,ingest,accum")
+    ap.add_argument("--plain-sparse-sync", choices=["rayload", "ddp"], default="rayload",
+                    help="how the plain DDP loop averages sparse embedding gradients: rayload's SparseGradSync (like for like, "
+                         "the default) or DDP's own gloo sparse all-reduce (what a hand-written loop gets)")
     ap.add_argument("--home", default=os.environ.get("RAYLOAD_HOME") or os.path.join(tempfile.gettempdir(), "rayload-bench-training"),
                     help="RAYLOAD_HOME: where the preprocessed shards are cached")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, checkpoints)")
@@ -201,6 +206,11 @@ def plain_worker(config_path: str) -> None:
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
     model = build_model(spec.model.model_dump(), InputShape.from_features(features))
+    sync = None
+    if cfg["sparse_sync"] == "rayload":  # the sparse tables averaged as rayload's loop does, outside DDP
+        from rayload.train.sparse_sync import SparseGradSync, keep_out_of_ddp
+
+        sync = SparseGradSync(keep_out_of_ddp(model), world)
     ddp = DDP(model)
     sparse = [m.weight for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse]
     sparse_ids = {id(p) for p in sparse}
@@ -242,6 +252,8 @@ def plain_worker(config_path: str) -> None:
             batch = batches[i]
             loss = loss_of(batch)
             loss.backward()
+            if sync is not None:
+                sync()
             for opt in optimizers:
                 opt.step()
             scheduler.step()
@@ -334,7 +346,8 @@ def bench_ddp(args, pre, work: str) -> dict:
             else:
                 ckpt_dir = os.path.join(work, f"plain-ckpt-{i}")
                 os.makedirs(ckpt_dir, exist_ok=True)
-                cfg.update(features=pre.features.to_json(), train_files=pre.files["train"], val_files=pre.files["val"], ckpt_dir=ckpt_dir)
+                cfg.update(features=pre.features.to_json(), train_files=pre.files["train"], val_files=pre.files["val"], ckpt_dir=ckpt_dir,
+                           sparse_sync=args.plain_sparse_sync)
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", me, "--plain-worker", cfg_path]
             with open(cfg_path, "w") as f:
                 json.dump(cfg, f)
@@ -351,7 +364,8 @@ def bench_ddp(args, pre, work: str) -> dict:
     ratio, diff = rate["rayload"] / rate["plain"], startup["rayload"] - startup["plain"]
     if runs["rayload"][0]["rows"] != runs["plain"][0]["rows"]:
         print(f"  note: rows per epoch differ: rayload {runs['rayload'][0]['rows']:,}, plain {runs['plain'][0]['rows']:,}")
-    print(f"DDP: ratio = {ratio:.2f} (target >= 0.95)  steady samples/s: rayload {rate['rayload']:,.0f}, plain torchrun {rate['plain']:,.0f}")
+    print(f"DDP: ratio = {ratio:.2f} (target >= 0.95)  steady samples/s: rayload {rate['rayload']:,.0f}, plain torchrun "
+          f"(sparse sync: {args.plain_sparse_sync}) {rate['plain']:,.0f}")
     print(f"DDP_STARTUP: difference = {diff:+.1f} s (target <= 5.0)  fixed cost: rayload {startup['rayload']:.1f}s, plain torchrun {startup['plain']:.1f}s")
     return {"ratio": ratio, "startup_diff": diff}
 

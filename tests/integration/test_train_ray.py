@@ -119,3 +119,41 @@ def test_controller_env_drops_the_preemption_watcher_only_where_one_node_holds_t
     monkeypatch.setenv(key, "1")
     with _controller_env(res):
         assert os.environ[key] == "1"  # the user's setting wins
+
+
+def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(movielens_subset, tmp_path):
+    """Workers read local validation shards with pyarrow (no Ray Data read tasks) and remote
+    ones through Ray Data: both give the same batches in the same order, so ranks striding
+    over them gather every row once either way."""
+    import numpy as np
+
+    from rayload.data.pipeline import LocalShards, preprocess
+    from rayload.train.loop import loader_options
+    from rayload.train.session import LocalSession
+    from rayload.train.trainer import training_datasets
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(movielens_subset)
+    parts = []
+    for i in range(3):  # three input files: three shards per split
+        parts.append(str(tmp_path / f"part-{i}.parquet"))
+        pq.write_table(table.slice(i * 10_000, 10_000), parts[-1])
+    spec = job(movielens_subset, data={"source": {"kind": "parquet", "path": parts}})
+    pre = preprocess(spec)
+    files = pre.files["val"]
+    assert len(files) >= 2  # batches cross file boundaries
+    datasets = training_datasets(pre, cache=False)
+
+    def read(val_files):
+        loader = dict(loader_options(spec, pre.features), val_files=val_files)
+        session = LocalSession(loader, datasets, str(tmp_path / f"run{bool(val_files)}"), 1, "val_auc", "max")
+        assert (session._local_val() is not None) == bool(val_files)
+        batches = list(session.val_batches(997))
+        return [len(b) for b in batches], np.concatenate([b.label.numpy() for b in batches]), np.concatenate([b.sparse.numpy() for b in batches])
+
+    local, ray_data = read(files), read(None)
+    assert local[0] == ray_data[0] and sum(local[0]) == pre.counts["written"]["val"]
+    assert np.array_equal(local[1], ray_data[1]) and np.array_equal(local[2], ray_data[2])
+    assert LocalShards.on_this_machine([*files, str(tmp_path / "gone.parquet")]) is None
+    assert LocalShards.on_this_machine(["s3://bucket/val-0.parquet"]) is None

@@ -90,6 +90,26 @@ class LocalShards:
             for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
                 yield pa.Table.from_batches([record_batch])
 
+    def exact_batches(self, batch_size: int):
+        """Tables of exactly batch_size rows across file boundaries (the last may be short):
+        the batches Ray Data's iter_batches gives over the same files in order."""
+        pending = None
+        for table in self.iter_batches(batch_size):
+            pending = table if pending is None else pa.concat_tables([pending, table])
+            while pending.num_rows >= batch_size:
+                yield pending.slice(0, batch_size)
+                pending = pending.slice(batch_size)
+        if pending is not None and pending.num_rows:
+            yield pending
+
+    @classmethod
+    def on_this_machine(cls, files: list[str] | None) -> "LocalShards | None":
+        """The shards, when every one is a file this process can open; None otherwise (remote
+        storage, or a node that does not share the disk the driver wrote them to)."""
+        if not files or any("://" in f or not os.path.isfile(f) for f in files):
+            return None
+        return cls(list(files))
+
 
 def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None) -> PreprocessResult:
     """engine="local" runs the same per-batch code in this process with plain pyarrow (the

@@ -39,7 +39,8 @@ def worker_entry(config: dict) -> None:
     spec = JobSpec.model_validate(config["spec"])
     features = FittedFeatures.from_json(config["features"])
     res = spec.resources
-    session = RaySession(loader_options(spec, features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback))
+    loader = loader_options(spec, features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback)
+    session = RaySession(dict(loader, val_files=config["context"].get("val_files")))
     run(spec, features, session, config["context"])
 
 

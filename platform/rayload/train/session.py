@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..data.pipeline import LocalShards
 from .batch import Layout, collate
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ class Session:
 
     def _iter(self, source, batch_size: int, seed: int | None, drop_last: bool):
         opts = self.loader
+        if isinstance(source, LocalShards):
+            return (collate(t, opts["layout"]) for t in source.exact_batches(batch_size)
+                    if not (drop_last and t.num_rows < batch_size))
         return source.iter_torch_batches(
             batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
             drop_last=drop_last, local_shuffle_buffer_size=opts["shuffle_buffer"] or None,
@@ -103,7 +107,7 @@ class Session:
             yield from cached
             return
         kept, rows = [], 0
-        for i, batch in enumerate(self._iter(self._val_source(), batch_size, None, drop_last=False)):
+        for i, batch in enumerate(self._iter(self._local_val() or self._val_source(), batch_size, None, drop_last=False)):
             if i % self.world_size == self.rank:
                 rows += len(batch)
                 if kept is not None and rows <= self.VAL_CACHE_ROWS:
@@ -112,6 +116,20 @@ class Session:
                     kept = None
                 yield batch
         self._val_cache = kept
+
+    def _local_val(self) -> "LocalShards | None":
+        """The validation shards read with pyarrow when they are files on this machine: no Ray
+        Data read tasks, whose worker processes (started for the read, killed idle a second
+        later on a small node) competed with training for the CPUs (RESULTS.md). Every rank
+        must agree (each keeps its stride of the same batch sequence; both readers give the
+        same sequence, but a mixed group is not worth the doubt)."""
+        local = LocalShards.on_this_machine(self.loader.get("val_files"))
+        if self.world_size > 1:
+            flag = torch.tensor([int(local is not None)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if not flag.item():
+                return None
+        return local
 
     def gather(self, array: np.ndarray) -> np.ndarray:
         if self.world_size == 1:

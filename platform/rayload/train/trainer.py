@@ -72,7 +72,8 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
 
 def loop_context(spec: JobSpec, pre: PreprocessResult) -> dict:
     """What the loop needs besides the spec and features (plain data: it crosses to workers)."""
-    return {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT")}
+    return {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT"),
+            "val_files": pre.files.get("val", [])}
 
 
 def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
@@ -99,7 +100,8 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
     use_gpu = spec.resources.gpus_per_worker > 0
-    session = session_cls(loader_options(spec, pre.features, use_gpu=use_gpu), datasets, run_dir, spec.train.keep_checkpoints, score, mode)
+    loader = dict(loader_options(spec, pre.features, use_gpu=use_gpu), val_files=context.get("val_files"))
+    session = session_cls(loader, datasets, run_dir, spec.train.keep_checkpoints, score, mode)
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
     if not best:
