@@ -45,9 +45,11 @@ each side's figure is the median of its measurements.
      nothing outside the workers sees the first step, and the first report already
      includes a whole epoch.
 2. INGEST: one process, `Trainer.train_epoch` (exactly the loop's code) fed by a
-   `LocalSession` over `PreprocessResult.dataset("train")` (Ray Data `iter_torch_batches`
-   with `ArrowCollate`, prefetching, as `rayload train` with one worker does; with
-   train.worker_cache_mb=0, so that every epoch streams) against the
+   `LocalSession` over `training_datasets(pre, train.cache_dataset)["train"]` (Ray Data
+   `iter_torch_batches` with `ArrowCollate`, prefetching, as `rayload train` with one worker
+   does: by default over the decoded rows materialised once in the object store,
+   `train.cache_dataset`; `--set train.cache_dataset=false` measures a Parquet read every
+   epoch; with train.worker_cache_mb=0, so that every epoch streams) against the
    same Trainer loop over a list of `Batch` objects collated in memory beforehand (same
    rows, same batch boundaries). Two Trainers with identical initial weights; epochs
    alternate; each side's first epoch is skipped as warm-up. ratio = stream / memory
@@ -439,13 +441,16 @@ def bench_ingest(args, pre, work: str) -> dict:
     layout = Layout.from_features(features)
     steps = max(1, pre.counts["written"]["train"] // spec.train.batch_size)
     score, mode = score_metric(spec, features.label.task)
-    train = pre.dataset("train")  # as _fit_local does
+    from rayload.train.trainer import training_datasets
+
+    train = training_datasets(pre, spec.train.cache_dataset)["train"]  # as _fit_local does
     train.context.enable_progress_bars = False
     stream = LocalSession(loader_options(spec, features), {"train": train, "val": pre.dataset("val")},
                           os.path.join(work, "ingest-run"), 1, score, mode)
     memory = memory_session_class()(loader_options(spec, features), read_train(pre, layout), layout)
     memory.batches(spec.train.batch_size)  # collate outside the timing
-    print(f"\n[2] INGEST: 1 process, {args.threads} torch thread(s), {pre.counts['written']['train']:,} rows/epoch, batch "
+    print(f"\n[2] INGEST: 1 process, {args.threads} torch thread(s), {pre.counts['written']['train']:,} rows/epoch, "
+          f"{'materialised dataset' if spec.train.cache_dataset else 'Parquet read every epoch'}, batch "
           f"{spec.train.batch_size}, prefetch {spec.train.prefetch_batches}, 1 warm-up + {args.ingest_epochs} epochs per side", flush=True)
     trainers = {"stream": Trainer(spec, features, stream, steps), "memory": Trainer(spec, features, memory, steps)}
     rates = alternate_epochs(trainers, args.ingest_epochs)
