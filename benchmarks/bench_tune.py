@@ -98,14 +98,15 @@ MOVIELENS_SPACE = {
 }
 
 
-def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: int, asha: dict | None, concurrent: int):
+def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: int, asha: dict | None, concurrent: int,
+                     fixed: dict | None = None):
     import rayload
     from rayload.search_spec import SearchSpec
 
     spec = SearchSpec.model_validate({
         "name": name, "base": os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "space": MOVIELENS_SPACE,
         "strategy": strategy, "num_samples": trials, "seed": seed, "startup_trials": 4, "max_concurrent": concurrent,
-        "fixed": {"train.epochs": epochs, "train.early_stopping": None}, "scheduler": asha,
+        "fixed": {"train.epochs": epochs, "train.early_stopping": None, **(fixed or {})}, "scheduler": asha,
     })
     start = time.perf_counter()
     res = rayload.tune(spec)
@@ -167,6 +168,13 @@ def epoch_reports(res) -> list[tuple[float, float]]:
     return sorted(out)
 
 
+def fixed_values(pairs: list[str]) -> dict:
+    """--fixed KEY=VALUE pairs (values parsed as YAML) for the search spec's `fixed` section."""
+    import yaml
+
+    return {k: yaml.safe_load(v) for k, _, v in (pair.partition("=") for pair in pairs)}
+
+
 def bench_asha(args) -> None:
     import ray
 
@@ -177,13 +185,14 @@ def bench_asha(args) -> None:
         # The seeded random sampler proposes the same configurations in the same order on both sides.
         for side, sched in (("without", None), ("with", asha)):
             start = time.time()
-            res, wall = movielens_search(f"bench-{side}-{seed}", "random", seed, args.trials, args.epochs, sched, args.concurrent)
+            res, wall = movielens_search(f"bench-{side}-{seed}", "random", seed, args.trials, args.epochs, sched, args.concurrent,
+                                         fixed_values(args.fixed))
             runs[(side, seed)] = ([(t - start, v) for t, v in epoch_reports(res)], wall, res.counts())
             best = max(v for _, v in runs[(side, seed)][0])
             print(f"  seed {seed} {side} ASHA: search {wall:.0f} s, best val AUC {best:.4f}, trials {res.counts()}", flush=True)
     target = max(v for reports, _, _ in runs.values() for _, v in reports) - 0.002
     print(f"asha: {args.trials} random trials x up to {args.epochs} epochs, {args.concurrent} at a time, grace period {args.grace}, "
-          f"reduction factor 3, {args.seeds} seeds; target val AUC {target:.4f} (best of any run - 0.002)")
+          f"reduction factor 3, {args.seeds} seeds, fixed {fixed_values(args.fixed)}; target val AUC {target:.4f} (best of any run - 0.002)")
     reach = {}
     for (side, seed), (reports, wall, _) in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         reach[(side, seed)] = next((t for t, v in reports if v >= target), None)
@@ -220,6 +229,8 @@ def main() -> None:
     a.add_argument("--seeds", type=int, default=3)
     a.add_argument("--concurrent", type=int, default=2)
     a.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
+    a.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE",
+                   help="job-spec value fixed in every trial of both sides (repeatable), e.g. train.lr_decay=none")
     args = p.parse_args()
     {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha}[args.what](args)
 
