@@ -340,7 +340,7 @@ def _spawn_two(target, *args) -> list:
 
     ctx, port = mp.get_context("spawn"), _free_port()
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(rank, port, *args, out)) for rank in range(2)]
+    procs = [ctx.Process(target=target, args=(rank, port, *args, out), daemon=True) for rank in range(2)]
     for p in procs:
         p.start()
     import queue
@@ -447,3 +447,37 @@ def test_two_gloo_ranks_with_sparse_tables_keep_identical_weights(tmp_path):
         assert np.array_equal(v, r1["final"][k]), k
     for k in tables:
         assert not np.array_equal(r0["final"][k], r0["initial"][k]), k
+
+
+def _uneven_val_caches(rank: int, port: int, path: str, out) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))  # a deadlock fails instead of hanging
+
+    class ValSession(Session):
+        VAL_CACHE_ROWS = 1050  # rank 0's stride holds 1,076 rows, rank 1's 1,024: only rank 1 caches
+
+        def _val_source(self):
+            raise AssertionError("the local shards should be read")
+
+    session = ValSession({"layout": Layout(("x",), ("c",), ("b",)), "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 0,
+                          "val_files": [path]})
+    session.rank, session.world_size = rank, 2
+    rows = [sum(len(b) for b in session.val_batches(128)) for _ in range(3)]  # three epochs of validation
+    out.put((rank, (rows, getattr(session, "_val_cache", None) is not None)))
+    dist.destroy_process_group()
+
+
+def test_validation_reader_is_chosen_once_so_uneven_val_caches_cannot_deadlock(tmp_path):
+    """The ranks agree on the validation reader with a collective at the first validation only:
+    afterwards a rank whose stride outgrew the cache reads again alone while the other serves
+    its cache (a collective there would wait forever)."""
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "val.parquet")
+    pq.write_table(table(2100, 3), path)
+    r0, r1 = _spawn_two(_uneven_val_caches, path)
+    assert r0 == ([1076] * 3, False) and r1 == ([1024] * 3, True)

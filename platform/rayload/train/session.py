@@ -123,12 +123,18 @@ class Session:
         later on a small node) competed with training for the CPUs (RESULTS.md). Every rank
         must agree (each keeps its stride of the same batch sequence; both readers give the
         same sequence, but a mixed group is not worth the doubt)."""
+        if hasattr(self, "_val_local"):
+            # Decided once, at the first validation, when every rank reads: later a rank whose
+            # stride outgrew VAL_CACHE_ROWS reads again while the others serve their cache, and
+            # a collective here would wait for them forever.
+            return self._val_local
         local = LocalShards.on_this_machine(self.loader.get("val_files"))
         if self.world_size > 1:
             flag = torch.tensor([int(local is not None)], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             if not flag.item():
-                return None
+                local = None
+        self._val_local = local
         return local
 
     def gather(self, array: np.ndarray) -> np.ndarray:
