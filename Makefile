@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python -m compileall -q platform
 	$(BIN)/rayload demo
 
 # Two pytest workers, one test file each at a time (module fixtures such as a module's local Ray
