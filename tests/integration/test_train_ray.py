@@ -139,7 +139,8 @@ def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(mov
     for i in range(3):  # three input files: three shards per split
         parts.append(str(tmp_path / f"part-{i}.parquet"))
         pq.write_table(table.slice(i * 10_000, 10_000), parts[-1])
-    spec = job(movielens_subset, data={"source": {"kind": "parquet", "path": parts}})
+    # A training shuffle buffer must not shuffle validation (ranks would stride different orders).
+    spec = job(movielens_subset, data={"source": {"kind": "parquet", "path": parts}}, train={"shuffle_buffer": 1000})
     pre = preprocess(spec)
     files = pre.files["val"]
     assert len(files) >= 2  # batches cross file boundaries

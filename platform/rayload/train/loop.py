@@ -73,8 +73,14 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
     if spec.train.sync_bn and session.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if session.world_size > 1:
-        keep_out_of_ddp(model)  # sparse tables are averaged by SparseGradSync, not by DDP
+        tables = {id(p) for p in keep_out_of_ddp(model)}  # sparse tables: averaged by SparseGradSync, not by DDP
+        if not any(p.requires_grad and id(p) not in tables for p in model.parameters()):
+            raise nothing_dense(spec.train.freeze)  # before DDP, whose own error on it says less
     return session.prepare(model)
+
+
+def nothing_dense(freeze) -> ValueError:
+    return ValueError(f"train.freeze={freeze} leaves no dense parameters to train; freeze fewer parts")
 
 
 def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimizer]:
@@ -88,7 +94,7 @@ def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimiz
     dense = [p for p in trainable if id(p) not in sparse_ids]
     sparse = [p for p in trainable if id(p) in sparse_ids]
     if not dense:
-        raise ValueError(f"train.freeze={t.freeze} leaves no dense parameters to train; freeze fewer parts")
+        raise nothing_dense(t.freeze)
     opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
     if sparse:
         cls = torch.optim.SparseAdam if t.sparse_optimizer == "adam" else torch.optim.Adagrad

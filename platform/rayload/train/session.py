@@ -53,8 +53,9 @@ class Session:
                     if not (drop_last and t.num_rows < batch_size))
         return source.iter_torch_batches(
             batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
-            drop_last=drop_last, local_shuffle_buffer_size=opts["shuffle_buffer"] or None,
-            local_shuffle_seed=seed if opts["shuffle_buffer"] else None, device="cpu",
+            # seed None (validation): no shuffle, so every rank sees the same batch sequence
+            drop_last=drop_last, local_shuffle_buffer_size=(opts["shuffle_buffer"] or None) if seed is not None else None,
+            local_shuffle_seed=seed if opts["shuffle_buffer"] and seed is not None else None, device="cpu",
         )
 
     def train_batches(self, epoch: int, batch_size: int):

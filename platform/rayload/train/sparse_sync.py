@@ -46,6 +46,11 @@ class SparseGradSync:
 
     def __init__(self, params: list[nn.Parameter], world_size: int):
         self.params, self.world_size = params, world_size
+        # DDP broadcasts rank 0's weights at the wrap, but not of the parameters it ignores: the
+        # seeded initialisation already makes the tables equal; one broadcast makes sure.
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, 0)
 
     def __call__(self) -> None:
         if not self.params:
@@ -71,6 +76,9 @@ class SparseGradSync:
                 parts_v[t].append(all_values[r, val:val + n * dim].view(n, dim))
                 row, val = row + n, val + n * dim
         for t, p in enumerate(self.params):
+            if int(all_counts[:, t].sum()) == 0:
+                p.grad = None  # no rank touched the table: the optimizer skips it, as in one process
+                continue
             idx, val = torch.cat(parts_i[t]).unsqueeze(0), torch.cat(parts_v[t]) / self.world_size
             p.grad = torch.sparse_coo_tensor(idx, val, p.shape, dtype=val.dtype, device=device, check_invariants=False).coalesce()
 
