@@ -292,40 +292,6 @@ def test_worker_cache_streams_every_epoch_over_budget_or_when_off():
     assert loader_options(job(worker_cache_mb=0), features())["cache_bytes"] == 0
 
 
-def _two_ranks(rank: int, port: int, budgets: tuple, out) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    session = StreamSession(table(2048, rank), cache_bytes=budgets[rank])
-    session.rank, session.world_size = rank, 2
-    for epoch in range(3):
-        list(session.train_batches(epoch, 128))
-    out.put((rank, session.reads))
-    dist.destroy_process_group()
-
-
-def test_worker_cache_is_all_ranks_or_none():
-    """One rank over its budget: no rank caches (a rank streaming alone would wait forever for
-    the others at Ray Data's streaming split)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    for budgets, reads in (((2**20, 2**20), 1), ((2**20, 1000), 3)):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        out = ctx.Queue()
-        procs = [ctx.Process(target=_two_ranks, args=(rank, port, budgets, out)) for rank in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        assert [p.exitcode for p in procs] == [0, 0]
-        assert sorted(out.get(timeout=5) for _ in procs) == [(0, reads), (1, reads)]
-
-
 def _free_port() -> int:
     import socket
 
@@ -359,6 +325,25 @@ def _spawn_two(target, *args) -> list:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     return [got[0], got[1]]
+
+
+def _two_ranks(rank: int, port: int, budgets: tuple, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    session = StreamSession(table(2048, rank), cache_bytes=budgets[rank])
+    session.rank, session.world_size = rank, 2
+    for epoch in range(3):
+        list(session.train_batches(epoch, 128))
+    out.put((rank, session.reads))
+    dist.destroy_process_group()
+
+
+def test_worker_cache_is_all_ranks_or_none():
+    """One rank over its budget: no rank caches (a rank streaming alone would wait forever for
+    the others at Ray Data's streaming split)."""
+    for budgets, reads in (((2**20, 2**20), 1), ((2**20, 1000), 3)):
+        assert _spawn_two(_two_ranks, budgets) == [reads, reads]
 
 
 def _sync_sparse_grads(rank: int, port: int, out) -> None:

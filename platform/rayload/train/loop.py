@@ -27,7 +27,7 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import transfer
 from .batch import Batch, Layout
-from .sparse_sync import SparseGradSync, keep_out_of_ddp
+from .sparse_sync import SparseGradSync, keep_out_of_ddp, sparse_tables
 from .session import RaySession, Session, scratch_dir
 
 log = logging.getLogger(__name__)
@@ -39,15 +39,17 @@ def worker_entry(config: dict) -> None:
     spec = JobSpec.model_validate(config["spec"])
     features = FittedFeatures.from_json(config["features"])
     res = spec.resources
-    loader = loader_options(spec, features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback)
-    session = RaySession(dict(loader, val_files=config["context"].get("val_files")))
+    session = RaySession(loader_options(spec, features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback,
+                                        val_files=config["context"].get("val_files")))
     run(spec, features, session, config["context"])
 
 
-def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False, cpu_fallback: bool = False) -> dict:
+def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = False, cpu_fallback: bool = False,
+                   val_files: list[str] | None = None) -> dict:
     t = spec.train
     return {"prefetch_batches": t.prefetch_batches, "shuffle_buffer": t.shuffle_buffer, "seed": t.seed,
-            "cache_bytes": 0 if t.shuffle_buffer else t.worker_cache_mb * 2**20, "layout": Layout.from_features(features), "use_gpu": use_gpu, "cpu_fallback": cpu_fallback}
+            "cache_bytes": 0 if t.shuffle_buffer else t.worker_cache_mb * 2**20, "layout": Layout.from_features(features), "use_gpu": use_gpu, "cpu_fallback": cpu_fallback,
+            "val_files": val_files}
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -72,29 +74,24 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
         transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    tables = sparse_tables(model)
+    table_ids = {id(p) for _, p in tables}
+    if not any(p.requires_grad and id(p) not in table_ids for p in model.parameters()):
+        # here, before a DDP wrap, whose own error on it says less
+        raise ValueError(f"train.freeze={spec.train.freeze} leaves no dense parameters to train; freeze fewer parts")
     if session.world_size > 1:
-        tables = {id(p) for p in keep_out_of_ddp(model)}  # sparse tables: averaged by SparseGradSync, not by DDP
-        if not any(p.requires_grad and id(p) not in tables for p in model.parameters()):
-            raise nothing_dense(spec.train.freeze)  # before DDP, whose own error on it says less
+        keep_out_of_ddp(model, tables)  # sparse tables: averaged by SparseGradSync, not by DDP
     return session.prepare(model)
 
 
-def nothing_dense(freeze) -> ValueError:
-    return ValueError(f"train.freeze={freeze} leaves no dense parameters to train; freeze fewer parts")
-
-
 def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimizer]:
-    """AdamW for dense weights; SparseAdam (or Adagrad) for embedding tables with sparse gradients."""
-    t, sparse_ids = spec.train, set()
-    if spec.model.sparse_embeddings:
-        for module in model.modules():
-            if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse:
-                sparse_ids.add(id(module.weight))
+    """AdamW for dense weights; SparseAdam (or Adagrad) for embedding tables with sparse gradients
+    (make_model has checked that some dense weight is trainable)."""
+    t = spec.train
+    sparse_ids = {id(p) for _, p in sparse_tables(model)}
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen parts get no optimizer state
     dense = [p for p in trainable if id(p) not in sparse_ids]
     sparse = [p for p in trainable if id(p) in sparse_ids]
-    if not dense:
-        raise nothing_dense(t.freeze)
     opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
     if sparse:
         cls = torch.optim.SparseAdam if t.sparse_optimizer == "adam" else torch.optim.Adagrad

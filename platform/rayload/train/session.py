@@ -51,11 +51,10 @@ class Session:
         if isinstance(source, LocalShards):
             return (collate(t, opts["layout"]) for t in source.exact_batches(batch_size)
                     if not (drop_last and t.num_rows < batch_size))
+        shuffle = opts["shuffle_buffer"] if seed is not None else 0  # validation (no seed): every rank, the same order
         return source.iter_torch_batches(
             batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
-            # seed None (validation): no shuffle, so every rank sees the same batch sequence
-            drop_last=drop_last, local_shuffle_buffer_size=(opts["shuffle_buffer"] or None) if seed is not None else None,
-            local_shuffle_seed=seed if opts["shuffle_buffer"] and seed is not None else None, device="cpu",
+            drop_last=drop_last, local_shuffle_buffer_size=shuffle or None, local_shuffle_seed=seed if shuffle else None, device="cpu",
         )
 
     def train_batches(self, epoch: int, batch_size: int):

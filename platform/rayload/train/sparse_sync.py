@@ -33,9 +33,10 @@ def sparse_tables(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if id(p) in names and p.requires_grad]
 
 
-def keep_out_of_ddp(model: nn.Module) -> list[nn.Parameter]:
-    """Mark the sparse tables so a DDP wrap made later leaves them alone; returns them."""
-    tables = sparse_tables(model)
+def keep_out_of_ddp(model: nn.Module, tables: list[tuple[str, nn.Parameter]] | None = None) -> list[nn.Parameter]:
+    """Mark the sparse tables (`sparse_tables(model)` unless given) so a DDP wrap made later
+    leaves them alone; returns them."""
+    tables = sparse_tables(model) if tables is None else tables
     if tables:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in tables])
     return [p for _, p in tables]
@@ -58,25 +59,23 @@ class SparseGradSync:
         grads = [self._local(p) for p in self.params]
         device = self.params[0].device
         counts = torch.tensor([g.indices().shape[1] for g in grads], dtype=torch.int64, device=device)
-        all_counts = self._gather(counts)  # (world, tables)
+        all_counts = self._gather(counts).tolist()  # [world][tables]
         dims = [int(p.shape[1]) for p in self.params]
         indices = torch.cat([g.indices()[0] for g in grads])
         values = torch.cat([g.values().reshape(-1) for g in grads])
-        rows_per_rank = all_counts.sum(dim=1)
-        vals_per_rank = (all_counts * torch.tensor(dims, dtype=torch.int64, device=device)).sum(dim=1)
-        all_indices = self._gather(indices, int(rows_per_rank.max()))
-        all_values = self._gather(values, int(vals_per_rank.max()))
+        all_indices = self._gather(indices, max(sum(rank) for rank in all_counts))
+        all_values = self._gather(values, max(sum(n * d for n, d in zip(rank, dims)) for rank in all_counts))
         parts_i: list[list[torch.Tensor]] = [[] for _ in self.params]
         parts_v: list[list[torch.Tensor]] = [[] for _ in self.params]
         for r in range(self.world_size):
             row, val = 0, 0
             for t, dim in enumerate(dims):
-                n = int(all_counts[r, t])
+                n = all_counts[r][t]
                 parts_i[t].append(all_indices[r, row:row + n])
                 parts_v[t].append(all_values[r, val:val + n * dim].view(n, dim))
                 row, val = row + n, val + n * dim
         for t, p in enumerate(self.params):
-            if int(all_counts[:, t].sum()) == 0:
+            if not any(rank[t] for rank in all_counts):
                 p.grad = None  # no rank touched the table: the optimizer skips it, as in one process
                 continue
             idx, val = torch.cat(parts_i[t]).unsqueeze(0), torch.cat(parts_v[t]) / self.world_size

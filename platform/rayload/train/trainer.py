@@ -100,7 +100,7 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
     use_gpu = spec.resources.gpus_per_worker > 0
-    loader = dict(loader_options(spec, pre.features, use_gpu=use_gpu), val_files=context.get("val_files"))
+    loader = loader_options(spec, pre.features, use_gpu=use_gpu, val_files=context.get("val_files"))
     session = session_cls(loader, datasets, run_dir, spec.train.keep_checkpoints, score, mode)
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
