@@ -40,6 +40,12 @@ def job(path: str, **sections) -> JobSpec:
 def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_path, monkeypatch):
     """With sparse embedding tables (SparseAdam state and SparseGradSync's path in a real Ray
     Train group; the other 2-worker tests train dense tables)."""
+    import ray
+
+    def coordinators():  # every SplitCoordinator this Ray has seen, live or dead
+        return sum(a["ActorClassName"] == "SplitCoordinator" for a in ray._private.state.actors().values())
+
+    before = coordinators()
     marker = tmp_path / "crashed-once"
     # Mid-epoch, seconds after the epoch-0 checkpoint: Ray Train registers a reported
     # checkpoint asynchronously, so a crash right after report() can lose it.
@@ -51,6 +57,8 @@ def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_
     assert [h["epoch"] for h in res.history] == [0, 1]  # resumed at checkpoint epoch 0 + 1
     assert [h["restarts"] for h in res.history] == [0, 1]  # exactly one restart
     assert res.history[-1]["val_auc"] > 0.65, res.history
+    # Both group starts read the parts split once in the driver (train/shards.py), no coordinator.
+    assert coordinators() == before
 
 
 def test_worker_failing_every_attempt_names_rank_and_error(movielens_subset, tmp_path, monkeypatch):
@@ -106,23 +114,26 @@ def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     assert result.folds[0].preprocessed.out_dir != result.folds[1].preprocessed.out_dir  # a split per fold
 
 
-def test_controller_env_drops_the_preemption_watcher_only_where_one_node_holds_the_group(ray_local, monkeypatch):
+def test_controller_env_polls_often_and_drops_the_preemption_watcher_only_where_one_node_holds_the_group(ray_local, monkeypatch):
     from rayload.spec import ResourcesSpec
     from rayload.train.trainer import _controller_env
 
-    key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    key, poll = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
     monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv(poll, raising=False)
     res = ResourcesSpec(workers=2, placement_timeout_s=42)
     with _controller_env(res):  # the local 2-CPU Ray holds both workers
         assert os.environ[key] == "0" and os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "42.0"
-    assert key not in os.environ  # set for the one call only
+        assert os.environ[poll] == "0.5"
+    assert key not in os.environ and poll not in os.environ  # set for the one call only
     # more than the node has (3 workers, an elastic maximum of 3, a GPU): other nodes must join
     for bigger in (ResourcesSpec(workers=3), ResourcesSpec(workers={"min": 1, "max": 3}), ResourcesSpec(workers=1, gpus_per_worker=1)):
         with _controller_env(bigger):
             assert key not in os.environ
     monkeypatch.setenv(key, "1")
+    monkeypatch.setenv(poll, "3")
     with _controller_env(res):
-        assert os.environ[key] == "1"  # the user's setting wins
+        assert os.environ[key] == "1" and os.environ[poll] == "3"  # the user's settings win
 
 
 def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(movielens_subset, tmp_path):
@@ -162,3 +173,40 @@ def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(mov
     assert np.array_equal(local[1], ray_data[1]) and np.array_equal(local[2], ray_data[2])
     assert LocalShards.on_this_machine([*files, str(tmp_path / "gone.parquet")]) is None
     assert LocalShards.on_this_machine(["s3://bucket/val-0.parquet"]) is None
+
+
+def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node(movielens_subset, tmp_path):
+    """train/shards.py: equal, disjoint parts per rank from the driver's split; Ray's
+    streaming_split where that cannot be used (another group size, an elastic group, rows read
+    from Parquet every epoch); the validation split is whole on every rank either way."""
+    from collections import Counter
+
+    import ray.train
+    from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
+
+    from rayload.data.pipeline import preprocess
+    from rayload.train.shards import PresplitDataConfig, data_config
+    from rayload.train.trainer import training_datasets
+
+    pre = preprocess(job(movielens_subset))
+    datasets = training_datasets(pre)
+
+    def rows(iterator):
+        return Counter(repr(sorted(r.items())) for b in iterator.iter_batches(batch_format="pandas", batch_size=None)
+                       for r in b.to_dict("records"))
+
+    config = data_config(datasets, 2)
+    assert isinstance(config, PresplitDataConfig)
+    ranks = config.configure(datasets, 2, None, None)
+    parts = [rows(r["train"]) for r in ranks]
+    total = pre.counts["written"]["train"]
+    assert sum(parts[0].values()) == sum(parts[1].values()) == total // 2  # equal, as DDP needs
+    assert parts[0] + parts[1] <= rows(datasets["train"].iterator())  # disjoint: no row twice
+    assert sum(rows(ranks[1]["val"]).values()) == pre.counts["written"]["val"]  # val is not split
+    again = config.configure(datasets, 2, None, None)  # a restarted group: the same parts
+    assert rows(again[1]["train"]) == parts[1]
+
+    other = config.configure(datasets, 3, None, None)  # elastic resize: Ray's streaming split
+    assert all(isinstance(r["train"], StreamSplitDataIterator) for r in other)
+    for plain in (data_config(datasets, (1, 2)), data_config(training_datasets(pre, cache=False), 2)):
+        assert type(plain) is ray.train.DataConfig
