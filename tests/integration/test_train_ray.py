@@ -175,17 +175,20 @@ def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(mov
     assert LocalShards.on_this_machine(["s3://bucket/val-0.parquet"]) is None
 
 
-def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node(movielens_subset, tmp_path):
-    """train/shards.py: equal, disjoint parts per rank from the driver's split; Ray's
-    streaming_split where that cannot be used (another group size, an elastic group, rows read
-    from Parquet every epoch); the validation split is whole on every rank either way."""
+def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node(movielens_subset, tmp_path, caplog):
+    """train/shards.py: equal, disjoint parts per rank from a split made before the group starts;
+    Ray's streaming_split where that cannot be used (another group size, an elastic group, rows
+    read from Parquet every epoch); the validation split is whole on every rank either way."""
+    import copy
+    import logging
     from collections import Counter
 
+    import ray
     import ray.train
     from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
 
     from rayload.data.pipeline import preprocess
-    from rayload.train.shards import PresplitDataConfig, data_config
+    from rayload.train.shards import PresplitDataConfig, ingest
     from rayload.train.trainer import training_datasets
 
     pre = preprocess(job(movielens_subset))
@@ -195,18 +198,26 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
         return Counter(repr(sorted(r.items())) for b in iterator.iter_batches(batch_format="pandas", batch_size=None)
                        for r in b.to_dict("records"))
 
-    config = data_config(datasets, 2)
-    assert isinstance(config, PresplitDataConfig)
-    ranks = config.configure(datasets, 2, None, None)
+    config, given = ingest(datasets, 2)
+    assert isinstance(config, PresplitDataConfig) and given["val"] is datasets["val"]
+    # Ray Train configures one dataset name at a time, in its DatasetManager actor.
+    with caplog.at_level(logging.INFO, logger="rayload.train.shards"):
+        ranks = config.configure({"train": given["train"]}, 2, None, None)
+        vals = config.configure({"val": given["val"]}, 2, None, None)
+    assert "streaming_split instead" not in caplog.text
     parts = [rows(r["train"]) for r in ranks]
     total = pre.counts["written"]["train"]
     assert sum(parts[0].values()) == sum(parts[1].values()) == total // 2  # equal, as DDP needs
     assert parts[0] + parts[1] <= rows(datasets["train"].iterator())  # disjoint: no row twice
-    assert sum(rows(ranks[1]["val"]).values()) == pre.counts["written"]["val"]  # val is not split
-    again = config.configure(datasets, 2, None, None)  # a restarted group: the same parts
-    assert rows(again[1]["train"]) == parts[1]
+    assert rows(given["train"].iterator()) == parts[0] + parts[1]  # the Trainer holds the parts, not a copy
+    assert sum(rows(vals[1]["val"]).values()) == pre.counts["written"]["val"]  # val is not split
+    restarted = copy.deepcopy(config).configure({"train": given["train"]}, 2, None, None)  # a new group
+    assert rows(restarted[1]["train"]) == parts[1]
 
-    other = config.configure(datasets, 3, None, None)  # elastic resize: Ray's streaming split
+    with caplog.at_level(logging.INFO, logger="rayload.train.shards"):
+        other = config.configure({"train": given["train"]}, 3, None, None)  # another size: Ray's streaming split
+    assert "split for 2 workers, the group has 3" in caplog.text
     assert all(isinstance(r["train"], StreamSplitDataIterator) for r in other)
-    for plain in (data_config(datasets, (1, 2)), data_config(training_datasets(pre, cache=False), 2)):
+    ray.kill(other[0]["train"]._coord_actor)
+    for plain, _ in (ingest(datasets, (1, 2)), ingest(training_datasets(pre, cache=False), 2)):
         assert type(plain) is ray.train.DataConfig

@@ -2,19 +2,21 @@
 either way, through a `DataConfig` that picks the cheaper of two routes.
 
 - Ray's default, `streaming_split`: a SplitCoordinator actor streams blocks to the ranks. It is
-  the only choice when the rows are not materialised (a Parquet read every epoch,
-  `train.cache_dataset: false`), when the group size is elastic, and on clusters of more than
-  one node (the coordinator hands each rank blocks on its own node).
+  the route when the rows are not materialised (a Parquet read every epoch,
+  `train.cache_dataset: false`), when the group size is elastic, on clusters of more than one
+  node (the coordinator hands each rank blocks on its own node), and when no CPU is free for
+  the split's tasks.
 - Pre-split: when the training rows are already materialised in the object store (the default,
-  `train.cache_dataset: true`) on a one-node cluster, the driver splits them once into equal
-  parts (`MaterializedDataset.split(n, equal=True)`: the same rows per rank, as streaming_split
-  with `equal=True` gives) and each rank iterates its own part. No coordinator actor (one fresh
-  Python process fewer per group start on a 2-core node) and no block hand-off through it during
-  the first epoch. The split is made in the driver on purpose: a task launched from Ray Train's
-  actors inherits their runtime environment and cannot run on the driver's idle worker processes.
+  `train.cache_dataset: true`) on a one-node cluster, they are split once, before the group
+  starts, into equal parts (`MaterializedDataset.split(n, equal=True)`: the same rows per rank,
+  as streaming_split with `equal=True` gives) and each rank iterates its own part. No
+  coordinator actor (one fresh Python process fewer per group start on a 2-core node) and no
+  block hand-off through it during the first epoch. The split cuts at most n-1 blocks, each in
+  a Ray task of 1 CPU; the Trainer is then given the parts' union instead of the original
+  dataset, so the cut blocks are not held twice for the whole run.
 
 A group restarted after a worker failure gets fresh iterators over the same parts; a group of
-another size than the parts were made for (elastic) falls back to streaming_split.
+another size than the parts were made for falls back to streaming_split.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import logging
 
 import ray
 import ray.train
-from ray.data.dataset import MaterializedDataset
+from ray.data.dataset import Dataset, MaterializedDataset
 
 log = logging.getLogger(__name__)
 
@@ -31,33 +33,41 @@ log = logging.getLogger(__name__)
 class PresplitDataConfig(ray.train.DataConfig):
     """`DataConfig` that serves datasets split beforehand (`parts[name]`, one per rank) and
     leaves every other dataset to Ray's own rules (split names: streaming_split; others: the
-    whole dataset per rank)."""
+    whole dataset per rank). Ray Train calls `configure` once per dataset name."""
 
     def __init__(self, parts: dict[str, list[MaterializedDataset]], datasets_to_split: list[str]):
         super().__init__(datasets_to_split=datasets_to_split)
         self._parts = parts
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-        ready = {name for name, parts in self._parts.items() if name in datasets and len(parts) == world_size}
-        for name in set(self._parts) - ready:
-            log.info("dataset %r was split for %d workers, the group has %d: streaming_split instead",
-                     name, len(self._parts[name]), world_size)
+        ready = {name for name in datasets if len(self._parts.get(name, ())) == world_size}
+        for name in datasets:
+            if name in self._parts and name not in ready:
+                log.info("dataset %r was split for %d workers, the group has %d: streaming_split instead",
+                         name, len(self._parts[name]), world_size)
         rest = {name: ds for name, ds in datasets.items() if name not in ready}
         out = super().configure(rest, world_size, worker_handles, worker_node_ids, **kwargs) if rest else \
             [{} for _ in range(world_size)]
         for name in ready:
             for rank, part in enumerate(self._parts[name]):
+                part = Dataset.copy(part)  # as the base class does: options on a copy, named for metrics
+                part.set_name(name)
                 part.context.execution_options = self._resolve_execution_options(name)
                 out[rank][name] = part.iterator()
         return out
 
 
-def data_config(datasets: dict, workers, split: str = "train") -> ray.train.DataConfig:
+def ingest(datasets: dict, workers, split: str = "train") -> tuple[ray.train.DataConfig, dict]:
     """The DataConfig for a TorchTrainer over `datasets` with `workers` ranks (an int, or a
-    (min, max) pair for an elastic group). Splits `datasets[split]` in this process when that is
-    the cheaper route (module docstring)."""
+    (min, max) pair for an elastic group), and the datasets to give the Trainer. Splits
+    `datasets[split]` in this process when that is the cheaper route (module docstring)."""
     ds = datasets.get(split)
     one_node = len([n for n in ray.nodes() if n.get("Alive")]) == 1
-    if isinstance(workers, int) and isinstance(ds, MaterializedDataset) and one_node:
-        return PresplitDataConfig({split: ds.split(workers, equal=True)}, [split])
-    return ray.train.DataConfig(datasets_to_split=[split])
+    # The split's tasks need a CPU; a cluster whose CPUs are all held (serving replicas, other
+    # trials) would leave them waiting with no timeout, so stream instead.
+    free = ray.available_resources().get("CPU", 0) >= 1
+    if not (isinstance(workers, int) and isinstance(ds, MaterializedDataset) and one_node and free):
+        return ray.train.DataConfig(datasets_to_split=[split]), datasets
+    parts = ds.split(workers, equal=True)
+    whole = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    return PresplitDataConfig({split: parts}, [split]), {**datasets, split: whole}

@@ -117,7 +117,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     import ray.train
     from ray.train.torch import TorchTrainer
 
-    from .shards import data_config
+    from .shards import ingest
 
     res = spec.resources
     score, mode = score_metric(spec, pre.features.label.task)
@@ -130,7 +130,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         # NCCL needs CUDA; gloo runs on both, so a fallback worker can still join the group.
         log.warning("resources.cpu_fallback: the worker group uses gloo; GPU workers without CUDA compute on CPU")
         torch_config = TorchConfig(backend="gloo")
-    datasets = datasets or training_datasets(pre, spec.train.cache_dataset)
+    data_config, datasets = ingest(datasets or training_datasets(pre, spec.train.cache_dataset), workers)
     trainer = TorchTrainer(
         worker_entry, torch_config=torch_config,
         train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": context},
@@ -143,7 +143,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
                                                          checkpoint_score_attribute=score, checkpoint_score_order=mode),
         ),
         datasets=datasets,
-        dataset_config=data_config(datasets, workers),
+        dataset_config=data_config,
     )
     try:
         with _controller_env(res):
