@@ -221,3 +221,17 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
     ray.kill(other[0]["train"]._coord_actor)
     for plain, _ in (ingest(datasets, (1, 2)), ingest(training_datasets(pre, cache=False), 2)):
         assert type(plain) is ray.train.DataConfig
+    # Every CPU held (here by a placement group): the split's 1-CPU tasks could not run, so stream.
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    held = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
+    ray.get(held.ready(), timeout=60)
+    pool = ThreadPoolExecutor(1)
+    try:  # a split attempted anyway would wait for a CPU forever: fail in a minute instead
+        busy, given_busy = pool.submit(ingest, datasets, 2).result(timeout=60)
+        assert type(busy) is ray.train.DataConfig and given_busy is datasets
+    finally:
+        remove_placement_group(held)
+        pool.shutdown(wait=False)
