@@ -135,7 +135,9 @@ def _ray_check(address: str | None) -> Check:
         return Check("Ray reachable", False, f"{type(exc).__name__}: {exc}")
     import ray
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    from .train.resources import alive_nodes
+
+    nodes = alive_nodes()
     return Check("Ray reachable", True, f"{ray.get_runtime_context().gcs_address}, {len(nodes)} node(s) alive")
 
 
@@ -151,7 +153,9 @@ def _versions() -> Check:
 
         return r.__version__, rayload.__version__
 
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    from .train.resources import alive_nodes
+
+    nodes = [n["NodeID"] for n in alive_nodes()]
     refs = [versions.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
     try:
         found = dict(zip(nodes, ray.get(refs, timeout=60)))
@@ -205,12 +209,10 @@ def _gpus(folder: str) -> Check:
 
 
 def _storage() -> Check:
-    import ray
-
     from .paths import runs_root
-    from .train.resources import is_shared
+    from .train.resources import alive_nodes, is_shared
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = alive_nodes()
     path = os.environ.get("RAYLOAD_STORAGE_PATH") or runs_root()
     if len(nodes) == 1:
         return Check("shared storage", True, f"one node: {path} is enough")

@@ -182,10 +182,12 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
     import copy
     import logging
     from collections import Counter
+    from concurrent.futures import ThreadPoolExecutor
 
     import ray
     import ray.train
     from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
+    from ray.util.placement_group import placement_group, remove_placement_group
 
     from rayload.data.pipeline import preprocess
     from rayload.train.shards import PresplitDataConfig, ingest
@@ -222,10 +224,6 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
     for plain, _ in (ingest(datasets, (1, 2)), ingest(training_datasets(pre, cache=False), 2)):
         assert type(plain) is ray.train.DataConfig
     # Every CPU held (here by a placement group): the split's 1-CPU tasks could not run, so stream.
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    from concurrent.futures import ThreadPoolExecutor
-
     held = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
     ray.get(held.ready(), timeout=60)
     pool = ThreadPoolExecutor(1)

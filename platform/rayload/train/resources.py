@@ -19,6 +19,13 @@ class ResourceError(RayloadError):
     pass
 
 
+def alive_nodes() -> list[dict]:
+    """`ray.nodes()` entries of the nodes that are alive (Ray keeps dead ones in the list)."""
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
 def requested(resources) -> tuple[int, dict[str, float]]:
     """(minimum workers, resources of one worker)."""
     workers = resources.workers if isinstance(resources.workers, int) else resources.workers.min
@@ -32,7 +39,6 @@ def requested(resources) -> tuple[int, dict[str, float]]:
 
 def check_resources(resources) -> None:
     """With an autoscaler, compare with the cluster config's maximum; else with the live nodes."""
-    import ray
     from ray._private.state import state
 
     workers, per = requested(resources)
@@ -46,7 +52,7 @@ def check_resources(resources) -> None:
         nodes_can = {k: ceiling.get(k, 0) for k in per}
         fits = all(per[k] * workers <= ceiling.get(k, 0) for k in per)
     else:
-        alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        alive = [n["Resources"] for n in alive_nodes()]
         fits = sum(min(int(n.get(k, 0) // v) for k, v in per.items()) for n in alive) >= workers
         nodes_can = {k: sum(n.get(k, 0) for n in alive) for k in per}
     if not fits:
@@ -77,11 +83,9 @@ def _v1_autoscaler_running() -> bool:
 
 def check_storage(storage_path: str) -> None:
     """A multi-node run needs checkpoint storage that every node reaches."""
-    import ray
-
     if "://" in storage_path:
         return
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = alive_nodes()
     if len(nodes) > 1 and not is_shared(storage_path):
         raise ResourceError(
             f"train.storage_path {storage_path!r} is a local folder, but the cluster has {len(nodes)} nodes: "

@@ -61,12 +61,13 @@ def ingest(datasets: dict, workers, split: str = "train") -> tuple[ray.train.Dat
     """The DataConfig for a TorchTrainer over `datasets` with `workers` ranks (an int, or a
     (min, max) pair for an elastic group), and the datasets to give the Trainer. Splits
     `datasets[split]` in this process when that is the cheaper route (module docstring)."""
+    from .resources import alive_nodes
+
     ds = datasets.get(split)
-    one_node = len([n for n in ray.nodes() if n.get("Alive")]) == 1
     # The split's tasks need a CPU; a cluster whose CPUs are all held (serving replicas, other
     # trials) would leave them waiting with no timeout, so stream instead.
-    free = ray.available_resources().get("CPU", 0) >= 1
-    if not (isinstance(workers, int) and isinstance(ds, MaterializedDataset) and one_node and free):
+    if not (isinstance(workers, int) and isinstance(ds, MaterializedDataset) and len(alive_nodes()) == 1
+            and ray.available_resources().get("CPU", 0) >= 1):
         return ray.train.DataConfig(datasets_to_split=[split]), datasets
     parts = ds.split(workers, equal=True)
     whole = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
