@@ -1,6 +1,6 @@
 """Serving benchmark (issue 5): every figure is a ratio of two sides measured in this run.
 
-    .venv/bin/python benchmarks/bench_serve.py [--seconds 8] [--rounds 2] [--clients 32]
+    .venv/bin/python benchmarks/bench_serve.py [--seconds 8] [--rounds 2] [--clients 32] [--ingress proxy|direct]
 
 Sides, all serving the same small DeepFM checkpoint (trained here on 6,000 MovieLens
 ratings, one epoch) to the same closed-loop load (N async HTTP clients in a separate process,
@@ -14,6 +14,11 @@ each sending one request after another; rows drawn from the data):
 
 Rounds alternate the sides (A B C D A B C D) so drift on this shared machine hits all alike;
 the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
+
+`--ingress direct` runs the three Serve sides with Ray Serve's direct ingress (each ingress
+replica answers HTTP on its own port, no proxy actor in the path; `serving.ingress: direct`),
+`proxy` (the default) through Serve's HTTP proxy. Serve's mode is fixed when Ray starts, so one
+run measures one mode; the load generator's CPU per answered request is printed for each side.
 """
 
 
@@ -66,7 +71,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-def deploy_single(checkpoint: str):
+def deploy_single(checkpoint: str, ingress: str) -> str:
     from fastapi import FastAPI, Request
     from ray import serve
 
@@ -90,17 +95,22 @@ def deploy_single(checkpoint: str):
             return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
 
     serve.run(Single.bind(checkpoint), name="single", route_prefix="/single")
+    from rayload.serve.control import ingress_urls
+
+    serving = {"host": "127.0.0.1", "port": SERVE_PORT, "route_prefix": "/single", "ingress": ingress, "replicas": 1}
+    return ingress_urls(serving, "single")[0] + "/predict"
 
 
-def deploy_ab(checkpoint: str, folder: str, name: str, batch: int) -> None:
+def deploy_ab(checkpoint: str, folder: str, name: str, batch: int, ingress: str) -> str:
     from rayload.ab_spec import ab_from_dict
     from rayload.serve import control
 
     spec = ab_from_dict({"name": name, "arms": [{"name": "a", "weight": 0.5, "checkpoint": checkpoint},
                                                 {"name": "b", "weight": 0.5, "checkpoint": checkpoint}],
-                         "serving": {"port": SERVE_PORT, "route_prefix": f"/{name}", "max_batch_size": batch, "mode": "combined"},
+                         "serving": {"port": SERVE_PORT, "route_prefix": f"/{name}", "max_batch_size": batch, "mode": "combined",
+                                     "ingress": ingress},
                          "events": {"url": f"sqlite:///{os.path.join(folder, name + '.db')}"}})
-    control.start(spec)
+    return control.start(spec).url + "/predict"
 
 
 LOAD = """
@@ -125,9 +135,11 @@ async def main():
     warm = time.perf_counter() + 1.0
     await asyncio.gather(*[client(i, warm) for i in range(clients)])
     lat.clear()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*[client(i, start + seconds) for i in range(clients)])
-    print(json.dumps({"n": len(lat), "errors": errors, "seconds": time.perf_counter() - start, "lat": lat, "first_error": first_error}))
+    cpu = time.process_time() - cpu0
+    print(json.dumps({"n": len(lat), "errors": errors, "seconds": time.perf_counter() - start, "lat": lat, "first_error": first_error,
+                      "cpu": cpu}))
 asyncio.run(main())
 """
 
@@ -138,7 +150,7 @@ def measure(url: str, clients: int, seconds: float, rows_file: str) -> dict:
     if not r["lat"]:
         raise RuntimeError(f"no request to {url} succeeded: {r['first_error']}")
     lat = np.array(r["lat"])
-    return {"rps": r["n"] / r["seconds"], "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)), "errors": r["errors"]}
+    return {"client_cpu_ms": r["cpu"] * 1000 / len(lat), "rps": r["n"] / r["seconds"], "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)), "errors": r["errors"]}
 
 
 def split_accuracy() -> list[tuple[float, float]]:
@@ -157,12 +169,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--ingress", choices=("proxy", "direct"), default="proxy")
     args = parser.parse_args()
     import ray
 
     folder = tempfile.mkdtemp(prefix="bench-serve-")
     os.environ["RAYLOAD_HOME"] = os.path.join(folder, "runs")
-    ray.init(include_dashboard=False, log_to_driver=False)
+    from rayload._ray import ensure_ray
+    from rayload.serve.control import direct_ingress_env
+
+    ensure_ray(env=direct_ingress_env() if args.ingress == "direct" else None)
     checkpoint, rows = train_checkpoint(folder)
     rows_file = os.path.join(folder, "rows.json")
     with open(rows_file, "w") as f:
@@ -171,12 +187,11 @@ def main() -> None:
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
-    deploy_single(checkpoint)
-    deploy_ab(checkpoint, folder, "ab", 32)
-    deploy_ab(checkpoint, folder, "ab_unbatched", 1)
+    urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": deploy_single(checkpoint, args.ingress),
+            "ab": deploy_ab(checkpoint, folder, "ab", 32, args.ingress),
+            "ab_unbatched": deploy_ab(checkpoint, folder, "ab_unbatched", 1, args.ingress)}
+    print(f"{args.ingress} ingress: {json.dumps(urls)}", flush=True)
     time.sleep(3)
-    urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": f"http://127.0.0.1:{SERVE_PORT}/single/predict",
-            "ab": f"http://127.0.0.1:{SERVE_PORT}/ab/predict", "ab_unbatched": f"http://127.0.0.1:{SERVE_PORT}/ab_unbatched/predict"}
     results: dict[str, list[dict]] = {k: [] for k in urls}
     try:
         for rnd in range(args.rounds):
@@ -185,10 +200,12 @@ def main() -> None:
                 print(f"round {rnd} {side:13s} {json.dumps({k: round(v, 2) for k, v in results[side][-1].items()})}", flush=True)
     finally:
         plain.terminate()
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors")} for side, rs in results.items()}
-    print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians)")
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors", "client_cpu_ms")} for side, rs in results.items()}
+    print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians), "
+          f"Serve sides through {args.ingress} ingress")
     for side, m in med.items():
-        print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   errors {m['errors']:.0f}")
+        print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   "
+              f"errors {m['errors']:.0f}   load generator CPU {m['client_cpu_ms']:.2f} ms/request")
     print(f"Serve single vs plain uvicorn: added p50 {med['single']['p50'] - med['plain']['p50']:+.2f} ms, "
           f"added p99 {med['single']['p99'] - med['plain']['p99']:+.2f} ms, throughput ratio {med['single']['rps'] / med['plain']['rps']:.2f}")
     print(f"A/B path / single deployment: p99 {med['ab']['p99'] / med['single']['p99']:.2f}x (target <= 1.1), "

@@ -50,7 +50,10 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
     ab = load_ab_spec(spec, set_ or [])
     with console.status("training missing arms and deploying..."):
         dep = control.start(ab, address=address)
-    console.print(f"serving [bold]{ab.name}[/] at [bold]{dep.url}[/] ({dep.args['mode']} mode); run folder {dep.run_dir}")
+    console.print(f"serving [bold]{ab.name}[/] at [bold]{dep.url}[/] ({dep.args['mode']} mode, {ab.serving.ingress} ingress); "
+                  f"run folder {dep.run_dir}")
+    if dep.urls and len(dep.urls) > 1:
+        console.print(f"each router replica answers at its own port: {', '.join(dep.urls)}", soft_wrap=True)
     console.print(f"try: curl -s {dep.url}/experiment", soft_wrap=True)
     if detach:
         return
@@ -92,6 +95,9 @@ def _build(ab, spec: str, out: str, address) -> None:
     config = control.serve_config(control.app_args(ab, control.resolve_checkpoints(ab, address), run_dir))
     with open(out, "w") as f:
         f.write(f"# serve deploy {out}   (written by rayload serve build {spec})\n")
+        if ab.serving.ingress == "direct":
+            f.write("# serving.ingress: direct: start every node with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of\n"
+                    "# `ray start`; the router replicas then answer on ports from 30000 (Serve's target groups list them)\n")
         yaml.safe_dump(config, f, sort_keys=False)
     console.print(f"wrote {out}: deploy it with [bold]serve deploy {out}[/]")
 

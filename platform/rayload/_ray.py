@@ -8,8 +8,13 @@ import os
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dict[str, str] | None = None) -> None:
     """Connect once per process. `address` (or $RAY_ADDRESS) joins a running cluster.
+
+    `env`: settings for the embedded local Ray's processes (Ray and Serve read some only from
+    the environment of the processes they start). They are set for `ray.init()` alone, which
+    starts the raylet that every later worker inherits its environment from; a user's own
+    value wins, and a cluster that is joined keeps its own.
 
     A job started by `ray job submit` already runs inside its cluster; `ray.init()` with no
     address joins it there, and starts an embedded local Ray everywhere else, except where
@@ -26,7 +31,13 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         ray.init(address=address, log_to_driver=True)
         log.info("connected to Ray at %s", address)
         return
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    env = {k: v for k, v in (env or {}).items() if k not in os.environ}
+    os.environ.update(env)
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
     ctx = ray.data.DataContext.get_current()
     # The cluster is ours alone: keep Ray Data's console output to one progress bar per pass.
     ctx.enable_operator_progress_bars = False

@@ -83,6 +83,7 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
     run_dir = run_dir_for(run_id)
     os.makedirs(run_dir, exist_ok=True)
     manifest = _Manifest(run_dir, spec, run_id)
+    _ray_for_direct_ingress(spec, address)
     done: dict[str, StageResult] = {}
     for stage in spec.stages:
         folder = os.path.join(run_dir, stage.name)
@@ -102,6 +103,27 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
         if result.outcome == "failed":
             break
     return PipelineResult(run_id, run_dir, list(done.values()))
+
+
+def _ray_for_direct_ingress(spec: PipelineSpec, address: str | None) -> None:
+    """An A/B stage served with `serving.ingress: direct` needs Serve's direct ingress switched
+    on when the embedded Ray starts, and an earlier stage (prepare, train) would start it
+    first without: so start it here, before any stage, when some A/B stage asks for it."""
+    from ._stage_runners import _ab_template
+
+    for stage in spec.stages:
+        if stage.kind != "ab":
+            continue
+        try:
+            direct = _ab_template(spec, stage)["serving"]["ingress"] == "direct"
+        except (RayloadError, OSError):  # the stage itself reports a spec that does not load
+            continue
+        if direct:
+            from ._ray import ensure_ray
+            from .serve.control import direct_ingress_env
+
+            ensure_ray(address, env=direct_ingress_env())
+            return
 
 
 def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, progress) -> StageResult:

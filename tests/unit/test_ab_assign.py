@@ -64,13 +64,14 @@ def test_weights_must_sum_to_one_be_non_negative_and_name_every_arm():
 
 def test_spec_errors_name_the_field(tmp_path):
     raw = {"name": "ab", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"}, {"name": "b", "weight": 0.6, "job": "j.yaml"}],
-           "serving": {"max_batch_size": 0, "colour": 1}}
+           "serving": {"max_batch_size": 0, "colour": 1, "ingress": "haproxy"}}
     path = tmp_path / "ab.yaml"
     path.write_text("# rayload serve ab.yaml\n" + yaml.safe_dump(raw))
     with pytest.raises(SpecError) as info:
         load_ab_spec(str(path))
     text = str(info.value)
     assert "serving.max_batch_size" in text and "serving.colour" in text and "ab.yaml" in text
+    assert "serving.ingress" in text and "'proxy' or 'direct'" in text
     with pytest.raises(SpecError, match="sum to 1.0"):
         ab_from_dict({**raw, "serving": {}})
     with pytest.raises(SpecError, match="exactly one of checkpoint or job"):

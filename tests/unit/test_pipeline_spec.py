@@ -84,3 +84,17 @@ def test_search_spec_runs_as_a_tune_stage():
 def test_asha_grace_period_longer_than_max_epochs_is_a_spec_error():
     with pytest.raises(SpecError, match="grace_period"):
         load_pipeline(PIPELINE, ["search.scheduler.max_epochs=1"])
+
+
+def test_a_pipeline_whose_ab_stage_asks_for_direct_ingress_starts_ray_with_it_first(monkeypatch):
+    """Serve's direct ingress is switched on only when Ray starts, and the prepare and train
+    stages would start Ray first: so the pipeline starts it before any stage, with the switch."""
+    import rayload._ray
+    from rayload import stages
+
+    calls = []
+    monkeypatch.setattr(rayload._ray, "ensure_ray", lambda address=None, num_cpus=None, env=None: calls.append((address, env)))
+    stages._ray_for_direct_ingress(load_pipeline(PIPELINE), None)
+    assert calls == []  # the shipped A/B spec answers through the proxy: Ray starts when a stage needs it
+    stages._ray_for_direct_ingress(load_pipeline(PIPELINE, ["ab.serving.ingress=direct"]), "ray://head:10001")
+    assert calls == [("ray://head:10001", {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"})]

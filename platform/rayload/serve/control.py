@@ -108,6 +108,51 @@ def serve_config(args: dict) -> dict:
     }
 
 
+def direct_ingress_env() -> dict[str, str]:
+    """What an embedded local Ray needs for `serving.ingress: direct`. Ray Serve reads both
+    settings only from its processes' environment:
+    - RAY_SERVE_ENABLE_DIRECT_INGRESS=1: every ingress replica runs its own HTTP server on a
+      port from Serve's range (30000-31000 unless RAY_SERVE_DIRECT_INGRESS_MIN/MAX_HTTP_PORT say
+      otherwise), so a request skips the proxy actor and its handle hop. Serve still runs one
+      proxy on the head node at serving.host:port, which keeps answering for every app.
+    - a 2 s drain instead of Serve's 30: a stopping direct-ingress replica keeps answering that
+      long so that a load balancer in front can deregister it; the embedded Ray has none in
+      front, and a stop, rollback or restart would otherwise wait half a minute."""
+    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
+def ingress_urls(serving: dict, app: str, wait_s: float = 30) -> list[str]:
+    """Where clients reach a running app's router: Serve's proxy at host:port, or with
+    `ingress: direct` each router replica's own port, read from Serve's target groups (the
+    routing table Serve publishes for load balancers)."""
+    prefix = serving["route_prefix"].rstrip("/")
+    proxy = f"http://{serving['host']}:{serving['port']}{prefix}"
+    if serving.get("ingress", "proxy") == "proxy":
+        return [proxy]
+    from ray import serve as ray_serve
+    from ray.serve.context import _get_global_client
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        groups = _get_global_client().get_serve_details().get("target_groups") or []
+        ours = [g for g in groups if g.get("app_name") == app and g.get("protocol") == "HTTP"]
+        if not ours:  # Serve publishes per-app groups only with direct ingress on
+            ray_serve.delete(app)
+            raise RayloadError(
+                f"serving.ingress: direct, but this Ray cluster runs Serve without direct ingress (the router would be "
+                f"reachable only through the proxy at {proxy}); the app {app} was removed again. Start every node with "
+                "RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of `ray start` (cluster.yaml), let rayload start "
+                "its own Ray (no --address, in a process that has not started Ray yet), or set serving.ingress: proxy")
+        ports = sorted({t["port"] for g in ours for t in g["targets"] if t["name"].startswith("SERVE_REPLICA::")})
+        if len(ports) >= serving["replicas"]:
+            return [f"http://{serving['host']}:{port}{prefix}" for port in ports]
+        if time.monotonic() > deadline:
+            raise RayloadError(f"serving.ingress: direct: {len(ports)} of {serving['replicas']} router replicas of {app} "
+                               f"opened an HTTP port within {wait_s:.0f} s (Serve's port range may be taken; see "
+                               "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)")
+        time.sleep(0.25)
+
+
 def deploy(config: dict, wait_s: float = 300) -> None:
     """Deploy (or update) the config's app on the connected Ray cluster and wait until it runs.
 
@@ -148,6 +193,7 @@ class Deployment:
     run_dir: str
     url: str
     config: dict
+    urls: list[str] | None = None  # with ingress: direct, one per router replica (url is the first)
 
     @property
     def args(self) -> dict:
@@ -167,16 +213,16 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
 
     from .._ray import ensure_ray
 
-    ensure_ray(address)
+    ensure_ray(address, env=direct_ingress_env() if spec.serving.ingress == "direct" else None)
     run_dir = run_dir or run_dir_for(spec)
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
     config = serve_config(args)
     deploy(config)
-    s = spec.serving
-    url = f"http://{s.host}:{s.port}{s.route_prefix.rstrip('/')}"
-    save_state(run_dir, {"config": config, "url": url, "address": ray.get_runtime_context().gcs_address, "decisions": []})
-    return Deployment(run_dir, url, config)
+    urls = ingress_urls(args["serving"], spec.name)
+    save_state(run_dir, {"config": config, "url": urls[0], "urls": urls, "address": ray.get_runtime_context().gcs_address,
+                         "decisions": []})
+    return Deployment(run_dir, urls[0], config, urls)
 
 
 def save_state(run_dir: str, state: dict) -> None:
