@@ -193,7 +193,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     key = os.environ.get(ab.serving.api_key_env) if ab.serving.api_key_env else None
     total = requests or sim.requests
     with console.status("simulating...") as line:
-        out = simulate_and_decide(run_dir, url or state["url"], world, users or sim.users, total, sim.concurrency, sim.seed, key,
+        out = simulate_and_decide(run_dir, url or control.live_urls(run_dir), world, users or sim.users, total, sim.concurrency, sim.seed, key,
                                   auto=decide and ab.ramp.auto,
                                   on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
     for s in out.steps:

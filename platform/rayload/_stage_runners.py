@@ -129,7 +129,7 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
     try:
         if stage.traffic == "simulate":
             sim = experiment.simulate
-            out = simulate_and_decide(dep.run_dir, dep.url, world_for(experiment, dep.args), sim.users, sim.requests, sim.concurrency,
+            out = simulate_and_decide(dep.run_dir, dep.urls or dep.url, world_for(experiment, dep.args), sim.users, sim.requests, sim.concurrency,
                                       sim.seed, on_chunk=lambda done, status: progress(done / sim.requests))
             decision, reasons, requests = out.decision, out.reasons, out.requests
         else:

@@ -64,7 +64,7 @@ def spec(trained, name: str, replicas: int = 1):
 def test_direct_ingress_on_a_ray_started_without_it_is_refused_and_removed(trained):
     from ray import serve
 
-    with pytest.raises(RayloadError, match="RAY_SERVE_ENABLE_DIRECT_INGRESS=1") as err:
+    with pytest.raises(RayloadError, match="RAY_SERVE_ENABLE_DIRECT_INGRESS=1.*removed again") as err:
         control.start(spec(trained, "no-direct"))
     assert "serving.ingress: direct" in str(err.value) and "serving.ingress: proxy" in str(err.value)
     assert "no-direct" not in serve.status().applications  # nothing half-deployed stays behind
@@ -85,6 +85,7 @@ def test_each_router_replica_answers_at_its_own_port(trained):
     groups = serve.context._get_global_client().get_serve_details()["target_groups"]
     replica_targets = {t["port"] for g in groups if g["app_name"] == "direct" for t in g["targets"]}
     assert replica_targets == ports
+    assert control.live_urls(dep.run_dir) == dep.urls  # what `rayload ab simulate` asks for at its start
     with httpx.Client(timeout=30) as client:
         pids = {client.get(f"{u}/healthz").json()["pid"] for u in dep.urls}
         assert len(pids) == 2  # two replicas, each behind its own port

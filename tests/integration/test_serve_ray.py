@@ -358,3 +358,22 @@ def test_sticky_assignment_survives_router_restarts_and_replica_counts(served):
         assert assignments(client, units) == before
     share = sum(arm == "challenger" for arm in before.values()) / len(units)
     assert abs(share - 0.3) < 0.02
+
+
+def test_direct_ingress_on_a_proxy_serve_is_refused_before_anything_is_deployed(served):
+    """This module's Ray runs Serve through its proxy; with an app running that shows in Serve's
+    target groups, so `ingress: direct` is refused before its deploy could replace anything."""
+    from ray import serve
+
+    from rayload.errors import RayloadError
+
+    spec = ab_from_dict({"name": "itest-direct", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
+                                                          {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
+                         "serving": {"port": PORT, "ingress": "direct"}})
+    with pytest.raises(RayloadError, match="without direct ingress.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1.*serving.ingress: proxy") as err:
+        control.start(spec)
+    assert "removed again" not in str(err.value)  # refused before the deploy, not undone after it
+    apps = serve.status().applications
+    assert "itest-direct" not in apps and apps["itest"].status == "RUNNING"
+    with httpx.Client(timeout=30) as client:
+        assert predict(client, "u-direct", served["rows"][0]).status_code == 200

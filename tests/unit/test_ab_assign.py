@@ -88,3 +88,30 @@ def test_relative_paths_resolve_against_the_spec_file(tmp_path):
                                                              {"name": "b", "weight": 0.1, "job": "job.yaml"}]}))
     spec = load_ab_spec(str(path))
     assert spec.arms[0].checkpoint == str(tmp_path / "ck") and spec.champion_arm == "a" and spec.challengers == ["b"]
+
+
+def test_direct_ingress_urls_come_from_serve_target_groups():
+    """Shaped as Serve's get_serve_details()["target_groups"]: each node hands out ports from the
+    same range, so two replicas on two nodes can both hold port 30000."""
+    from rayload.errors import RayloadError
+    from rayload.serve.control import urls_from_target_groups
+
+    def group(app, *targets):
+        return {"app_name": app, "protocol": "HTTP", "route_prefix": "/ab",
+                "targets": [{"ip": ip, "port": port, "name": name} for ip, port, name in targets]}
+
+    serving = {"host": "0.0.0.0", "port": 8000, "route_prefix": "/ab", "replicas": 2, "ingress": "direct"}
+    two_nodes = [group("other", ("10.0.0.1", 30000, "SERVE_REPLICA::other#X#a")),
+                 group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.2", 30000, "SERVE_REPLICA::ab#ABRouter#c"))]
+    assert urls_from_target_groups(two_nodes, serving, "ab", "10.0.0.1") == ["http://10.0.0.1:30001/ab", "http://10.0.0.2:30000/ab"]
+    # a replica without its port yet: the app's group still lists the fallback proxy, which is no replica
+    starting = [group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.1", 8500, "SERVE_CONTROLLER_ACTOR:PROXY"))]
+    assert urls_from_target_groups(starting, serving, "ab", "10.0.0.1") is None
+    loopback = {**serving, "host": "127.0.0.1"}
+    with pytest.raises(RayloadError, match=r"router replicas run on other nodes \(10\.0\.0\.2\).*serving.host: 0.0.0.0"):
+        urls_from_target_groups(two_nodes, loopback, "ab", "10.0.0.1")
+    one_node = [group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.1", 30002, "SERVE_REPLICA::ab#ABRouter#c"))]
+    assert urls_from_target_groups(one_node, loopback, "ab", "10.0.0.1") == ["http://127.0.0.1:30001/ab", "http://127.0.0.1:30002/ab"]
+    proxy_only = [{"app_name": "", "protocol": "HTTP", "route_prefix": "/", "targets": [{"ip": "10.0.0.1", "port": 8000, "name": "p"}]}]
+    with pytest.raises(RayloadError, match="without direct ingress.*proxy at http://0.0.0.0:8000/ab.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1"):
+        urls_from_target_groups(proxy_only, serving, "ab", "10.0.0.1")

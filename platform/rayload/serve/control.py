@@ -121,36 +121,88 @@ def direct_ingress_env() -> dict[str, str]:
     return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 
-def ingress_urls(serving: dict, app: str, wait_s: float = 30) -> list[str]:
-    """Where clients reach a running app's router: Serve's proxy at host:port, or with
-    `ingress: direct` each router replica's own port, read from Serve's target groups (the
-    routing table Serve publishes for load balancers)."""
-    prefix = serving["route_prefix"].rstrip("/")
-    proxy = f"http://{serving['host']}:{serving['port']}{prefix}"
-    if serving.get("ingress", "proxy") == "proxy":
-        return [proxy]
-    from ray import serve as ray_serve
+NO_DIRECT_INGRESS = (
+    "serving.ingress: direct, but this Ray cluster's Serve runs without direct ingress (or behind HAProxy, whose routing "
+    "table rayload does not read), so the router would be reachable only through the proxy at {proxy}. Start every node "
+    "with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of `ray start` (cluster.yaml), let rayload start its own "
+    "Ray (no --address, in a process that has not started Ray yet), or set serving.ingress: proxy")
+
+
+def _proxy_url(serving: dict) -> str:
+    return f"http://{serving['host']}:{serving['port']}{serving['route_prefix'].rstrip('/')}"
+
+
+def check_direct_ingress(serving: dict) -> None:
+    """Refuse `ingress: direct` on a Serve that runs without it, before anything is deployed,
+    where that can be told: Serve publishes a target group per running app only with direct
+    ingress on (through the proxy every group has app_name ''), so it shows once some app runs."""
+    if serving.get("ingress", "proxy") != "direct":
+        return
     from ray.serve.context import _get_global_client
 
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:  # Serve not started yet: nothing runs, nothing to tell from
+        return
+    details = client.get_serve_details()
+    running = [name for name, app in (details.get("applications") or {}).items() if app.get("status") == "RUNNING"]
+    if running and not any(g.get("app_name") for g in details.get("target_groups") or []):
+        raise RayloadError(NO_DIRECT_INGRESS.format(proxy=_proxy_url(serving)))
+
+
+def ingress_urls(serving: dict, app: str, wait_s: float = 30) -> list[str]:
+    """Where clients reach a running app's router: Serve's proxy at host:port, or with
+    `ingress: direct` each router replica's own (node, port), read from Serve's target groups
+    (the routing table Serve publishes for load balancers). A replica that Serve replaces
+    gets a new port, so callers that use the URLs later ask again (`live_urls`)."""
+    if serving.get("ingress", "proxy") == "proxy":
+        return [_proxy_url(serving)]
+    import ray
+    from ray.serve.context import _get_global_client
+
+    here = ray.util.get_node_ip_address()
     deadline = time.monotonic() + wait_s
     while True:
-        groups = _get_global_client().get_serve_details().get("target_groups") or []
-        ours = [g for g in groups if g.get("app_name") == app and g.get("protocol") == "HTTP"]
-        if not ours:  # Serve publishes per-app groups only with direct ingress on
-            ray_serve.delete(app)
-            raise RayloadError(
-                f"serving.ingress: direct, but this Ray cluster runs Serve without direct ingress (the router would be "
-                f"reachable only through the proxy at {proxy}); the app {app} was removed again. Start every node with "
-                "RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of `ray start` (cluster.yaml), let rayload start "
-                "its own Ray (no --address, in a process that has not started Ray yet), or set serving.ingress: proxy")
-        ports = sorted({t["port"] for g in ours for t in g["targets"] if t["name"].startswith("SERVE_REPLICA::")})
-        if len(ports) >= serving["replicas"]:
-            return [f"http://{serving['host']}:{port}{prefix}" for port in ports]
+        urls = urls_from_target_groups(_get_global_client().get_serve_details().get("target_groups") or [], serving, app, here)
+        if urls is not None:
+            return urls
         if time.monotonic() > deadline:
-            raise RayloadError(f"serving.ingress: direct: {len(ports)} of {serving['replicas']} router replicas of {app} "
-                               f"opened an HTTP port within {wait_s:.0f} s (Serve's port range may be taken; see "
+            raise RayloadError(f"serving.ingress: direct: not all {serving['replicas']} router replicas of {app} opened an HTTP "
+                               f"port within {wait_s:.0f} s (Serve's port range may be taken; see "
                                "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)")
         time.sleep(0.25)
+
+
+def urls_from_target_groups(groups: list[dict], serving: dict, app: str, here: str) -> list[str] | None:
+    """The router replicas' URLs from Serve's target groups (one per (node, port): each node
+    hands out ports from the same range), or None while some replica has no port yet. `here`:
+    this node's IP, where a loopback serving.host reaches the replicas."""
+    ours = [g for g in groups if g.get("app_name") == app and g.get("protocol") == "HTTP"]
+    if not ours:
+        raise RayloadError(NO_DIRECT_INGRESS.format(proxy=_proxy_url(serving)))
+    targets = sorted({(t["ip"], t["port"]) for g in ours for t in g["targets"] if t["name"].startswith("SERVE_REPLICA::")})
+    wildcard = serving["host"] in ("0.0.0.0", "::", "")
+    remote = sorted({ip for ip, _ in targets if ip != here})
+    if remote and not wildcard:
+        raise RayloadError(f"serving.host {serving['host']} with ingress: direct: router replicas run on other nodes "
+                           f"({', '.join(remote)}) and listen on serving.host there, out of reach; set serving.host: 0.0.0.0 "
+                           "(and open Serve's ports 30000-31000 to your clients only)")
+    if len(targets) < serving["replicas"]:
+        return None
+    prefix = serving["route_prefix"].rstrip("/")
+    return [f"http://{ip if wildcard else serving['host']}:{port}{prefix}" for ip, port in targets]
+
+
+def live_urls(run: str) -> list[str]:
+    """A running experiment's router URLs now (with direct ingress a replaced replica answers
+    at a new port, so the ones saved at start can be stale)."""
+    _, state = load_state(run)
+    args, _ = parts(state["config"])
+    if args["serving"].get("ingress", "proxy") == "proxy":
+        return state.get("urls") or [state["url"]]
+    from .._ray import ensure_ray
+
+    ensure_ray(state["address"])
+    return ingress_urls(args["serving"], args["experiment"])
 
 
 def deploy(config: dict, wait_s: float = 300) -> None:
@@ -218,8 +270,15 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
     config = serve_config(args)
+    check_direct_ingress(args["serving"])
     deploy(config)
-    urls = ingress_urls(args["serving"], spec.name)
+    try:
+        urls = ingress_urls(args["serving"], spec.name)
+    except RayloadError as exc:
+        from ray import serve as ray_serve
+
+        ray_serve.delete(spec.name)  # nothing half-deployed stays behind
+        raise RayloadError(f"{exc}; the app {spec.name} was removed again") from exc
     save_state(run_dir, {"config": config, "url": urls[0], "urls": urls, "address": ray.get_runtime_context().gcs_address,
                          "decisions": []})
     return Deployment(run_dir, urls[0], config, urls)

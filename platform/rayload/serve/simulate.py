@@ -91,7 +91,7 @@ async def _one(client, url: str, world, unit: int, headers: dict, result: SimRes
         result.status[fb.status_code] = result.status.get(fb.status_code, 0) + 1
 
 
-async def _drive(url: str, world, users: int, requests: int, concurrency: int, seed: int, api_key: str | None,
+async def _drive(url: str | list[str], world, users: int, requests: int, concurrency: int, seed: int, api_key: str | None,
                  on_progress=None) -> SimResult:
     import httpx
 
@@ -104,7 +104,9 @@ async def _drive(url: str, world, users: int, requests: int, concurrency: int, s
     for u in units:
         queue.put_nowait(int(u))
 
-    async def worker(client):
+    urls = [url] if isinstance(url, str) else list(url)  # several router replicas (direct ingress): spread the workers
+
+    async def worker(client, url):
         while not queue.empty():
             unit = queue.get_nowait()
             try:
@@ -116,12 +118,12 @@ async def _drive(url: str, world, users: int, requests: int, concurrency: int, s
                 on_progress(1)
 
     async with httpx.AsyncClient(timeout=30) as client:
-        await asyncio.gather(*[worker(client) for _ in range(concurrency)])
+        await asyncio.gather(*[worker(client, urls[i % len(urls)]) for i in range(concurrency)])
     result.seconds = time.perf_counter() - start
     return result
 
 
-def simulate(url: str, world, users: int, requests: int, concurrency: int = 8, seed: int = 0, api_key: str | None = None,
+def simulate(url: str | list[str], world, users: int, requests: int, concurrency: int = 8, seed: int = 0, api_key: str | None = None,
              on_progress=None) -> SimResult:
     return asyncio.run(_drive(url, world, users, requests, concurrency, seed, api_key, on_progress))
 
@@ -135,7 +137,7 @@ class Outcome:
     steps: list[dict] = field(default_factory=list)  # what the controller did after each chunk
 
 
-def simulate_and_decide(run_dir: str, url: str, world, users: int, requests: int, concurrency: int = 8, seed: int = 0,
+def simulate_and_decide(run_dir: str, url: str | list[str], world, users: int, requests: int, concurrency: int = 8, seed: int = 0,
                         api_key: str | None = None, auto: bool = True, chunks: int = 10, on_chunk=None) -> Outcome:
     """Traffic in `chunks` slices; after each, the automatic controller looks once (ramp,
     promote, rollback). Stops at the first promote or rollback."""

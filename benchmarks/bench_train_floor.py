@@ -1,0 +1,102 @@
+"""The fixed cost of Ray Train itself, with no rayload code: a no-op training run on each side.
+
+    .venv/bin/python benchmarks/bench_train_floor.py [--rounds 3] [--workers 2]
+
+Both sides are fresh processes launched from here and timed from launch to exit; the sides
+alternate (A B B A ...) and each figure is the median over rounds.
+
+- ray:   `ray.init(num_cpus=workers)`, then Ray Train V2's `TorchTrainer` with `workers` gloo
+         workers of 1 CPU (OMP_NUM_THREADS=1) whose train function runs one all_reduce on the
+         process group Ray Train set up and reports once; `trainer.fit()`, then exit.
+- plain: `python -m torch.distributed.run --standalone --nproc_per_node workers` with a
+         worker that imports torch, joins a gloo process group, runs the same all_reduce and
+         exits.
+
+The difference is the part of bench_training.py's DDP fixed cost (DDP_STARTUP) that a
+training run on Ray Train pays before and after any rayload code runs: Ray's start, the Train
+controller, the worker group's actors and processes, its polling and shut-down. It also
+prints how many Ray worker processes the run started (from Ray's session logs).
+"""
+
+import argparse
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+RAY_SIDE = """
+import glob, os, sys, time
+import ray
+import ray.train
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+def loop(config):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    ray.train.report({"sum": float(t[0])})
+
+workers, storage = int(sys.argv[1]), sys.argv[2]
+ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+logs = ray._private.worker._global_node.get_logs_dir_path()
+result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
+                      run_config=RunConfig(storage_path=storage, name=f"floor-{time.time_ns()}")).fit()
+assert result.metrics["sum"] == workers, result.metrics
+print("PROCESSES", len(glob.glob(os.path.join(logs, "python-core-worker-*.log"))))
+"""
+
+PLAIN_SIDE = """
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+assert t[0] == dist.get_world_size()
+dist.destroy_process_group()
+"""
+
+
+def launch(cmd: list[str], env: dict) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return wall, out.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    work = os.path.abspath(os.path.join("runs", "bench-train-floor"))
+    os.makedirs(work, exist_ok=True)
+    plain_file = os.path.join(work, "plain_worker.py")
+    with open(plain_file, "w") as f:
+        f.write(PLAIN_SIDE)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    walls: dict[str, list[float]] = {"ray": [], "plain": []}
+    procs = []
+    for i in range(args.rounds):
+        for side in (("ray", "plain") if i % 2 == 0 else ("plain", "ray")):
+            if side == "ray":
+                wall, out = launch([sys.executable, "-c", RAY_SIDE, str(args.workers), work], env)
+                procs.append(int(out.split("PROCESSES", 1)[1].split()[0]))
+            else:
+                wall, _ = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                  str(args.workers), plain_file], env)
+            walls[side].append(wall)
+            print(f"round {i} {side:5s} {wall:5.1f} s", flush=True)
+    ray_s, plain_s = statistics.median(walls["ray"]), statistics.median(walls["plain"])
+    print(f"\nno-op run, {args.workers} workers, median of {args.rounds}: Ray Train {ray_s:.1f} s, torchrun {plain_s:.1f} s; "
+          f"difference {ray_s - plain_s:+.1f} s, ratio {ray_s / plain_s:.2f}x; "
+          f"Ray worker processes started per run: {', '.join(map(str, procs))}")
+
+
+if __name__ == "__main__":
+    main()
