@@ -15,7 +15,8 @@ alternate (A B B A ...) and each figure is the median over rounds.
 The difference is the part of bench_training.py's DDP fixed cost (DDP_STARTUP) that a
 training run on Ray Train pays before and after any rayload code runs: Ray's start, the Train
 controller, the worker group's actors and processes, its polling and shut-down. It also
-prints how many Ray worker processes the run started (from Ray's session logs).
+prints how many Ray worker processes the run started (from Ray's session logs) and where the
+Ray side's time goes: importing Ray and Ray Train, ray.init, TorchTrainer.fit, ray.shutdown.
 """
 
 import argparse
@@ -28,6 +29,7 @@ import time
 
 RAY_SIDE = """
 import glob, os, sys, time
+t0 = time.perf_counter()
 import ray
 import ray.train
 from ray.train import RunConfig, ScalingConfig
@@ -38,15 +40,21 @@ def loop(config):
     import torch.distributed as dist
     t = torch.ones(4)
     dist.all_reduce(t)
+    assert t[0] == dist.get_world_size()
     ray.train.report({"sum": float(t[0])})
 
 workers, storage = int(sys.argv[1]), sys.argv[2]
+t1 = time.perf_counter()
 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+t2 = time.perf_counter()
 logs = ray._private.worker._global_node.get_logs_dir_path()
 result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 1}),
                       run_config=RunConfig(storage_path=storage, name=f"floor-{time.time_ns()}")).fit()
-assert result.metrics["sum"] == workers, result.metrics
+t3 = time.perf_counter()
+assert result.error is None, result.error
 print("PROCESSES", len(glob.glob(os.path.join(logs, "python-core-worker-*.log"))))
+ray.shutdown()
+print("PHASES", t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
 """
 
 PLAIN_SIDE = """
@@ -81,12 +89,13 @@ def main() -> None:
         f.write(PLAIN_SIDE)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     walls: dict[str, list[float]] = {"ray": [], "plain": []}
-    procs = []
+    procs, phases = [], []
     for i in range(args.rounds):
         for side in (("ray", "plain") if i % 2 == 0 else ("plain", "ray")):
             if side == "ray":
                 wall, out = launch([sys.executable, "-c", RAY_SIDE, str(args.workers), work], env)
                 procs.append(int(out.split("PROCESSES", 1)[1].split()[0]))
+                phases.append([float(x) for x in out.split("PHASES", 1)[1].split()[:4]])
             else:
                 wall, _ = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                                   str(args.workers), plain_file], env)
@@ -96,6 +105,9 @@ def main() -> None:
     print(f"\nno-op run, {args.workers} workers, median of {args.rounds}: Ray Train {ray_s:.1f} s, torchrun {plain_s:.1f} s; "
           f"difference {ray_s - plain_s:+.1f} s, ratio {ray_s / plain_s:.2f}x; "
           f"Ray worker processes started per run: {', '.join(map(str, procs))}")
+    names = ("import ray + Train", "ray.init", "TorchTrainer.fit", "ray.shutdown")
+    print("Ray side, median seconds: " + ", ".join(f"{n} {statistics.median(p[i] for p in phases):.1f}" for i, n in enumerate(names))
+          + f", interpreter start and exit {ray_s - sum(statistics.median(p[i] for p in phases) for i in range(4)):.1f}")
 
 
 if __name__ == "__main__":
