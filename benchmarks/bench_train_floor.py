@@ -1,6 +1,6 @@
 """The fixed cost of Ray Train itself, with no rayload code: a no-op training run on each side.
 
-    .venv/bin/python benchmarks/bench_train_floor.py [--rounds 3] [--workers 2]
+    .venv/bin/python benchmarks/bench_train_floor.py [--rounds 3] [--workers 2] [--rayload-env]
 
 Both sides are fresh processes launched from here and timed from launch to exit; the sides
 alternate (A B B A ...) and each figure is the median over rounds.
@@ -11,6 +11,9 @@ alternate (A B B A ...) and each figure is the median over rounds.
 - plain: `python -m torch.distributed.run --standalone --nproc_per_node workers` with a
          worker that imports torch, joins a gloo process group, runs the same all_reduce and
          exits.
+
+`--rayload-env` gives the Ray side the settings rayload's `fit` gives Ray Train on one node
+(the controller polls every 0.5 s, no preemption watcher: `train.trainer._controller_env`).
 
 The difference is the part of bench_training.py's DDP fixed cost (DDP_STARTUP) that a
 training run on Ray Train pays before and after any rayload code runs: Ray's start, the Train
@@ -81,6 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rayload-env", action="store_true", help="Ray Train settings as rayload's fit sets them")
     args = ap.parse_args()
     work = os.path.abspath(os.path.join("runs", "bench-train-floor"))
     os.makedirs(work, exist_ok=True)
@@ -88,6 +92,10 @@ def main() -> None:
     with open(plain_file, "w") as f:
         f.write(PLAIN_SIDE)
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if args.rayload_env:
+        from rayload.train.trainer import HEALTH_CHECK_INTERVAL_S
+
+        env.update(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=str(HEALTH_CHECK_INTERVAL_S), RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
     walls: dict[str, list[float]] = {"ray": [], "plain": []}
     procs, phases = [], []
     for i in range(args.rounds):
@@ -102,7 +110,7 @@ def main() -> None:
             walls[side].append(wall)
             print(f"round {i} {side:5s} {wall:5.1f} s", flush=True)
     ray_s, plain_s = statistics.median(walls["ray"]), statistics.median(walls["plain"])
-    print(f"\nno-op run, {args.workers} workers, median of {args.rounds}: Ray Train {ray_s:.1f} s, torchrun {plain_s:.1f} s; "
+    print(f"\nno-op run, {args.workers} workers{', rayload settings' if args.rayload_env else ''}, median of {args.rounds}: Ray Train {ray_s:.1f} s, torchrun {plain_s:.1f} s; "
           f"difference {ray_s - plain_s:+.1f} s, ratio {ray_s / plain_s:.2f}x; "
           f"Ray worker processes started per run: {', '.join(map(str, procs))}")
     names = ("import ray + Train", "ray.init", "TorchTrainer.fit", "ray.shutdown")
