@@ -23,7 +23,6 @@ run measures one mode; the load generator's CPU per answered request is printed 
 
 
 import argparse
-import asyncio
 import json
 import os
 import statistics

@@ -23,7 +23,6 @@ Ray side's time goes: importing Ray and Ray Train, ray.init, TorchTrainer.fit, r
 """
 
 import argparse
-import glob
 import os
 import statistics
 import subprocess

@@ -1,7 +1,6 @@
 """Drift statistics of served traffic against features.json: PSI per numeric feature, OOV rate
 and PSI per categorical, merged over replicas, flagged past the threshold."""
 
-import numpy as np
 import pytest
 
 from rayload.data.pipeline import preprocess
