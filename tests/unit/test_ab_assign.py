@@ -103,15 +103,19 @@ def test_direct_ingress_urls_come_from_serve_target_groups():
     serving = {"host": "0.0.0.0", "port": 8000, "route_prefix": "/ab", "replicas": 2, "ingress": "direct"}
     two_nodes = [group("other", ("10.0.0.1", 30000, "SERVE_REPLICA::other#X#a")),
                  group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.2", 30000, "SERVE_REPLICA::ab#ABRouter#c"))]
-    assert urls_from_target_groups(two_nodes, serving, "ab", "10.0.0.1") == ["http://10.0.0.1:30001/ab", "http://10.0.0.2:30000/ab"]
-    # a replica without its port yet: the app's group still lists the fallback proxy, which is no replica
-    starting = [group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.1", 8500, "SERVE_CONTROLLER_ACTOR:PROXY"))]
-    assert urls_from_target_groups(starting, serving, "ab", "10.0.0.1") is None
+    assert urls_from_target_groups(two_nodes, serving, "ab", "10.0.0.1", 2) == ["http://10.0.0.1:30001/ab", "http://10.0.0.2:30000/ab"]
+    # one of two replicas has its port: not yet for a new deployment, enough for a client that wants whoever answers now
+    starting = [group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"))]
+    assert urls_from_target_groups(starting, serving, "ab", "10.0.0.1", 2) is None
+    assert urls_from_target_groups(starting, serving, "ab", "10.0.0.1", 1) == ["http://10.0.0.1:30001/ab"]
+    # no replica running: Serve lists the fallback proxy in the app's group, which is no replica
+    fallback = [group("ab", ("10.0.0.1", 8500, "SERVE_CONTROLLER_ACTOR:SERVE_PROXY_ACTOR-fallback"))]
+    assert urls_from_target_groups(fallback, serving, "ab", "10.0.0.1", 1) is None
     loopback = {**serving, "host": "127.0.0.1"}
-    with pytest.raises(RayloadError, match=r"router replicas run on other nodes \(10\.0\.0\.2\).*serving.host: 0.0.0.0"):
-        urls_from_target_groups(two_nodes, loopback, "ab", "10.0.0.1")
+    with pytest.raises(RayloadError, match=r"router replicas run on other nodes \(10\.0\.0\.2\).*start Serve with host 0.0.0.0"):
+        urls_from_target_groups(two_nodes, loopback, "ab", "10.0.0.1", 2)
     one_node = [group("ab", ("10.0.0.1", 30001, "SERVE_REPLICA::ab#ABRouter#b"), ("10.0.0.1", 30002, "SERVE_REPLICA::ab#ABRouter#c"))]
-    assert urls_from_target_groups(one_node, loopback, "ab", "10.0.0.1") == ["http://127.0.0.1:30001/ab", "http://127.0.0.1:30002/ab"]
+    assert urls_from_target_groups(one_node, loopback, "ab", "10.0.0.1", 2) == ["http://127.0.0.1:30001/ab", "http://127.0.0.1:30002/ab"]
     proxy_only = [{"app_name": "", "protocol": "HTTP", "route_prefix": "/", "targets": [{"ip": "10.0.0.1", "port": 8000, "name": "p"}]}]
     with pytest.raises(RayloadError, match="without direct ingress.*proxy at http://0.0.0.0:8000/ab.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1"):
-        urls_from_target_groups(proxy_only, serving, "ab", "10.0.0.1")
+        urls_from_target_groups(proxy_only, serving, "ab", "10.0.0.1", 1)

@@ -144,38 +144,47 @@ def check_direct_ingress(serving: dict) -> None:
     if client is None:  # Serve not started yet: nothing runs, nothing to tell from
         return
     details = client.get_serve_details()
-    running = [name for name, app in (details.get("applications") or {}).items() if app.get("status") == "RUNNING"]
+    # Serve publishes groups only for apps with an HTTP route (handle-only apps have none).
+    running = [name for name, app in (details.get("applications") or {}).items()
+               if app.get("status") == "RUNNING" and app.get("route_prefix") is not None]
     if running and not any(g.get("app_name") for g in details.get("target_groups") or []):
         raise RayloadError(NO_DIRECT_INGRESS.format(proxy=_proxy_url(serving)))
 
 
-def ingress_urls(serving: dict, app: str, wait_s: float = 30) -> list[str]:
+def ingress_urls(serving: dict, app: str, wait_s: float = 30, every_replica: bool = True) -> list[str]:
     """Where clients reach a running app's router: Serve's proxy at host:port, or with
     `ingress: direct` each router replica's own (node, port), read from Serve's target groups
     (the routing table Serve publishes for load balancers). A replica that Serve replaces
-    gets a new port, so callers that use the URLs later ask again (`live_urls`)."""
+    gets a new port, so callers that use the URLs later ask again (`live_urls`, which takes
+    the replicas that answer now: `every_replica=False`)."""
     if serving.get("ingress", "proxy") == "proxy":
         return [_proxy_url(serving)]
     import ray
     from ray.serve.context import _get_global_client
 
     here = ray.util.get_node_ip_address()
+    client = _get_global_client()
+    # The replicas bind the host Serve was first started with (a later serve.start's options are
+    # ignored), which need not be this spec's serving.host.
+    bound = {**serving, "host": client.http_config.host}
+    need = serving["replicas"] if every_replica else 1
     deadline = time.monotonic() + wait_s
     while True:
-        urls = urls_from_target_groups(_get_global_client().get_serve_details().get("target_groups") or [], serving, app, here)
+        urls = urls_from_target_groups(client.get_serve_details().get("target_groups") or [], bound, app, here, need)
         if urls is not None:
             return urls
         if time.monotonic() > deadline:
-            raise RayloadError(f"serving.ingress: direct: not all {serving['replicas']} router replicas of {app} opened an HTTP "
+            raise RayloadError(f"serving.ingress: direct: fewer than {need} router replica(s) of {app} had an HTTP "
                                f"port within {wait_s:.0f} s (Serve's port range may be taken; see "
                                "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)")
         time.sleep(0.25)
 
 
-def urls_from_target_groups(groups: list[dict], serving: dict, app: str, here: str) -> list[str] | None:
+def urls_from_target_groups(groups: list[dict], serving: dict, app: str, here: str, need: int) -> list[str] | None:
     """The router replicas' URLs from Serve's target groups (one per (node, port): each node
-    hands out ports from the same range), or None while some replica has no port yet. `here`:
-    this node's IP, where a loopback serving.host reaches the replicas."""
+    hands out ports from the same range), or None while fewer than `need` replicas have a port.
+    serving["host"]: the host the replicas bind; `here`: this node's IP, where a loopback host
+    reaches them."""
     ours = [g for g in groups if g.get("app_name") == app and g.get("protocol") == "HTTP"]
     if not ours:
         raise RayloadError(NO_DIRECT_INGRESS.format(proxy=_proxy_url(serving)))
@@ -183,10 +192,11 @@ def urls_from_target_groups(groups: list[dict], serving: dict, app: str, here: s
     wildcard = serving["host"] in ("0.0.0.0", "::", "")
     remote = sorted({ip for ip, _ in targets if ip != here})
     if remote and not wildcard:
-        raise RayloadError(f"serving.host {serving['host']} with ingress: direct: router replicas run on other nodes "
-                           f"({', '.join(remote)}) and listen on serving.host there, out of reach; set serving.host: 0.0.0.0 "
-                           "(and open Serve's ports 30000-31000 to your clients only)")
-    if len(targets) < serving["replicas"]:
+        raise RayloadError(f"ingress: direct with Serve's HTTP host {serving['host']}: router replicas run on other nodes "
+                           f"({', '.join(remote)}) and listen on that host there, out of reach; start Serve with host 0.0.0.0 "
+                           "(serving.host: 0.0.0.0 for the experiment that starts Serve on the cluster, or `serve start "
+                           "--http-host 0.0.0.0`) and open Serve's ports 30000-31000 to your clients only")
+    if len(targets) < need:
         return None
     prefix = serving["route_prefix"].rstrip("/")
     return [f"http://{ip if wildcard else serving['host']}:{port}{prefix}" for ip, port in targets]
@@ -202,7 +212,7 @@ def live_urls(run: str) -> list[str]:
     from .._ray import ensure_ray
 
     ensure_ray(state["address"])
-    return ingress_urls(args["serving"], args["experiment"])
+    return ingress_urls(args["serving"], args["experiment"], every_replica=False)
 
 
 def deploy(config: dict, wait_s: float = 300) -> None:
@@ -274,11 +284,13 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
     deploy(config)
     try:
         urls = ingress_urls(args["serving"], spec.name)
-    except RayloadError as exc:
+    except BaseException as exc:  # a refusal, a Ray error or Ctrl-C in the wait: nothing half-deployed stays behind
         from ray import serve as ray_serve
 
-        ray_serve.delete(spec.name)  # nothing half-deployed stays behind
-        raise RayloadError(f"{exc}; the app {spec.name} was removed again") from exc
+        ray_serve.delete(spec.name)
+        if isinstance(exc, RayloadError):
+            raise RayloadError(f"{exc}; the app {spec.name} was removed again") from exc
+        raise
     save_state(run_dir, {"config": config, "url": urls[0], "urls": urls, "address": ray.get_runtime_context().gcs_address,
                          "decisions": []})
     return Deployment(run_dir, urls[0], config, urls)
