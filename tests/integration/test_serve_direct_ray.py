@@ -42,7 +42,8 @@ def trained(tmp_path_factory):
                  "label": {"column": "rating", "threshold": 4.0}},
         "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [8]}, "train": {"epochs": 1, "batch_size": 256}})
     yield {"folder": folder, "ckpt": fit(job, evaluate_test=False).checkpoint,
-           "rows": [{k: r[k] for k in ("userId", "movieId", "year")} for r in table.slice(0, 20).to_pylist()]}
+           "rows": [{k: r[k] for k in ("userId", "movieId", "year")} for r in table.slice(0, 20).to_pylist()],
+           "rated": [{k: r[k] for k in ("userId", "movieId", "year", "rating")} for r in table.slice(0, 600).to_pylist()]}
     from ray import serve
 
     if ray.is_initialized():
@@ -102,10 +103,17 @@ def test_each_router_replica_answers_at_its_own_port(trained):
         control.set_weights(dep.run_dir, {"control": 0.2, "challenger": 0.8})
         assert {client.get(f"{u}/healthz").json()["pid"] for u in dep.urls} == pids  # reconfigured in place
         assert all(client.get(f"{u}/healthz").json()["weights"]["challenger"] == 0.8 for u in dep.urls)
+    # Simulated users spread over both replicas' URLs, as `rayload ab simulate` sends them.
+    from rayload.serve.simulate import MovieLensWorld, simulate
+
+    world = MovieLensWorld(trained["rated"], ["userId", "movieId", "year"], "rating", 4.0, seed=0)
+    sim = simulate(dep.urls, world, users=50, requests=40, concurrency=4)
+    assert set(sim.status) == {200} and sim.status[200] >= 40, sim.status  # 40 predictions and their clicks, all answered
     engine = sa.create_engine(ab.events.url)
     with engine.connect() as conn:
         logged = set(conn.execute(sa.text("select request_id from ab_exposures")).scalars())
     engine.dispose()
     assert set(ids) <= logged  # every acknowledged exposure through either port is on disk
+    assert len(logged) >= len(ids) + 1 + 40  # and the proxy's and the simulation's
     control.stop(dep.run_dir)
     assert "direct" not in serve.status().applications
