@@ -1,6 +1,7 @@
 """Serving benchmark (issue 5): every figure is a ratio of two sides measured in this run.
 
     .venv/bin/python benchmarks/bench_serve.py [--seconds 8] [--rounds 2] [--clients 32] [--ingress proxy|direct]
+        [--client httpx|aiohttp]
 
 Sides, all serving the same small DeepFM checkpoint (trained here on 6,000 MovieLens
 ratings, one epoch) to the same closed-loop load (N async HTTP clients in a separate process,
@@ -19,6 +20,8 @@ the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
 replica answers HTTP on its own port, no proxy actor in the path; `serving.ingress: direct`),
 `proxy` (the default) through Serve's HTTP proxy. Serve's mode is fixed when Ray starts, so one
 run measures one mode; the load generator's CPU per answered request is printed for each side.
+`--client aiohttp` drives the same closed loop with aiohttp instead of httpx (less CPU per
+request in the load generator, which shares the 2 cores with the servers).
 """
 
 
@@ -143,8 +146,24 @@ asyncio.run(main())
 """
 
 
-def measure(url: str, clients: int, seconds: float, rows_file: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", LOAD, url, str(clients), str(seconds), rows_file], capture_output=True, text=True, check=True)
+# The same closed loop on aiohttp, whose client costs less CPU per request than httpx's: the load
+# generator shares the 2 cores with the servers, so what it spends is taken from them.
+LOAD_AIOHTTP = LOAD.replace("import httpx", "import aiohttp").replace(
+    "    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1)) as c:",
+    "    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=30)) as c:",
+).replace(
+    """            r = await c.post(url, json=body)
+            if r.status_code == 200:""",
+    """            async with c.post(url, json=body) as r:
+                text = await r.text()
+            if r.status == 200:""",
+).replace('first_error or f"{r.status_code} {r.text[:300]}"', 'first_error or f"{r.status} {text[:300]}"')
+assert "httpx" not in LOAD_AIOHTTP
+
+
+def measure(url: str, clients: int, seconds: float, rows_file: str, client: str = "httpx") -> dict:
+    load = LOAD if client == "httpx" else LOAD_AIOHTTP
+    out = subprocess.run([sys.executable, "-c", load, url, str(clients), str(seconds), rows_file], capture_output=True, text=True, check=True)
     r = json.loads(out.stdout)
     if not r["lat"]:
         raise RuntimeError(f"no request to {url} succeeded: {r['first_error']}")
@@ -169,6 +188,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--ingress", choices=("proxy", "direct"), default="proxy")
+    parser.add_argument("--client", choices=("httpx", "aiohttp"), default="httpx", help="the load generator's HTTP client")
     args = parser.parse_args()
     import ray
 
@@ -195,13 +215,13 @@ def main() -> None:
     try:
         for rnd in range(args.rounds):
             for side, url in urls.items():
-                results[side].append(measure(url, args.clients, args.seconds, rows_file))
+                results[side].append(measure(url, args.clients, args.seconds, rows_file, args.client))
                 print(f"round {rnd} {side:13s} {json.dumps({k: round(v, 2) for k, v in results[side][-1].items()})}", flush=True)
     finally:
         plain.terminate()
     med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors", "client_cpu_ms")} for side, rs in results.items()}
     print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians), "
-          f"Serve sides through {args.ingress} ingress")
+          f"Serve sides through {args.ingress} ingress, load generator on {args.client}")
     for side, m in med.items():
         print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   "
               f"errors {m['errors']:.0f}   load generator CPU {m['client_cpu_ms']:.2f} ms/request")
