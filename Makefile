@@ -41,8 +41,11 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/bench_preprocess.py
 	$(BIN)/python benchmarks/bench_training.py
+	$(BIN)/python benchmarks/bench_train_floor.py
 	$(BIN)/python benchmarks/bench_movielens_accuracy.py
 	$(BIN)/python benchmarks/bench_serve.py
+	$(BIN)/python benchmarks/bench_serve.py --ingress direct
+	$(BIN)/python benchmarks/bench_compress.py
 	$(BIN)/python benchmarks/bench_demo.py
 
 clean:
