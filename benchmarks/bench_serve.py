@@ -97,7 +97,7 @@ def deploy_single(checkpoint: str, ingress: str) -> str:
             return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
 
     serve.run(Single.bind(checkpoint), name="single", route_prefix="/single")
-    from rayload.serve.control import ingress_urls
+    from rayload.serve.ingress import ingress_urls
 
     serving = {"host": "127.0.0.1", "port": SERVE_PORT, "route_prefix": "/single", "ingress": ingress, "replicas": 1}
     return ingress_urls(serving, "single")[0] + "/predict"
@@ -195,7 +195,7 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="bench-serve-")
     os.environ["RAYLOAD_HOME"] = os.path.join(folder, "runs")
     from rayload._ray import ensure_ray
-    from rayload.serve.control import direct_ingress_env
+    from rayload.serve.ingress import direct_ingress_env
 
     ensure_ray(env=direct_ingress_env() if args.ingress == "direct" else None)
     checkpoint, rows = train_checkpoint(folder)

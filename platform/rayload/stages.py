@@ -120,7 +120,7 @@ def _ray_for_direct_ingress(spec: PipelineSpec, address: str | None) -> None:
             continue
         if direct:
             from ._ray import ensure_ray
-            from .serve.control import direct_ingress_env
+            from .serve.ingress import direct_ingress_env
 
             ensure_ray(address, env=direct_ingress_env())
             return

@@ -94,7 +94,7 @@ def test_direct_ingress_urls_come_from_serve_target_groups():
     """Shaped as Serve's get_serve_details()["target_groups"]: each node hands out ports from the
     same range, so two replicas on two nodes can both hold port 30000."""
     from rayload.errors import RayloadError
-    from rayload.serve.control import urls_from_target_groups
+    from rayload.serve.ingress import urls_from_target_groups
 
     def group(app, *targets):
         return {"app_name": app, "protocol": "HTTP", "route_prefix": "/ab",
