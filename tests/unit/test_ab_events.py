@@ -1,6 +1,7 @@
 """The event store on real SQLite and PostgreSQL: group commit, idempotent outcomes, schema
 version, and no acknowledged event lost when the writing process is killed with SIGKILL."""
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -42,6 +43,41 @@ def test_group_commit_idempotent_outcomes_and_join(url):
     assert reader.exposure_exists("r7") and not reader.exposure_exists("nope")
     frame = reader.frame("e")
     assert len(frame) == 300 and frame.set_index("request_id").loc["r1", "outcome"] == 1.0 and frame["outcome"].sum() == 1.0
+    reader.close()
+
+
+def test_async_writes_wake_the_loop_once_per_commit_and_fail_loudly(url):
+    """`await writer.write(...)` from many coroutines: every event is committed before its await
+    returns, the writer wakes the event loop once per commit (not once per event), a commit that
+    fails raises in every coroutine whose events it held, and a closed writer refuses at once."""
+    writer = EventWriter(url, flush_ms=5, max_batch=64)
+    wakeups = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wakeups.append(1), real(*a, **k))[1]
+        # an exposure plus one shadow score per request, awaited together
+        await asyncio.gather(*[writer.write(("exposure", exposure(i)), ("shadow", {"request_id": f"r{i}", "arm": "b", "model_version": "v2",
+                                                                                  "score": 0.4, "ts": time.time()}))
+                               for i in range(200)])
+        bad = {**exposure(1000), "arm": None}  # NOT NULL column: the commit fails
+        results = await asyncio.gather(writer.write(("exposure", bad)), writer.write(("exposure", exposure(1001))), return_exceptions=True)
+        integrity = writer.engine.dialect.loaded_dbapi.IntegrityError  # the driver's own: the writer runs its cursor
+        assert isinstance(results[0], integrity), results
+        assert results[1] is None or isinstance(results[1], integrity)  # a good event sharing the failed commit fails with it
+        with pytest.raises(ValueError, match=r"unknown column\(s\) \['vaule'\] for ab_outcomes"):
+            await writer.write(("outcome", {"request_id": "r3", "event": "click", "vaule": 1.0, "ts": time.time()}))
+        await writer.write(("outcome", {"request_id": "r3", "event": "click", "value": 1.0, "ts": time.time()}))
+        return results[1] is None
+
+    neighbour_stored = asyncio.run(main())
+    writer.close()
+    assert 0 < len(wakeups) < 50  # 202 awaited writes in a handful of commits
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(writer.write(("outcome", {"request_id": "r4", "event": "click", "value": 1.0, "ts": time.time()})))
+    reader = EventReader(url)
+    assert reader.counts() == {"exposure": 200 + neighbour_stored, "shadow": 200, "outcome": 1}
     reader.close()
 
 

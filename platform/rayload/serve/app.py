@@ -233,7 +233,10 @@ class ABRouter:
         arm = self.layout.assign(self.salt, unit)
         request_id = uuid.uuid4().hex
         shadows = [a for a in self.order if a != arm and self.weights.get(a, 0) == 0] if self.shadow else []
-        results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
+        if shadows:
+            results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
+        else:  # the usual case: no task per request for gather to wrap the one call in
+            results = [await self._score_or_error(arm, rows)]
         answer = results[0]
         if isinstance(answer, DataError):
             return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
@@ -273,16 +276,21 @@ class ABRouter:
             return result
         return await self.handles[arm].score.remote(arm, rows)
 
+    async def _score_or_error(self, arm: str, rows: list[dict]):
+        try:
+            return await self._score(arm, rows)
+        except Exception as exc:  # as gather(return_exceptions=True) would hand it back
+            return exc
+
     async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=(), features=None) -> None:
         now = time.time()
-        futures = [self.writer.submit(kind, {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm,
-                                             "model_version": version, "score": score, "status": status, "latency_ms": latency,
-                                             "layout": self.layout_json, "ts": now, "features": features})]
-        for shadow_arm, (scores, version_s) in shadows:
-            futures.append(self.writer.submit("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s,
-                                                         "score": max(scores), "ts": now}))
+        events = [(kind, {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm,
+                          "model_version": version, "score": score, "status": status, "latency_ms": latency,
+                          "layout": self.layout_json, "ts": now, "features": features})]
+        events += [("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s, "score": max(scores), "ts": now})
+                   for shadow_arm, (scores, version_s) in shadows]
         # The answer waits for the commit: a 2xx means the event is on disk.
-        await asyncio.gather(*[asyncio.wrap_future(f) for f in futures])
+        await self.writer.write(*events)
 
     @api.post("/feedback")
     async def feedback(self, request: Request):
@@ -293,8 +301,7 @@ class ABRouter:
             return _problem(404, f"unknown request_id {body.request_id!r}")
         duplicate = await asyncio.to_thread(self.reader.outcome_exists, body.request_id, body.event)
         if not duplicate:
-            await asyncio.wrap_future(self.writer.submit("outcome", {"request_id": body.request_id, "event": body.event,
-                                                                     "value": body.value, "ts": time.time()}))
+            await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value, "ts": time.time()}))
         return {"request_id": body.request_id, "event": body.event, "duplicate": duplicate}
 
     @api.post("/assign")

@@ -5,7 +5,8 @@ replica never answers before the commit holding its event returns (SQLite in WAL
 synchronous=FULL, or PostgreSQL), so a replica killed with SIGKILL loses no acknowledged
 event; a request in flight when it dies got no answer and may or may not be recorded.
 Writes are grouped: one writer thread per replica commits everything that arrived within
-`flush_ms` (or `max_batch` rows) in one transaction, so the commit cost is shared.
+`flush_ms` of the group's first event (in transactions of at most `max_batch` rows), so the
+commit cost is shared; what arrives while a commit runs forms the next group.
 
 `request_id` is the primary key of an exposure; an outcome is keyed by (request_id, event),
 so a repeated feedback call is a no-op. An exposure keeps the raw features of the row it
@@ -18,9 +19,10 @@ The schema carries its version in `ab_meta`; an older store is migrated forward 
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
@@ -144,78 +146,166 @@ def _migrate(conn, version: int) -> None:
     log.info("event store migrated from schema version %d to %d", version, SCHEMA_VERSION)
 
 
-def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
+def _insert_or_ignore(dialect: str, table: sa.Table):
     """INSERT that skips rows whose primary key exists (idempotent feedback, retried writes)."""
-    if not rows:
-        return
-    dialect = conn.dialect.name
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
     elif dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:  # pragma: no cover - the store supports SQLite and PostgreSQL
         raise ValueError(f"unsupported event store dialect {dialect}")
-    conn.execute(insert(table).on_conflict_do_nothing(), rows)
+    return insert(table).on_conflict_do_nothing()
+
+
+def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
+    if rows:
+        conn.execute(_insert_or_ignore(conn.dialect.name, table), rows)
+
+
+class _DriverInsert:
+    """One table's INSERT OR IGNORE compiled once for the engine's dialect and run through the
+    DB-API cursor: the writer's hot path skips SQLAlchemy's per-execution work (about 0.1 ms of
+    the replica's GIL per commit here, benchmarks/RESULTS.md). Missing columns are NULL; an
+    unknown column is an error, as it is in SQLAlchemy."""
+
+    def __init__(self, engine: sa.Engine, table: sa.Table):
+        self.columns = [c.name for c in table.columns]
+        self.known = frozenset(self.columns)
+        compiled = _insert_or_ignore(engine.dialect.name, table).compile(dialect=engine.dialect, column_keys=self.columns)
+        self.sql, self.positional = str(compiled), compiled.positiontup is not None
+        if self.positional and list(compiled.positiontup) != self.columns:  # pragma: no cover - a dialect reordering parameters
+            raise RuntimeError(f"unexpected parameter order {compiled.positiontup} for {table.name}")
+        self.table = table.name
+
+    def params(self, rows: list[dict]) -> list:
+        for row in rows:
+            if not row.keys() <= self.known:
+                raise ValueError(f"unknown column(s) {sorted(row.keys() - self.known)} for {self.table}")
+        if self.positional:
+            return [tuple(row.get(c) for c in self.columns) for row in rows]
+        return [{c: row.get(c) for c in self.columns} for row in rows]
+
+
+class _Waiter:
+    """An event loop waiting for a group of events (one request's exposure and shadows)."""
+
+    __slots__ = ("loop", "future", "pending", "error")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, pending: int):
+        self.loop, self.future, self.pending, self.error = loop, future, pending, None
+
+
+def _wake_waiters(waiters: list[_Waiter]) -> None:
+    for w in waiters:  # runs on the waiters' event loop
+        if not w.future.done():
+            w.future.set_exception(w.error) if w.error is not None else w.future.set_result(None)
 
 
 class EventWriter:
-    """Group commit: `submit(kind, row)` returns a Future that resolves once the row is committed."""
+    """Group commit: `submit(kind, row)` returns a Future that resolves once the row is committed;
+    `await write((kind, row), ...)` is the same for an event loop.
 
-    def __init__(self, url: str, flush_ms: float = 5.0, max_batch: int = 512):
+    The writer thread sleeps out the flush window after the first event of a group instead of
+    waking for every event, and an event loop is woken once per commit however many of its
+    requests the commit held (one `call_soon_threadsafe`, not one per event): with direct ingress
+    the replica's event loop is the bottleneck, and per-event wake-ups were a measurable part of
+    the A/B router's cost (benchmarks/RESULTS.md)."""
+
+    def __init__(self, url: str, flush_ms: float = 1.0, max_batch: int = 512):
         self.engine = engine_for(url)
         create_schema(self.engine)
         self.flush_s, self.max_batch = flush_ms / 1000.0, max_batch
-        self._queue: queue.Queue = queue.Queue()
+        self._inserts = {kind: _DriverInsert(self.engine, table) for kind, table in TABLES.items()}
+        self._items: collections.deque = collections.deque()  # (kind, row, Future | _Waiter); append/popleft are atomic
+        self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rayload-events", daemon=True)
         self._thread.start()
 
     def submit(self, kind: str, row: dict[str, Any]) -> Future:
         fut: Future = Future()
-        if self._closed:
-            fut.set_exception(RuntimeError("event writer is closed"))
-        else:
-            self._queue.put((kind, row, fut))
+        self._enqueue([(kind, row, fut)], fut)
         return fut
+
+    async def write(self, *events: tuple[str, dict[str, Any]]) -> None:
+        """Returns once every event is committed; raises what the commit raised."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, loop.create_future(), len(events))
+        self._enqueue([(kind, row, waiter) for kind, row in events], waiter)
+        await waiter.future
+
+    def _enqueue(self, items: list, waiter) -> None:
+        if self._closed:
+            error = RuntimeError("event writer is closed")
+            waiter.set_exception(error) if isinstance(waiter, Future) else waiter.future.set_exception(error)
+            return
+        self._items.extend(items)
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _loop(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
+            self._wake.wait()
+            self._wake.clear()  # an event added after this sets it again; one added before is drained below
+            if not self._closed:
+                time.sleep(self.flush_s)  # what arrives within the window shares the commit
+            while self._items:
+                self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
+            if self._closed:
                 return
-            batch, deadline = [first], time.monotonic() + self.flush_s
-            while len(batch) < self.max_batch:
-                timeout = deadline - time.monotonic()
-                try:
-                    item = self._queue.get(timeout=max(0.0, timeout)) if timeout > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)
-                    break
-                batch.append(item)
-            self._commit(batch)
 
     def _commit(self, batch: list) -> None:
         by_kind: dict[str, list] = {}
         for kind, row, _ in batch:
             by_kind.setdefault(kind, []).append(row)
+        error = None
         try:
-            with self.engine.begin() as conn:
-                for kind, rows in by_kind.items():
-                    _insert_ignore(conn, TABLES[kind], rows)
+            self._insert(by_kind)
         except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
             log.exception("event commit failed")
-            for _, _, fut in batch:
-                fut.set_exception(exc)
-            return
-        for _, _, fut in batch:
-            fut.set_result(None)
+            error = exc
+        self._settle(batch, error)
+
+    def _insert(self, by_kind: dict[str, list]) -> None:
+        conn = self.engine.raw_connection()  # pooled, with the engine's pragmas
+        try:
+            cursor = conn.cursor()
+            for kind, rows in by_kind.items():
+                insert = self._inserts[kind]
+                cursor.executemany(insert.sql, insert.params(rows))
+            cursor.close()
+            conn.commit()  # returns once the commit is durable (synchronous=FULL / PostgreSQL)
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _settle(batch: list, error: BaseException | None) -> None:
+        by_loop: dict[Any, list[_Waiter]] = {}
+        for _, _, w in batch:
+            if isinstance(w, Future):
+                w.set_exception(error) if error is not None else w.set_result(None)
+                continue
+            w.error = w.error or error
+            w.pending -= 1
+            if w.pending == 0:
+                by_loop.setdefault(w.loop, []).append(w)
+        for loop, waiters in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_wake_waiters, waiters)
+            except RuntimeError:  # that loop is closed: nobody waits for these any more
+                pass
 
     def close(self) -> None:
         self._closed = True
-        self._queue.put(None)
+        self._wake.set()
         self._thread.join(timeout=10)
+        # An event added while closing, after the thread's last drain, is refused, never left hanging.
+        leftover = [self._items.popleft() for _ in range(len(self._items))]
+        if leftover:
+            self._settle(leftover, RuntimeError("event writer is closed"))
         self.engine.dispose()
 
 
