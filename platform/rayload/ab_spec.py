@@ -63,7 +63,8 @@ class Serving(_Spec):
 
 class Events(_Spec):
     url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite (WAL) in the run folder")
-    flush_ms: float = Field(default=5.0, ge=0, description="longest wait to group writes into one commit")
+    flush_ms: float = Field(default=1.0, ge=0, description="how long the writer waits after an event for others to share its commit; "
+                             "0: commit at once (what arrives during a commit still shares the next)")
     max_batch: int = Field(default=512, ge=1)
     log_features: bool = Field(default=True, description="keep each exposure's raw features: `rayload retrain` learns from them")
 
