@@ -81,6 +81,21 @@ def test_async_writes_wake_the_loop_once_per_commit_and_fail_loudly(url):
     reader.close()
 
 
+def test_a_cancelled_submit_does_not_stop_the_writer(url):
+    """A caller may cancel its Future (asyncio.wrap_future does when its awaiting request is
+    cancelled); settling it would raise InvalidStateError in the writer thread, which then
+    never committed again."""
+    writer = EventWriter(url, flush_ms=20)
+    cancelled = writer.submit("exposure", exposure(0))
+    assert cancelled.cancel()
+    writer.submit("exposure", exposure(1)).result(timeout=30)
+    writer.submit("exposure", exposure(2)).result(timeout=30)  # a later commit: the thread is alive
+    writer.close()
+    reader = EventReader(url)
+    assert reader.counts()["exposure"] == 3  # the cancelled caller's event was still written
+    reader.close()
+
+
 def test_a_newer_schema_version_is_refused(url):
     EventReader(url).close()
     engine = sa.create_engine(url)

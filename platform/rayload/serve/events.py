@@ -286,7 +286,8 @@ class EventWriter:
         by_loop: dict[Any, list[_Waiter]] = {}
         for _, _, w in batch:
             if isinstance(w, Future):
-                w.set_exception(error) if error is not None else w.set_result(None)
+                if w.set_running_or_notify_cancel():  # False: its caller cancelled it; setting it would raise here
+                    w.set_exception(error) if error is not None else w.set_result(None)
                 continue
             w.error = w.error or error
             w.pending -= 1
