@@ -77,12 +77,14 @@ def deploy_single(checkpoint: str, ingress: str) -> str:
     from fastapi import FastAPI, Request
     from ray import serve
 
-    app = FastAPI()
+    from rayload.ab_spec import Serving
 
-    # The A/B router's logging settings (serving.log_level, serving.access_log defaults): without
-    # them this side alone pays Serve's per-request access log (~0.05 ms of replica CPU here).
+    app = FastAPI()
+    router = Serving()  # the A/B router's logging defaults: without them this side alone pays
+    # Serve's per-request access log (~0.05 ms of replica CPU here)
+
     @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0.5},
-                      logging_config={"log_level": "WARNING", "enable_access_log": False})
+                      logging_config={"log_level": router.log_level, "enable_access_log": router.access_log})
     @serve.ingress(app)
     class Single:
         def __init__(self, path):

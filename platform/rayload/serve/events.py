@@ -169,12 +169,11 @@ class _DriverInsert:
     unknown column is an error, as it is in SQLAlchemy."""
 
     def __init__(self, engine: sa.Engine, table: sa.Table):
-        self.columns = [c.name for c in table.columns]
-        self.known = frozenset(self.columns)
-        compiled = _insert_or_ignore(engine.dialect.name, table).compile(dialect=engine.dialect, column_keys=self.columns)
+        columns = [c.name for c in table.columns]
+        compiled = _insert_or_ignore(engine.dialect.name, table).compile(dialect=engine.dialect, column_keys=columns)
         self.sql, self.positional = str(compiled), compiled.positiontup is not None
-        if self.positional and list(compiled.positiontup) != self.columns:  # pragma: no cover - a dialect reordering parameters
-            raise RuntimeError(f"unexpected parameter order {compiled.positiontup} for {table.name}")
+        self.columns = list(compiled.positiontup) if self.positional else columns  # positional: the SQL's own order
+        self.known = frozenset(columns)
         self.table = table.name
 
     def params(self, rows: list[dict]) -> list:
