@@ -45,7 +45,10 @@ def ensure_token() -> str:
     """The client token; generated (as `ray get-auth-token --generate` does) when absent."""
     path = os.path.expanduser("~/.ray/auth_token")
     if not os.path.exists(path):
-        subprocess.run([os.path.join(BIN, "ray"), "get-auth-token", "--generate"], check=True, capture_output=True, timeout=60)
+        # The `ray` script beside this interpreter, or Ray's CLI module where Ray was put on the
+        # path without its scripts (a lent GPU machine: benchmarks/gpu_session.sh).
+        cli = [os.path.join(BIN, "ray")] if os.path.exists(os.path.join(BIN, "ray")) else [sys.executable, "-m", "ray.scripts.scripts"]
+        subprocess.run([*cli, "get-auth-token", "--generate"], check=True, capture_output=True, timeout=60)
     with open(path) as f:
         return f.read().strip()
 

@@ -26,6 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns); the
+# supported range (torch>=2.5) includes releases with only the old name (2.11 on a lent H200).
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def sparse_tables(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """(name, weight) of every trainable embedding table that produces sparse gradients."""
@@ -98,5 +102,5 @@ class SparseGradSync:
         padded = torch.zeros(length, dtype=tensor.dtype, device=tensor.device)
         padded[: tensor.shape[0]] = tensor
         out = torch.empty(self.world_size * length, dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_single(out, padded)  # gloo wants the flat (world * length) output
+        _ALL_GATHER(out, padded)  # gloo wants the flat (world * length) output
         return out.view(self.world_size, length)
