@@ -208,6 +208,11 @@ class ModelSpec(_Spec):
     # Sparse gradients for embedding tables (SparseAdam) while the dense part uses AdamW:
     # dense Adam over large tables touches every row every step.
     sparse_embeddings: bool = False
+    # The MLPs' input widths (concatenated embeddings and dense features, DLRM's interactions)
+    # are zero-padded to a multiple of this: GPU tensor cores need multiples of 8 for bf16/fp16
+    # and 4 for TF32 (benchmarks/RESULTS.md: an unaligned first layer ran on 3-4x slower
+    # kernels). 1 turns padding off.
+    align: int = Field(default=8, ge=1, le=128)
 
 
 class EarlyStopping(_Spec):
@@ -228,6 +233,9 @@ class TrainSpec(_Spec):
     weight_decay: float = Field(default=0.0, ge=0.0)
     embedding_l2: float = Field(default=0.0, ge=0.0, description="L2 on the embedding rows a batch uses")
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    # fp32 matrix products on CUDA GPUs (Ampere and later) run on the tensor cores in TF32
+    # (10-bit mantissa, fp32 range); false keeps them exact fp32. No effect on CPU.
+    tf32: bool = True
     grad_clip: float | None = Field(default=None, gt=0.0)
     warmup_steps: int = Field(default=0, ge=0)
     lr_decay: Literal["none", "cosine", "linear"] = "none"

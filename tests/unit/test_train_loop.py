@@ -168,6 +168,25 @@ def test_resume_continues_at_the_next_epoch_with_the_same_rng(tmp_path):
     assert resumed.reports[1][0]["val_auc"] == pytest.approx(first.reports[1][0]["val_auc"], abs=1e-6)
 
 
+def test_restored_optimizers_keep_this_devices_kernel_choice(tmp_path, monkeypatch):
+    """A checkpoint written with the fused AdamW (CUDA's choice) resumes with this device's choice."""
+    from rayload.train import loop
+
+    orig = loop.make_optimizers
+    monkeypatch.setattr(loop, "make_optimizers", lambda m, s, fused=None: orig(m, s, fused=True))
+    first = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "a"))
+    run(job(epochs=1), features(), first, {"train_rows": 1024, "manifest": {}})
+    assert torch.load(os.path.join(first.reports[-1][1], "train_state.pt"), weights_only=False)["optimizers"][0]["param_groups"][0]["fused"]
+    monkeypatch.setattr(loop, "make_optimizers", orig)
+    resumed = Trainer(job(epochs=2), features(), MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "b")), 4)
+    assert not resumed.optimizers[0].param_groups[0]["fused"]  # auto on CPU: not fused
+    resumed.restore(first.reports[-1][1])
+    assert not resumed.optimizers[0].param_groups[0]["fused"] and resumed.state.step == 4
+    before = [p.detach().clone() for p in resumed.model.parameters()]
+    resumed.step([collate(table(256, 2), Layout(("x",), ("c",), ("b",)))])
+    assert any(not torch.equal(a, b) for a, b in zip(before, resumed.model.parameters()))
+
+
 def test_a_run_restored_after_its_last_epoch_reports_its_result_again_and_trains_no_more(tmp_path):
     # A Tune driver killed after a trial's final epoch: the re-attached trial must still hand
     # the searcher its metric (Tune rejects a result without it), without training on.

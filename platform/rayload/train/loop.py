@@ -84,15 +84,19 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
     return session.prepare(model)
 
 
-def make_optimizers(model: nn.Module, spec: JobSpec) -> list[torch.optim.Optimizer]:
+def make_optimizers(model: nn.Module, spec: JobSpec, fused: bool | None = None) -> list[torch.optim.Optimizer]:
     """AdamW for dense weights; SparseAdam (or Adagrad) for embedding tables with sparse gradients
-    (make_model has checked that some dense weight is trainable)."""
+    (make_model has checked that some dense weight is trainable). On CUDA the dense AdamW is the
+    fused kernel (one launch for all weights instead of a few per weight group); `fused=None`
+    picks it by the weights' device."""
     t = spec.train
     sparse_ids = {id(p) for _, p in sparse_tables(model)}
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen parts get no optimizer state
     dense = [p for p in trainable if id(p) not in sparse_ids]
     sparse = [p for p in trainable if id(p) in sparse_ids]
-    opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay)]
+    if fused is None:
+        fused = bool(dense) and all(p.is_cuda for p in dense)
+    opts = [torch.optim.AdamW(dense, lr=t.lr, weight_decay=t.weight_decay, fused=fused or None)]
     if sparse:
         cls = torch.optim.SparseAdam if t.sparse_optimizer == "adam" else torch.optim.Adagrad
         opts.append(cls(sparse, lr=t.sparse_lr or t.lr))
@@ -119,6 +123,8 @@ class Trainer:
     def __init__(self, spec: JobSpec, features: FittedFeatures, session: Session, steps_per_epoch: int):
         self.spec, self.features, self.session = spec, features, session
         self.precision = resolve_precision(spec.train.precision, session.device)
+        if session.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.model = make_model(spec, features, session)
         self.optimizers = make_optimizers(self.model, spec)
         tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
@@ -230,7 +236,10 @@ class Trainer:
         weights = torch.load(f"{path}/{ckpt.MODEL}", weights_only=True, map_location="cpu")
         ckpt.unwrap(self.model).load_state_dict(weights)
         for opt, sd in zip(self.optimizers, raw["optimizers"]):
+            kernel = [{k: g.get(k) for k in ("fused", "foreach")} for g in opt.param_groups]
             opt.load_state_dict(sd)
+            for group, keep in zip(opt.param_groups, kernel):
+                group.update(keep)  # the kernel choice follows this device, not the one that saved it
         if raw["scheduler"] is not None:
             self.scheduler.load_state_dict(raw["scheduler"])
         if self.scaler and raw["scaler"] is not None:
