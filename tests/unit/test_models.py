@@ -41,3 +41,27 @@ def test_sparse_embeddings_give_sparse_gradients():
 def test_unknown_model_name_is_refused():
     with pytest.raises(ValueError, match="unknown model 'xgb'; registered: mlp, wide_deep, deepfm, dlrm"):
         build_model({"name": "xgb"}, SHAPES[0])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("shape", SHAPES, ids=["dense+ids+bag", "ids-only", "dense+bags"])
+def test_aligned_inputs_compute_what_the_unpadded_model_computes(name, shape):
+    """align pads every MLP input width to a multiple of 8 (tensor cores); the zero columns change
+    no output, and a model.json without `align` (written before it existed) rebuilds unpadded."""
+    cfg = ModelSpec(name=name, hidden=[16, 8], bottom=[8], embedding_dim=3, dropout=0.0).model_dump()
+    padded = build_model(cfg, shape).eval()
+    legacy = build_model({k: v for k, v in cfg.items() if k != "align"}, shape).eval()
+    firsts = [m for m in padded.modules() if isinstance(m, torch.nn.Sequential)]
+    assert firsts and all(seq[0].in_features % 8 == 0 for seq in firsts)
+    legacy_state = legacy.state_dict()
+    own = padded.state_dict()
+    for key, value in legacy_state.items():
+        if own[key].shape != value.shape:  # a padded first layer: the legacy weights in its leading columns
+            assert own[key].shape[1] > value.shape[1] and own[key].shape[1] % 8 == 0
+            own[key] = torch.zeros_like(own[key]).normal_()  # noise facing the zero columns must not matter
+            own[key][:, : value.shape[1]] = value
+        else:
+            own[key] = value
+    padded.load_state_dict(own)
+    args = inputs(shape)
+    assert torch.allclose(padded(*args), legacy(*args), atol=1e-6)

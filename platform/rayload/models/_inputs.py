@@ -52,6 +52,24 @@ class FieldEmbeddings(nn.Module):
         return out
 
 
+def aligned(width: int, align: int) -> int:
+    """`width` rounded up to a multiple of `align`."""
+    return -(-width // max(1, align)) * max(1, align)
+
+
+def cat_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Concatenate [B, *] blocks and zero-fill to `width` columns (the aligned input of an MLP).
+
+    GPU tensor-core matrix products want the inner dimension divisible by 8 (bf16/fp16) or 4
+    (TF32); at 1,677 columns cuBLAS falls back to older, 3-4x slower kernels (bench_gpu.py's
+    profile on an H200). The concatenation copies anyway, so the padding costs no extra pass;
+    the weights facing the zero columns get zero gradients and never change the output."""
+    have = sum(p.shape[1] for p in parts)
+    if width > have:
+        parts = [*parts, parts[0].new_zeros(parts[0].shape[0], width - have)]
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
 def mlp(sizes: list[int], dropout: float, batch_norm: bool, out: int | None = 1) -> nn.Sequential:
     """Linear-(BatchNorm)-ReLU-Dropout blocks, then an optional output layer."""
     layers: list[nn.Module] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._inputs import FieldEmbeddings, InputShape, mlp
+from ._inputs import FieldEmbeddings, InputShape, aligned, cat_padded, mlp
 
 
 class _Base(nn.Module):
@@ -13,9 +13,12 @@ class _Base(nn.Module):
         super().__init__()
         self.shape, self.cfg = shape, cfg
         self.embed = FieldEmbeddings(shape, cfg["embedding_dim"], cfg["sparse_embeddings"])
+        # Checkpoints whose model.json predates `align` were built unpadded: 1 rebuilds them as saved.
+        self.align = int(cfg.get("align", 1))
 
     def _deep(self, inputs: int) -> nn.Sequential:
-        return mlp([inputs, *self.cfg["hidden"]], self.cfg["dropout"], self.cfg["batch_norm"])
+        self.deep_in = aligned(inputs, self.align)
+        return mlp([self.deep_in, *self.cfg["hidden"]], self.cfg["dropout"], self.cfg["batch_norm"])
 
 
 class MLP(_Base):
@@ -27,7 +30,7 @@ class MLP(_Base):
 
     def forward(self, dense, sparse, bag_values, bag_offsets):
         emb = self.embed(sparse, bag_values, bag_offsets)
-        return self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(-1)
+        return self.deep(cat_padded([emb.flatten(1), dense], self.deep_in)).squeeze(-1)
 
 
 class _FirstOrder(nn.Module):
@@ -52,7 +55,7 @@ class WideDeep(_Base):
 
     def forward(self, dense, sparse, bag_values, bag_offsets):
         emb = self.embed(sparse, bag_values, bag_offsets)
-        deep = self.deep(torch.cat([emb.flatten(1), dense], dim=1)).squeeze(-1)
+        deep = self.deep(cat_padded([emb.flatten(1), dense], self.deep_in)).squeeze(-1)
         return self.wide(dense, sparse, bag_values, bag_offsets) + deep
 
 
@@ -70,7 +73,7 @@ class DeepFM(_Base):
         emb = self.embed(sparse, bag_values, bag_offsets)
         fields = torch.cat([emb, dense.unsqueeze(-1) * self.dense_vectors], dim=1)
         fm = 0.5 * (fields.sum(dim=1).pow(2) - fields.pow(2).sum(dim=1)).sum(dim=1)
-        deep = self.deep(fields.flatten(1)).squeeze(-1)
+        deep = self.deep(cat_padded([fields.flatten(1)], self.deep_in)).squeeze(-1)
         return self.first(dense, sparse, bag_values, bag_offsets) + fm + deep
 
 
@@ -80,7 +83,8 @@ class DLRM(_Base):
     def __init__(self, shape: InputShape, cfg: dict):
         super().__init__(shape, cfg)
         dim = cfg["embedding_dim"]
-        self.bottom = mlp([shape.dense, *cfg["bottom"], dim], 0.0, cfg["batch_norm"], out=None) if shape.dense else None
+        self.bottom_in = aligned(shape.dense, self.align)
+        self.bottom = mlp([self.bottom_in, *cfg["bottom"], dim], 0.0, cfg["batch_norm"], out=None) if shape.dense else None
         n = shape.fields + (1 if self.bottom is not None else 0)
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("pairs", torch.stack([rows, cols]), persistent=False)
@@ -89,9 +93,8 @@ class DLRM(_Base):
     def forward(self, dense, sparse, bag_values, bag_offsets):
         vectors = [self.embed(sparse, bag_values, bag_offsets)]
         if self.bottom is not None:
-            bottom = self.bottom(dense)
+            bottom = self.bottom(cat_padded([dense], self.bottom_in))
             vectors.insert(0, bottom.unsqueeze(1))
         z = torch.cat(vectors, dim=1)
         dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
-        top_in = torch.cat([bottom, dots], dim=1) if self.bottom is not None else dots
-        return self.top(top_in).squeeze(-1)
+        return self.top(cat_padded([bottom, dots] if self.bottom is not None else [dots], self.deep_in)).squeeze(-1)
