@@ -37,6 +37,50 @@ def test_fp16_with_grad_scaler_trains():
     assert trainer.scaler.get_scale() > 0
 
 
+def test_bf16_autocast_runs_the_linear_layers_in_bf16_and_trains():
+    from rayload.train.batch import Layout, collate
+
+    trainer, t = _trainer(precision="bf16")
+    dtypes = set()
+    hooks = [m.register_forward_hook(lambda mod, i, o: dtypes.add(o.dtype)) for m in trainer.model.modules()
+             if isinstance(m, torch.nn.Linear)]
+    layout = Layout(("x",), ("c",), ("b",))
+    losses = [trainer.step([collate(t.slice(i * 256, 256), layout)]) for i in range(16)]
+    for h in hooks:
+        h.remove()
+    assert dtypes == {torch.bfloat16}
+    assert losses[-1] < losses[0]
+    assert all(p.dtype == torch.float32 and p.is_cuda for p in trainer.model.parameters())  # master weights stay fp32
+
+
+def test_cuda_uses_tf32_and_the_fused_adamw_and_its_checkpoint_resumes_on_cpu(tmp_path):
+    import sys, os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
+    from test_train_loop import MemorySession, features, job, table  # noqa: E402
+
+    from rayload.train.loop import Trainer, run
+
+    class CudaSession(MemorySession):
+        device = torch.device("cuda")
+
+    trainer, _ = _trainer(precision="fp32", tf32=False)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    trainer, _ = _trainer(precision="fp32")
+    assert torch.backends.cuda.matmul.allow_tf32 and trainer.optimizers[0].param_groups[0]["fused"]
+    gpu = CudaSession(table(2048, 0), table(1024, 1), str(tmp_path / "gpu"))
+    run(job(epochs=1), features(), gpu, {"train_rows": 2048, "manifest": {}})
+    ckpt_dir = gpu.reports[-1][1]
+    cpu = MemorySession(table(2048, 0), table(1024, 1), str(tmp_path / "cpu"))
+    resumed = Trainer(job(epochs=2), features(), cpu, 8)
+    resumed.restore(ckpt_dir)
+    assert not resumed.optimizers[0].param_groups[0].get("fused")  # CPU keeps its own kernel choice
+    assert resumed.state.epoch == 0 and resumed.state.step == 8
+    saved = torch.load(os.path.join(ckpt_dir, "model.pt"), weights_only=True)
+    assert all(torch.equal(v, saved[k]) for k, v in resumed.model.state_dict().items())
+    resumed.step([next(iter(cpu.train_batches(1, 256)))])  # the restored CPU optimizer steps
+
+
 def test_nccl_worker_group(tmp_path):
     """One GPU worker through TorchTrainer: NCCL backend, model on cuda, checkpoint loads on CPU."""
     import ray
@@ -49,7 +93,7 @@ def test_nccl_worker_group(tmp_path):
     try:
         spec = JobSpec.model_validate({
             "name": "gpu", "data": {"source": {"kind": "synthetic-ctr", "rows": 50_000, "shard_rows": 25_000}},
-            "model": {"name": "dlrm", "hidden": [64]}, "train": {"epochs": 1, "storage_path": str(tmp_path)},
+            "model": {"name": "dlrm", "hidden": [64]}, "train": {"epochs": 2, "lr": 0.005, "storage_path": str(tmp_path)},
             "resources": {"workers": 1, "gpus_per_worker": 1},
         })
         res = fit(spec, address="auto")
