@@ -184,9 +184,6 @@ def main(argv=None) -> int:
                          "default: dense tables, as GPU workers train)")
     ap.add_argument("--profile", metavar="FILE", help="also profile 5 steps of each model and precision (torch.profiler) "
                     "and write the top operators by device time here")
-    ap.add_argument("--residency", action="store_true",
-                    help="also compare where the worker cache keeps batches: host memory (copied to the device every step) "
-                         "against device memory, on the shipped model at the shipped job's batch size (4096)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -248,22 +245,6 @@ def main(argv=None) -> int:
         trainers.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-
-    if args.residency:
-        size = 256 if args.quick else 4096
-        dev_batches = batches(32, size, args.cardinality, device, seed=1)
-        host_batches = [b.to(torch.device("cpu")) for b in dev_batches]
-        tr = trainer_for(MODELS["dlrm-shipped"], "bf16" if device.type == "cuda" else "fp32")
-        res = {"host": [], "device": []}
-        for r in range(args.rounds):
-            for side in (("host", "device") if r % 2 == 0 else ("device", "host")):
-                data = host_batches if side == "host" else dev_batches
-                timed_steps(tr, data, args.warmup, device)
-                res[side].append(args.steps * size / timed_steps(tr, data, args.steps, device))
-        results["residency"] = {"batch_size": size, "per_round": res, "samples_per_s": {k: statistics.median(v) for k, v in res.items()}}
-        med = results["residency"]["samples_per_s"]
-        print(f"worker-cache residency, dlrm-shipped, batch {size}: host {med['host']:,.0f} samples/s, device {med['device']:,.0f}: "
-              f"device / host = {med['device'] / med['host']:.2f}x")
 
     print()
     print("| model | params | MLP GFLOP/row-step | precision | samples/s (median) | MLP TFLOP/s | of measured peak | of datasheet peak |")

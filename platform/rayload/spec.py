@@ -255,8 +255,7 @@ class TrainSpec(_Spec):
     # when they fit in this many MiB: later epochs read nothing (no Ray Data execution, no
     # collation) and only reshuffle the order of the batches, seeded per rank and epoch. 0
     # streams every epoch from Ray Data; so does shuffle_buffer > 0, whose row-level shuffle
-    # needs the stream. A worker restarted after a failure streams its first epoch again. On
-    # GPU workers the kept batches live in GPU memory (no host-to-device copy per step).
+    # needs the stream. A worker restarted after a failure streams its first epoch again.
     worker_cache_mb: int = Field(default=1024, ge=0, description="per-worker in-memory batch cache after epoch 1 (0: stream every epoch)")
     # Transfer learning: start from this checkpoint's weights and fitted features (its IDs and
     # scales keep their meaning); `freeze` names the parts that stay fixed (feature extraction).

@@ -81,27 +81,6 @@ def test_cuda_uses_tf32_and_the_fused_adamw_and_its_checkpoint_resumes_on_cpu(tm
     resumed.step([next(iter(cpu.train_batches(1, 256)))])  # the restored CPU optimizer steps
 
 
-def test_the_worker_cache_of_a_gpu_worker_keeps_its_batches_on_the_gpu():
-    from rayload.train.batch import Layout, collate
-    from rayload.train.session import Session
-    import sys, os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
-    from test_train_loop import table  # noqa: E402
-
-    class Cuda(Session):
-        device = torch.device("cuda")
-
-    layout = Layout(("x",), ("c",), ("b",))
-    t = table(1024, 0)
-    session = Cuda({"layout": layout, "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 0})
-    first = list(session._keeping((collate(t.slice(i, 256), layout) for i in range(0, 1024, 256)), 256, 2**30))
-    assert all(b.dense.is_cuda and b.label.is_cuda for b in first)
-    again = list(session.train_batches(1, 256))
-    assert len(again) == 4 and all(b.sparse.is_cuda for b in again)
-    assert sorted(float(b.dense.sum()) for b in again) == sorted(float(b.dense.sum()) for b in first)
-
-
 def test_nccl_worker_group(tmp_path):
     """One GPU worker through TorchTrainer: NCCL backend, model on cuda, checkpoint loads on CPU."""
     import ray

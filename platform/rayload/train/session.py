@@ -75,15 +75,10 @@ class Session:
         """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
         an epoch read to the end and kept whole becomes the cache."""
         kept, size = [], 0
-        on_gpu = self.device.type == "cuda"
         for batch in stream:
             if kept is not None:
                 size += batch.nbytes()
                 if size <= budget:
-                    if on_gpu:
-                        # Kept in GPU memory: later epochs copy nothing from the host (the step's
-                        # own .to(device) is then a no-op), and this epoch's step uses the same copy.
-                        batch = batch.to(self.device)
                     kept.append(batch)
                 else:
                     kept = None
