@@ -20,11 +20,13 @@ and the fraction is also given against the datasheet's dense peak when the devic
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "platform"))
@@ -87,16 +89,20 @@ def batches(n: int, size: int, cardinality: int, device: torch.device, seed: int
     return out
 
 
-def spec(model: dict, precision: str, batch_size: int, sparse: bool) -> JobSpec:
-    """The shipped job's training settings (jobs/synthetic_dlrm.yaml: lr, warmup, decay, no clipping)
-    with this run's model, batch size and precision."""
+@functools.cache
+def shipped_train() -> dict:
+    """The shipped job's training settings (jobs/synthetic_dlrm.yaml: lr, warmup, decay, no clipping)."""
     import yaml
 
     with open(os.path.join(ROOT, "jobs", "synthetic_dlrm.yaml")) as f:
-        train = {k: v for k, v in yaml.safe_load(f)["train"].items() if k in ("lr", "warmup_steps", "lr_decay", "grad_clip")}
+        return {k: v for k, v in yaml.safe_load(f)["train"].items() if k in ("lr", "warmup_steps", "lr_decay", "grad_clip")}
+
+
+def spec(model: dict, precision: str, batch_size: int, sparse: bool) -> JobSpec:
+    """The shipped job's training settings with this run's model, batch size and precision."""
     return JobSpec.model_validate({
         "name": "bench-gpu", "data": {"source": {"kind": "synthetic-ctr"}}, "model": {**model, "sparse_embeddings": sparse},
-        "train": {**train, "batch_size": batch_size, "precision": "fp32" if precision in ("tf32", "fp32") else precision,
+        "train": {**shipped_train(), "batch_size": batch_size, "precision": "fp32" if precision in ("tf32", "fp32") else precision,
                   "tf32": precision == "tf32"},
     })
 
@@ -191,17 +197,14 @@ def main(argv=None) -> int:
         args.batch_size, args.cardinality, args.steps, args.warmup, args.rounds = 256, 1000, 3, 1, 1
     device = torch.device(args.device)
     precisions = args.precisions.split(",")
-    orig_optimizers = loop.make_optimizers
-
     def trainer_for(model: dict, side: str) -> loop.Trainer:
+        """The loop's Trainer for one side; a named AdamW kernel is passed to the loop's own
+        make_optimizers for this construction only."""
         precision, _, kernel = side.partition(":")
         fused = {"": None, "fused": True, "foreach": False}[kernel]
-        loop.make_optimizers = lambda m, s, fused_=None: orig_optimizers(m, s, fused=fused)
-        try:
+        with mock.patch.object(loop, "make_optimizers", functools.partial(loop.make_optimizers, fused=fused)):
             return loop.Trainer(spec(model, precision, args.batch_size, args.sparse_embeddings), features(args.cardinality),
                                 DeviceSession(device), 10_000)
-        finally:
-            loop.make_optimizers = orig_optimizers
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name}; torch {torch.__version__}; batch {args.batch_size}; {args.steps} steps x {args.rounds} rounds; "
@@ -216,9 +219,7 @@ def main(argv=None) -> int:
     data = batches(8, args.batch_size, args.cardinality, device)
     results = {"device": name, "torch": torch.__version__, "batch_size": args.batch_size, "peaks": peaks, "models": {}}
     for model_name in args.models.split(","):
-        trainers, flops = {}, None
-        for p in precisions:
-            trainers[p] = trainer_for(MODELS[model_name], p)
+        trainers = {p: trainer_for(MODELS[model_name], p) for p in precisions}
         params = sum(p.numel() for p in next(iter(trainers.values())).model.parameters())
         rates = {p: [] for p in precisions}
         for r in range(args.rounds):
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
                 seconds = timed_steps(tr, data, args.steps, device)
                 rates[p].append(args.steps * args.batch_size / seconds)
         if args.profile:
-            profile(trainers, data, device, f"{model_name}", args.profile)
+            profile(trainers, data, device, model_name, args.profile)
         flops = linear_flops(trainers[precisions[0]].model, data[0], trainers[precisions[0]]) / args.batch_size
         row = {"params": params, "mlp_flop_per_row": flops, "samples_per_s": {p: statistics.median(v) for p, v in rates.items()},
                "per_round": rates}

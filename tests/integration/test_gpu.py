@@ -1,21 +1,25 @@
 """GPU paths: skipped without CUDA (tests/conftest.py), run when a GPU is lent."""
 
+import os
+import sys
+
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
 
+# The in-process helpers of the loop's unit tests (an in-memory session, a tiny spec and table).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
+from test_train_loop import MemorySession, features, job, table  # noqa: E402
+
+
+class CudaSession(MemorySession):
+    device = torch.device("cuda")
+
+
 def _trainer(**train):
-    import sys, os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
-    from test_train_loop import MemorySession, features, job, table  # noqa: E402
-
     from rayload.train.loop import Trainer
-
-    class CudaSession(MemorySession):
-        device = torch.device("cuda")
 
     t = table(4096, 0)
     return Trainer(job(**train), features(), CudaSession(t, t, "."), 16), t
@@ -54,15 +58,7 @@ def test_bf16_autocast_runs_the_linear_layers_in_bf16_and_trains():
 
 
 def test_cuda_uses_tf32_and_the_fused_adamw_and_its_checkpoint_resumes_on_cpu(tmp_path):
-    import sys, os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
-    from test_train_loop import MemorySession, features, job, table  # noqa: E402
-
     from rayload.train.loop import Trainer, run
-
-    class CudaSession(MemorySession):
-        device = torch.device("cuda")
 
     trainer, _ = _trainer(precision="fp32", tf32=False)
     assert not torch.backends.cuda.matmul.allow_tf32

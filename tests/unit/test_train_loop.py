@@ -176,7 +176,7 @@ def test_restored_optimizers_keep_this_devices_kernel_choice(tmp_path, monkeypat
     monkeypatch.setattr(loop, "make_optimizers", lambda m, s, fused=None: orig(m, s, fused=True))
     first = MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "a"))
     run(job(epochs=1), features(), first, {"train_rows": 1024, "manifest": {}})
-    assert torch.load(os.path.join(first.reports[-1][1], "train_state.pt"), weights_only=False)["optimizers"][0]["param_groups"][0]["fused"]
+    assert ckpt.load_train_state(first.reports[-1][1])["optimizers"][0]["param_groups"][0]["fused"]
     monkeypatch.setattr(loop, "make_optimizers", orig)
     resumed = Trainer(job(epochs=2), features(), MemorySession(table(1024, 0), table(512, 1), str(tmp_path / "b")), 4)
     assert not resumed.optimizers[0].param_groups[0]["fused"]  # auto on CPU: not fused

@@ -62,8 +62,9 @@ def cat_padded(parts: list[torch.Tensor], width: int) -> torch.Tensor:
 
     GPU tensor-core matrix products want the inner dimension divisible by 8 (bf16/fp16) or 4
     (TF32); at 1,677 columns cuBLAS falls back to older, 3-4x slower kernels (bench_gpu.py's
-    profile on an H200). The concatenation copies anyway, so the padding costs no extra pass;
-    the weights facing the zero columns get zero gradients and never change the output."""
+    profile on an H200). Where several blocks are concatenated the copy happens anyway and the
+    padding adds no pass; a single block is copied only when it needs padding. The weights
+    facing the zero columns get zero gradients and never change the output."""
     have = sum(p.shape[1] for p in parts)
     if width > have:
         parts = [*parts, parts[0].new_zeros(parts[0].shape[0], width - have)]
