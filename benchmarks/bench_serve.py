@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_serve.py [--seconds 8] [--rounds 2] [--clients 32] [--ingress proxy|direct]
         [--client httpx|aiohttp]
 
-Sides, all serving the same small DeepFM checkpoint (trained here on 6,000 MovieLens
-ratings, one epoch) to the same closed-loop load (N async HTTP clients in a separate process,
+Sides serve a small DeepFM (trained here on 6,000 MovieLens ratings, one epoch; the A/B sides
+split traffic 50/50 between it and a second one trained with another model seed on the same
+prepared data) to the same closed-loop load (N async HTTP clients in a separate process,
 each sending one request after another; rows drawn from the data):
 
 - plain:      a uvicorn + FastAPI app in its own process calling the same Scorer (no Ray);
@@ -40,7 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PLAIN_PORT, SERVE_PORT = 8311, 8312
 
 
-def train_checkpoint(folder: str) -> tuple[str, list[dict]]:
+def train_checkpoint(folder: str) -> tuple[str, str, list[dict]]:
+    """The champion and a challenger: the same small DeepFM trained with two model seeds on the
+    same prepared data (so they share features.json, as a baseline and its tuned rival do)."""
     import pyarrow.parquet as pq
 
     from rayload.data.builtin import materialize
@@ -57,7 +60,8 @@ def train_checkpoint(folder: str) -> tuple[str, list[dict]]:
                                         "label": {"column": "rating", "threshold": 4.0}},
         "model": {"name": "deepfm", "embedding_dim": 8, "hidden": [64, 32]}, "train": {"epochs": 1, "batch_size": 256}})
     rows = [{k: r[k] for k in ("userId", "movieId", "genres", "year")} for r in table.slice(0, 500).to_pylist()]
-    return fit(job, evaluate_test=False).checkpoint, rows
+    challenger = job.model_copy(update={"train": job.train.model_copy(update={"seed": 1})})
+    return fit(job, evaluate_test=False).checkpoint, fit(challenger, evaluate_test=False).checkpoint, rows
 
 
 PLAIN_APP = """
@@ -108,12 +112,12 @@ def deploy_single(checkpoint: str, ingress: str) -> str:
     return ingress_urls(serving, "single")[0] + "/predict"
 
 
-def deploy_ab(checkpoint: str, folder: str, name: str, batch: int, ingress: str, flush_ms: float | None = None) -> str:
+def deploy_ab(checkpoint: str, challenger: str, folder: str, name: str, batch: int, ingress: str, flush_ms: float | None = None) -> str:
     from rayload.ab_spec import ab_from_dict
     from rayload.serve import control
 
     spec = ab_from_dict({"name": name, "arms": [{"name": "a", "weight": 0.5, "checkpoint": checkpoint},
-                                                {"name": "b", "weight": 0.5, "checkpoint": checkpoint}],
+                                                {"name": "b", "weight": 0.5, "checkpoint": challenger}],
                          "serving": {"port": SERVE_PORT, "route_prefix": f"/{name}", "max_batch_size": batch, "mode": "combined",
                                      "ingress": ingress},
                          "events": {"url": f"sqlite:///{os.path.join(folder, name + '.db')}",
@@ -205,7 +209,7 @@ def main() -> None:
     from rayload.serve.ingress import direct_ingress_env
 
     ensure_ray(env=direct_ingress_env() if args.ingress == "direct" else None)
-    checkpoint, rows = train_checkpoint(folder)
+    checkpoint, challenger, rows = train_checkpoint(folder)
     rows_file = os.path.join(folder, "rows.json")
     with open(rows_file, "w") as f:
         json.dump(rows, f)
@@ -214,8 +218,8 @@ def main() -> None:
 
     serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
     urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": deploy_single(checkpoint, args.ingress),
-            "ab": deploy_ab(checkpoint, folder, "ab", 32, args.ingress, args.flush_ms),
-            "ab_unbatched": deploy_ab(checkpoint, folder, "ab_unbatched", 1, args.ingress, args.flush_ms)}
+            "ab": deploy_ab(checkpoint, challenger, folder, "ab", 32, args.ingress, args.flush_ms),
+            "ab_unbatched": deploy_ab(checkpoint, challenger, folder, "ab_unbatched", 1, args.ingress, args.flush_ms)}
     print(f"{args.ingress} ingress: {json.dumps(urls)}", flush=True)
     time.sleep(3)
     results: dict[str, list[dict]] = {k: [] for k in urls}

@@ -67,6 +67,11 @@ class Events(_Spec):
                              "0: commit at once (what arrives during a commit still shares the next)")
     max_batch: int = Field(default=512, ge=1)
     log_features: bool = Field(default=True, description="keep each exposure's raw features: `rayload retrain` learns from them")
+    sync: Literal["normal", "full"] = Field(
+        default="normal", description="SQLite: normal = an answer waits for the commit into the WAL (safe against a killed "
+        "replica) and the WAL is fsynced within fsync_s; full = an fsync per commit (serve/events.py)")
+    fsync_s: float = Field(default=1.0, gt=0, description="SQLite with sync normal: the longest a commit waits for its fsync "
+                           "(bounds what a machine crash can lose)")
 
     @field_validator("url")
     @classmethod

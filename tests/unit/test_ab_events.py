@@ -112,17 +112,22 @@ from rayload.serve.events import EventWriter
 w = EventWriter(sys.argv[1], flush_ms=2, max_batch=32)
 i = 0
 while True:
-    rid = f"k{i}"
-    w.submit("exposure", {"request_id": rid, "experiment": "e", "unit_id": "u", "arm": "a", "model_version": "v",
-                          "score": 0.1, "status": "ok", "latency_ms": 1.0, "layout": "{}", "ts": time.time()}).result()
-    print(rid, flush=True)  # acknowledged: only now may a client be told 2xx
-    i += 1
+    rows = [{"request_id": f"k{i + j}", "experiment": "e", "unit_id": "u", "arm": "a", "model_version": "v",
+             "score": 0.1, "status": "ok", "latency_ms": 1.0, "layout": "{}", "ts": time.time()} for j in range(4)]
+    if sys.argv[2] == "thread":  # the writer thread's group commit, one event at a time
+        for row in rows:
+            w.submit("exposure", row).result()
+    else:  # a batch's exposures committed in this thread, as the combined-mode router does
+        w.write_now([("exposure", row) for row in rows])
+    print(*(row["request_id"] for row in rows), sep="\\n", flush=True)  # acknowledged: only now may a client be told 2xx
+    i += 4
 """
 
 
-def test_sigkill_loses_no_acknowledged_event(url, tmp_path):
+@pytest.mark.parametrize("path", ["thread", "inline"])
+def test_sigkill_loses_no_acknowledged_event(url, tmp_path, path):
     EventReader(url).close()  # schema first, so the writer starts at once
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, url, path], stdout=subprocess.PIPE, text=True)
     acked = []
     deadline = time.monotonic() + 60
     while len(acked) < 300 and time.monotonic() < deadline:
@@ -137,6 +142,48 @@ def test_sigkill_loses_no_acknowledged_event(url, tmp_path):
     reader.close()
     assert len(acked) >= 300
     assert set(acked) <= stored
+
+
+def test_write_now_commits_at_once_and_the_wal_reaches_the_database_file_within_fsync_s(tmp_path):
+    """sync=normal: a commit is in the WAL when write_now returns (a reader sees it; a killed
+    process keeps it, above), and the writer thread checkpoints it into the database file, which
+    fsyncs the WAL first, within fsync_s. sync=full fsyncs each commit instead."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "events.db"
+    writer = EventWriter(f"sqlite:///{db}", fsync_s=1.0)
+    with writer.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+
+    def rows_in_database_file() -> int:  # the main file alone, as if the WAL were lost
+        copy = tmp_path / "copy.db"
+        shutil.copyfile(db, copy)
+        conn = sqlite3.connect(copy)
+        try:
+            return conn.execute("SELECT count(*) FROM ab_exposures").fetchone()[0]
+        except sqlite3.OperationalError:  # no such table: the schema, too, is still only in the WAL
+            return 0
+        finally:
+            conn.close()
+
+    writer.write_now([("exposure", exposure(i)) for i in range(20)])
+    reader = EventReader(f"sqlite:///{db}")
+    assert reader.counts()["exposure"] == 20
+    assert rows_in_database_file() == 0  # committed into the WAL; not yet checkpointed
+    deadline = time.monotonic() + 10
+    while rows_in_database_file() < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rows_in_database_file() == 20
+    writer.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.write_now([("exposure", exposure(99))])
+    full = EventWriter(f"sqlite:///{tmp_path / 'full.db'}", sync="full")
+    with full.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    assert full.fsync_s is None  # nothing left to fsync later
+    full.close()
+    reader.close()
 
 
 OPENER = """

@@ -22,6 +22,7 @@ class Scorer:
     binary: bool
     params: int
     drift: object = None  # serve.drift.DriftCounter of the rows this model scored, when monitoring is on
+    transform_key: str = ""  # sha256 of features.json: models with equal keys transform rows identically
 
     @classmethod
     def load(cls, arm: str, checkpoint: str, drift: bool = False) -> "Scorer":
@@ -39,7 +40,8 @@ class Scorer:
 
             counter = DriftCounter(loaded.features)
         return cls(arm, checkpoint, model_version(checkpoint), loaded.model, loaded.features,
-                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params, counter)
+                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params, counter,
+                   hashlib.sha256(loaded.features.to_json().encode()).hexdigest())
 
     @property
     def feature_names(self) -> set[str]:
@@ -47,11 +49,15 @@ class Scorer:
 
     def score(self, rows: list[dict]) -> np.ndarray:
         """Scores (probabilities for binary tasks) for raw feature dicts; DataError names a bad row."""
+        return self.score_table(self.features.transform_rows(rows), rows)
+
+    def score_table(self, table, rows: list[dict]) -> np.ndarray:
+        """Scores for rows already transformed by `features.transform_rows` (this model's or one
+        with the same `transform_key`); `rows` are the raw dicts, for the drift counts."""
         import torch
 
         from ..train.batch import collate
 
-        table = self.features.transform_rows(rows)
         if self.drift is not None:  # rows that passed the transform are the traffic this model saw
             self.drift.observe(rows)
         batch = collate(table, self.layout)

@@ -1,0 +1,116 @@
+"""The A/B router's batch path without Ray: arms that share a features.json share one
+transform of a mixed batch and score exactly what each model scores alone; a bad request in a
+mixed batch is isolated; request IDs are unique, unguessable and time-ordered."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import frame, job
+from rayload.data.pipeline import preprocess
+from rayload.errors import DataError
+from rayload.features import FittedFeatures
+from rayload.models import InputShape, build_model
+from rayload.serve.app import RequestIds, score_grouped
+from rayload.serve.scorer import Scorer
+from rayload.spec import ModelSpec
+from rayload.train import checkpoint as ckpt
+
+
+def _checkpoint(path, features, seed: int) -> str:
+    torch.manual_seed(seed)
+    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [8]}).model_dump()
+    model = build_model(config, InputShape.from_features(features))
+    ckpt.save(str(path), model, features, config, {"state": ckpt.TrainState(), "optimizers": []}, {})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def arms(tmp_path_factory):
+    """Two models on the same prepared data (one features.json) and one on other data."""
+    tmp = tmp_path_factory.mktemp("serve-batch")
+    out = {}
+    for name, data_seed in (("shared", 4), ("other", 5)):
+        src = tmp / f"{name}.parquet"
+        frame(600, seed=data_seed).to_parquet(src)
+        out[name] = preprocess(job(str(src)), out=str(tmp / f"prep-{name}"), engine="local").features
+    rows = frame(60, seed=9).drop(columns=["y"]).to_dict("records")
+    scorers = {"a": Scorer.load("a", _checkpoint(tmp / "a", out["shared"], 0)),
+               "b": Scorer.load("b", _checkpoint(tmp / "b", out["shared"], 1)),
+               "c": Scorer.load("c", _checkpoint(tmp / "c", out["other"], 2))}
+    return scorers, rows
+
+
+def test_arms_with_one_features_json_share_one_transform_and_score_as_alone(arms, monkeypatch):
+    scorers, rows = arms
+    assert scorers["a"].transform_key == scorers["b"].transform_key != scorers["c"].transform_key
+    items = [("a", rows[0:3]), ("b", rows[3:4]), ("c", rows[4:6]), ("a", rows[6:7]), ("b", rows[7:12]), ("c", rows[12:13])]
+    alone = [scorers[arm].score(r) for arm, r in items]
+    calls = []
+    real = FittedFeatures.transform_rows
+    monkeypatch.setattr(FittedFeatures, "transform_rows", lambda self, r: (calls.append(len(r)), real(self, r))[1])
+    out = score_grouped(scorers, items)
+    assert sorted(calls) == [3, 10]  # one transform for arms a and b together (10 rows), one for c
+    for (arm, _), got, want in zip(items, out, alone):
+        scores, version = got
+        assert version == scorers[arm].version
+        np.testing.assert_allclose(scores, want, atol=1e-6)
+    # The two models differ, so sharing the transform did not share the scores.
+    assert not np.allclose(scorers["a"].score(rows[:5]), scorers["b"].score(rows[:5]))
+
+
+def test_a_bad_request_in_a_mixed_batch_gets_its_own_error(arms):
+    scorers, rows = arms
+    bad = {**rows[1], "price": "cheap"}
+    items = [("a", rows[0:1]), ("b", [bad]), ("a", rows[2:4]), ("b", rows[4:5])]
+    out = score_grouped(scorers, items)
+    assert isinstance(out[1], DataError) and "price" in str(out[1])
+    for i in (0, 2, 3):
+        arm, r = items[i]
+        np.testing.assert_allclose(out[i][0], scorers[arm].score(r), atol=1e-6)
+
+
+def test_request_ids_are_unique_hex_and_time_ordered():
+    ids = RequestIds()
+    before = time.time_ns() // 1_000_000
+    drawn = [ids.next() for _ in range(3 * RequestIds.BLOCK + 7)]  # across several random blocks
+    after = time.time_ns() // 1_000_000
+    assert len(set(drawn)) == len(drawn)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in drawn)
+    stamps = [int(i[:12], 16) for i in drawn]
+    assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
+    assert len({i[12:] for i in drawn}) == len(drawn)  # the random parts differ too
+
+
+def test_a_batch_whose_exposures_cannot_be_committed_answers_none_of_them_as_logged(arms, tmp_path):
+    """The combined-mode router commits a batch's exposures before any caller resumes; when
+    the commit fails, every request whose exposure it held gets EventStoreError (answered 503),
+    a request that failed on its own keeps its own error, and a commit that works stores one
+    exposure per request with the score that was answered."""
+    from rayload.serve.app import ABRouter, EventStoreError
+    from rayload.serve.events import EventReader, EventWriter
+
+    scorers, rows = arms
+    router = object.__new__(ABRouter.func_or_class)
+    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", [{**rows[2], "price": "cheap"}], ("r2", "u2", 0.0)),
+             ("b", rows[3:4], ("r3", "u3", time.perf_counter()))]
+    results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
+
+    class Broken:
+        def write_now(self, events):
+            raise OSError("disk full")
+
+    router.writer = Broken()
+    failed = router._log_batch(items, list(results))
+    assert isinstance(failed[0], EventStoreError) and isinstance(failed[2], EventStoreError) and "disk full" in str(failed[0])
+    assert isinstance(failed[1], DataError)
+
+    router.writer = EventWriter(f"sqlite:///{tmp_path / 'events.db'}")
+    assert router._log_batch(items, results) is results
+    router.writer.close()
+    frame = EventReader(f"sqlite:///{tmp_path / 'events.db'}").frame("e").set_index("request_id")
+    assert sorted(frame.index) == ["r1", "r3"]  # the bad request (422) is not an exposure
+    assert frame.loc["r1", "score"] == max(results[0][0]) and frame.loc["r3", "arm"] == "b"
