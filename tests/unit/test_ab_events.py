@@ -152,7 +152,7 @@ def test_write_now_commits_at_once_and_the_wal_reaches_the_database_file_within_
     import sqlite3
 
     db = tmp_path / "events.db"
-    writer = EventWriter(f"sqlite:///{db}", fsync_s=1.0)
+    writer = EventWriter(f"sqlite:///{db}", fsync_s=3.0)  # long enough that the first look comes before it
     with writer.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
 
@@ -171,7 +171,7 @@ def test_write_now_commits_at_once_and_the_wal_reaches_the_database_file_within_
     reader = EventReader(f"sqlite:///{db}")
     assert reader.counts()["exposure"] == 20
     assert rows_in_database_file() == 0  # committed into the WAL; not yet checkpointed
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while rows_in_database_file() < 20 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rows_in_database_file() == 20
