@@ -240,6 +240,12 @@ def main() -> None:
           f"added p99 {med['single']['p99'] - med['plain']['p99']:+.2f} ms, throughput ratio {med['single']['rps'] / med['plain']['rps']:.2f}")
     print(f"A/B path / single deployment: p99 {med['ab']['p99'] / med['single']['p99']:.2f}x (target <= 1.1), "
           f"throughput {med['ab']['rps'] / med['single']['rps']:.2f}x (target >= 0.9)")
+    # The same ratio paired within each round (the sides of one round run back to back, so the
+    # machine's drift between rounds cancels): per round and the median over rounds.
+    paired = [(a["rps"] / b["rps"], a["p99"] / b["p99"]) for a, b in zip(results["ab"], results["single"])]
+    print(f"A/B path / single deployment, paired per round: throughput {', '.join(f'{t:.2f}' for t, _ in paired)} "
+          f"(median {statistics.median(t for t, _ in paired):.2f}x), p99 {', '.join(f'{p:.2f}' for _, p in paired)} "
+          f"(median {statistics.median(p for _, p in paired):.2f}x)")
     print(f"dynamic batching / unbatched (A/B router): throughput {med['ab']['rps'] / med['ab_unbatched']['rps']:.2f}x (target >= 3)")
     for w, share in split_accuracy():
         print(f"split accuracy at 10,000 units: configured {w:.2f}, observed {share:.4f}, |diff| {abs(share - w) * 100:.2f} points (target <= 1)")
