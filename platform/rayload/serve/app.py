@@ -379,7 +379,7 @@ class ABRouter:
         events = [(kind, self._exposure_row(request_id, unit, arm, version, score, status, latency, now, features))]
         events += [("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s, "score": max(scores), "ts": now})
                    for shadow_arm, (scores, version_s) in shadows]
-        # The answer waits for the commit: a 2xx means the event is on disk.
+        # The answer waits for the commit: a 2xx means the event is committed (serve/events.py).
         await self.writer.write(*events)
 
     @api.post("/feedback")

@@ -295,8 +295,10 @@ class EventWriter:
                 return
 
     def _checkpoint(self) -> None:
-        """Make every commit so far durable on disk: SQLite fsyncs the WAL before a checkpoint
-        copies it into the database (PASSIVE: readers and writers are not waited for)."""
+        """Make every commit so far durable on disk: a PASSIVE checkpoint (readers and writers
+        are not waited for) copies what it can of the WAL into the database, and the WAL and
+        database files are then fsynced explicitly, since a checkpoint that a reader's snapshot
+        holds back may have nothing to copy and then syncs nothing."""
         if self._unsynced_since is None:
             return
         self._unsynced_since = None  # a commit from here on starts the next window
@@ -306,7 +308,17 @@ class EventWriter:
                 conn.cursor().execute("PRAGMA wal_checkpoint(PASSIVE)")
             finally:
                 conn.close()
-        except Exception:  # a later checkpoint (SQLite's own every 1000 pages, or ours) retries
+            database = self.engine.url.database
+            for path in (f"{database}-wal", database):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:  # no WAL: every commit is already in the database file
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except Exception:  # the next commit starts a new window, whose checkpoint covers this one's commits too
             log.exception("event store checkpoint failed")
 
     def _commit(self, batch: list) -> None:
