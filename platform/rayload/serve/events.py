@@ -4,10 +4,10 @@ Guarantee: a 2xx answer from the router means its event is committed to the data
 the answer leaves. With SQLite (WAL mode) the default `events.sync: normal` commits without an
 fsync per commit: a committed transaction is in the WAL file, in the operating system's
 buffers, so a replica killed with SIGKILL (or a crashed interpreter) loses no acknowledged
-event, and the writer thread checkpoints the WAL (which fsyncs it) within `events.fsync_s` of a
-commit (default 1 s), so a machine crash or power cut loses at most that much acknowledged
-traffic. `events.sync: full` fsyncs every commit instead (synchronous=FULL). PostgreSQL commits
-as the server is configured. A request in flight when its replica dies got no answer and may
+event; within `events.fsync_s` of a commit (default 1 s) the writer thread fsyncs the WAL (a
+synchronous=FULL commit of one row, then a checkpoint), so a machine crash or power cut loses
+at most that much acknowledged traffic. `events.sync: full` fsyncs every commit instead
+(synchronous=FULL). PostgreSQL commits as the server is configured. A request in flight when its replica dies got no answer and may
 or may not be recorded.
 
 Two write paths share that guarantee. In combined mode the router commits a batch's exposures
