@@ -190,6 +190,62 @@ def test_write_now_commits_at_once_and_the_wal_reaches_the_database_file_within_
     reader.close()
 
 
+def test_the_wal_sync_runs_under_steady_traffic_and_a_failed_sync_is_retried(tmp_path):
+    """The writer thread's sync comes due even while events keep it busy (its wake-up flag is
+    set again before every wait), and a sync that fails leaves no pooled connection at
+    synchronous=FULL and is retried, not forgotten."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    writer = EventWriter(url, flush_ms=1, fsync_s=0.3)
+
+    def synced_at():
+        with writer.engine.connect() as conn:
+            value = conn.exec_driver_sql("SELECT value FROM ab_meta WHERE key = 'synced_at'").scalar()
+        return None if value is None else float(value)
+
+    stop = threading.Event()
+
+    def steady():  # outcomes arriving faster than the 1 ms flush window, for as long as the test runs
+        i, pending = 0, []
+        while not stop.is_set():
+            pending.append(writer.submit("outcome", {"request_id": f"r{i}", "event": "click", "value": 1.0, "ts": time.time()}))
+            i += 1
+            time.sleep(0.0002)
+        for f in pending:
+            f.result(timeout=30)
+
+    feeder = threading.Thread(target=steady)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 15
+        while synced_at() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert synced_at() is not None
+    finally:
+        stop.set()
+        feeder.join()
+
+    with writer.engine.begin() as conn:  # the next sync's INSERT fails
+        conn.exec_driver_sql("ALTER TABLE ab_meta RENAME TO ab_meta_away")
+    writer.write_now([("exposure", exposure(1))])
+    time.sleep(1.0)  # at least one failed attempt (fsync_s 0.3)
+    assert writer._unsynced_since is not None  # re-armed after the failure
+    conns = [writer.engine.raw_connection() for _ in range(3)]  # every pooled connection is back at NORMAL
+    try:
+        assert [c.cursor().execute("PRAGMA synchronous").fetchone()[0] for c in conns] == [1, 1, 1]
+    finally:
+        for c in conns:
+            c.close()
+    with writer.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE ab_meta_away RENAME TO ab_meta")
+    deadline = time.monotonic() + 10
+    while writer._unsynced_since is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer._unsynced_since is None and synced_at() is not None
+    writer.close()
+
+
 OPENER = """
 import sys, time
 from rayload.serve.events import EventWriter

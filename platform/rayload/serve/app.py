@@ -124,7 +124,7 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
         by_arm.setdefault(arm, []).append(i)
     groups: dict[str, list[str]] = {}
     for arm in by_arm:
-        groups.setdefault(scorers[arm].transform_key, []).append(arm)
+        groups.setdefault(scorers[arm].transform_key or id(scorers[arm]), []).append(arm)  # no key: its own group
     for arms in groups.values():
         rows = {arm: [r for i in by_arm[arm] for r in items[i][1]] for arm in arms}
         try:

@@ -282,17 +282,20 @@ class EventWriter:
             timeout = None
             if self._unsynced_since is not None:
                 timeout = max(0.0, self._unsynced_since + self.fsync_s - time.monotonic())
-            if not self._wake.wait(timeout):
-                self._checkpoint()
-                continue
-            self._wake.clear()  # an event added after this sets it again; one added before is drained below
-            if not self._closed:
-                time.sleep(self.flush_s)  # what arrives within the window shares the commit
-            while self._items:
-                self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
+            if self._wake.wait(timeout):
+                self._wake.clear()  # an event added after this sets it again; one added before is drained below
+                if not self._closed:
+                    time.sleep(self.flush_s)  # what arrives within the window shares the commit
+                while self._items:
+                    self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
             if self._closed:
                 self._checkpoint()
                 return
+            # Checked after every drain too: under steady traffic through this thread the flag is
+            # set again before each wait, and a sync run only on a timed-out wait would never come.
+            since = self._unsynced_since
+            if since is not None and time.monotonic() >= since + self.fsync_s:
+                self._checkpoint()
 
     def _checkpoint(self) -> None:
         """Make every commit so far durable on disk, through SQLite alone: on one connection
@@ -313,12 +316,20 @@ class EventWriter:
                     cursor.execute("INSERT OR REPLACE INTO ab_meta (key, value) VALUES ('synced_at', ?)", (repr(time.time()),))
                     conn.commit()
                     cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except BaseException:
+                    conn.rollback()  # out of the transaction, or the PRAGMA below could not be changed
+                    raise
                 finally:
-                    cursor.execute("PRAGMA synchronous=NORMAL")  # the pooled connection goes back as it came
+                    try:
+                        cursor.execute("PRAGMA synchronous=NORMAL")
+                    except Exception:  # never hand a connection that fsyncs every commit back to the pool
+                        conn.invalidate()
             finally:
                 conn.close()
-        except Exception:  # the next commit starts a new window, whose sync covers this one's commits too
-            log.exception("event store sync failed")
+        except Exception:
+            log.exception("event store sync failed; retrying in %.1f s", self.fsync_s)
+            if self._unsynced_since is None:
+                self._unsynced_since = time.monotonic()  # the failed window is retried, not forgotten
 
     def _commit(self, batch: list) -> None:
         by_kind: dict[str, list] = {}
@@ -372,6 +383,7 @@ class EventWriter:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self._checkpoint()  # a write_now that passed its closed check while the thread finished
         # An event added while closing, after the thread's last drain, is refused, never left hanging.
         leftover = [self._items.popleft() for _ in range(len(self._items))]
         if leftover:
