@@ -69,7 +69,7 @@ class Events(_Spec):
     log_features: bool = Field(default=True, description="keep each exposure's raw features: `rayload retrain` learns from them")
     sync: Literal["normal", "full"] = Field(
         default="normal", description="SQLite: normal = an answer waits for the commit into the WAL (safe against a killed "
-        "replica) and the WAL is fsynced within fsync_s; full = an fsync per commit (serve/events.py)")
+        "replica) and the WAL is fsynced within fsync_s; full = an fsync per commit (serve/event_writer.py)")
     fsync_s: float = Field(default=1.0, gt=0, description="SQLite with sync normal: the longest a commit waits for its fsync "
                            "(bounds what a machine crash can lose)")
 

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from helpers import pg_database
 
 from rayload.errors import RayloadError
-from rayload.serve.events import EventReader, EventWriter, meta
+from rayload.serve.event_writer import EventWriter
+from rayload.serve.events import EventReader, meta
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request, tmp_path):
@@ -108,7 +109,7 @@ def test_a_newer_schema_version_is_refused(url):
 
 WRITER = """
 import sys, time
-from rayload.serve.events import EventWriter
+from rayload.serve.event_writer import EventWriter
 w = EventWriter(sys.argv[1], flush_ms=2, max_batch=32)
 i = 0
 while True:
@@ -248,7 +249,7 @@ def test_the_wal_sync_runs_under_steady_traffic_and_a_failed_sync_is_retried(tmp
 
 OPENER = """
 import sys, time
-from rayload.serve.events import EventWriter
+from rayload.serve.event_writer import EventWriter
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
 EventWriter(sys.argv[1]).close()

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from rayload.errors import DataError, RayloadError
 from rayload.retraining import _check_rows, parse_duration, training_rows
-from rayload.serve import events
+from rayload.serve import event_writer, events
 from test_train_loop import features
 
 NOW = 1_800_000_000.0
@@ -23,7 +23,7 @@ def store(tmp_path):
                {"name": "y", "role": "label"}]
     dataclasses.replace(features(), columns=columns).save(str(champion / "features.json"))
     url = f"sqlite:///{tmp_path / 'events.db'}"
-    writer = events.EventWriter(url, flush_ms=1)
+    writer = event_writer.EventWriter(url, flush_ms=1)
 
     def exposure(rid, age, outcome_after=None, feats=True, experiment="exp"):
         row = {"request_id": rid, "experiment": experiment, "unit_id": "u", "arm": "a", "model_version": "v", "score": 0.5,

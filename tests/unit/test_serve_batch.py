@@ -13,7 +13,8 @@ from rayload.data.pipeline import preprocess
 from rayload.errors import DataError
 from rayload.features import FittedFeatures
 from rayload.models import InputShape, build_model
-from rayload.serve.app import RequestIds, score_grouped
+from rayload.serve.app import RequestIds
+from rayload.serve.batch_scoring import score_grouped
 from rayload.serve.scorer import Scorer
 from rayload.spec import ModelSpec
 from rayload.train import checkpoint as ckpt
@@ -90,7 +91,8 @@ def test_a_batch_whose_exposures_cannot_be_committed_answers_none_of_them_as_log
     a request that failed on its own keeps its own error, and a commit that works stores one
     exposure per request with the score that was answered."""
     from rayload.serve.app import ABRouter, EventStoreError
-    from rayload.serve.events import EventReader, EventWriter
+    from rayload.serve.event_writer import EventWriter
+    from rayload.serve.events import EventReader
 
     scorers, rows = arms
     router = object.__new__(ABRouter.func_or_class)

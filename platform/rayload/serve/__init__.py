@@ -15,10 +15,14 @@ def __getattr__(name: str):
         from .scorer import Scorer
 
         return Scorer
-    if name in ("EventWriter", "EventReader"):
-        from . import events
+    if name == "EventWriter":
+        from .event_writer import EventWriter
 
-        return getattr(events, name)
+        return EventWriter
+    if name == "EventReader":
+        from .events import EventReader
+
+        return EventReader
     if name == "analyze":
         from .analysis import analyze
 

@@ -28,6 +28,7 @@ from ray import serve
 
 from ..errors import DataError
 from .assign import Layout
+from .batch_scoring import ModelDeployment, Models, drift_flusher, monitor_args
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="rayload A/B router")
@@ -60,28 +61,6 @@ def _validation_detail(exc: ValidationError) -> list[dict]:
     return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors(include_url=False)]
 
 
-class _Models:
-    """Every arm's model in this replica, scored in dynamic batches (combined mode).
-
-    `log`, when the router sets it, turns a scored batch's results into its exposures and
-    commits them before any of the batch's callers resumes (one commit per batch, in this
-    thread: see EventWriter.write_now)."""
-
-    def __init__(self, checkpoints: dict[str, str], drift: bool = False):
-        from .scorer import Scorer
-
-        self.scorers = {arm: Scorer.load(arm, path, drift) for arm, path in checkpoints.items()}
-        self.log = None
-
-    async def score(self, arm: str, rows: list[dict], exposure: tuple | None = None) -> tuple[list[float], str]:
-        return await self._batched((arm, rows, exposure))
-
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def _batched(self, items: list[tuple[str, list[dict], tuple | None]]) -> list:
-        out = score_grouped(self.scorers, [(arm, rows) for arm, rows, _ in items])
-        return out if self.log is None else self.log(items, out)
-
-
 class EventStoreError(RuntimeError):
     """The exposures of a batch could not be committed: its requests answer 5xx, not 2xx."""
 
@@ -111,112 +90,21 @@ def _top(scores: list[float]) -> int:
     return max(range(len(scores)), key=scores.__getitem__)
 
 
-def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
-    """Score a batch of requests with one model call per arm; a request with bad rows gets its
-    own DataError back, the others their scores.
-
-    Arms whose models share a features.json (the usual A/B: two models trained on the same
-    prepared data) share one transform of all their rows: the transform's fixed cost per call
-    is most of a small batch's cost, and the A/B split would otherwise pay it once per arm."""
-    out: list = [None] * len(items)
-    by_arm: dict[str, list[int]] = {}
-    for i, (arm, _) in enumerate(items):
-        by_arm.setdefault(arm, []).append(i)
-    groups: dict[str, list[str]] = {}
-    for arm in by_arm:
-        groups.setdefault(scorers[arm].transform_key or id(scorers[arm]), []).append(arm)  # no key: its own group
-    for arms in groups.values():
-        rows = {arm: [r for i in by_arm[arm] for r in items[i][1]] for arm in arms}
-        try:
-            table = scorers[arms[0]].features.transform_rows([r for arm in arms for r in rows[arm]])
-        except DataError:
-            for arm in arms:  # find the bad request(s) and score the rest
-                _score_one_by_one(scorers[arm], items, by_arm[arm], out)
-            continue
-        offset = 0
-        for arm in arms:
-            scorer, n = scorers[arm], len(rows[arm])
-            scores = scorer.score_table(table.slice(offset, n), rows[arm])
-            offset += n
-            pos = 0
-            for i in by_arm[arm]:
-                k = len(items[i][1])
-                out[i] = (scores[pos:pos + k].tolist(), scorer.version)
-                pos += k
-    return out
-
-
-def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
-    for i in idx:
-        try:
-            out[i] = (scorer.score(items[i][1]).tolist(), scorer.version)
-        except DataError as exc:
-            out[i] = exc
-
-
-@serve.deployment
-class ModelDeployment:
-    """One arm's model (separate mode), batched the same way."""
-
-    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0, monitor: dict | None = None):
-        from .scorer import Scorer
-
-        self.scorers = {arm: Scorer.load(arm, checkpoint, drift=monitor is not None)}
-        self._batched.set_max_batch_size(max_batch_size)
-        self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1000.0)
-        self.flusher = _flusher(monitor, self.scorers)
-
-    async def score(self, arm: str, rows: list[dict]):
-        result = await self._batched((arm, rows))
-        if isinstance(result, DataError):
-            raise result
-        return result
-
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def _batched(self, items):
-        return score_grouped(self.scorers, items)
-
-    def feature_names(self) -> list[str]:
-        return sorted(next(iter(self.scorers.values())).feature_names)
-
-    def __del__(self):
-        if getattr(self, "flusher", None) is not None:
-            self.flusher.close()
-
-
-def _monitor(args: dict) -> dict | None:
-    """What a replica needs to write drift counts, or None when drift monitoring is off."""
-    from ..ab_spec import Drift
-
-    cfg = Drift.model_validate(args["spec"].get("drift") or {})  # the spec's defaults, not copies of them
-    if not cfg.enabled:
-        return None
-    return {"url": args["events_url"], "experiment": args["experiment"],
-            "cfg": cfg.model_dump(include={"threshold", "min_rows", "flush_s"})}
-
-
-def _flusher(monitor: dict | None, scorers: dict):
-    if monitor is None:
-        return None
-    from .monitor import DriftFlusher
-
-    return DriftFlusher(monitor["url"], monitor["experiment"], scorers, monitor["cfg"])
-
-
 @serve.deployment
 @serve.ingress(api)
 class ABRouter:
     def __init__(self, args: dict, **handles):
-        from .events import EventReader, EventWriter
+        from .event_writer import EventWriter
+        from .events import EventReader
 
         self.experiment, self.salt, self.order = args["experiment"], args["salt"], args["arms"]
         serving = args["serving"]
         self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
         self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
-        monitor = _monitor(args)
-        self.models = None if handles else _Models(args["checkpoints"], drift=monitor is not None)
-        self.flusher = _flusher(monitor, self.models.scorers) if self.models else None
+        monitor = monitor_args(args)
+        self.models = None if handles else Models(args["checkpoints"], drift=monitor is not None)
+        self.flusher = drift_flusher(monitor, self.models.scorers) if self.models else None
         self.log_features = args["events"].get("log_features", True)
         self.checkpoints = args["checkpoints"]
         if self.models:
@@ -229,7 +117,7 @@ class ABRouter:
         self.writer = EventWriter(args["events_url"], events["flush_ms"], events["max_batch"], events.get("sync", "normal"),
                                   events.get("fsync_s", 1.0))
         if self.models is not None and self.writer.inline:
-            self.models.log = self._log_batch  # exposures commit with their batch (serve/events.py)
+            self.models.log = self._log_batch  # exposures commit with their batch (serve/event_writer.py)
         self.writer_url = args["events_url"]
         self.reader = EventReader(args["events_url"])
         self.spec_raw = args["spec"]
@@ -291,12 +179,12 @@ class ABRouter:
         arm = self.layout.assign(self.salt, unit)
         request_id = self.request_ids.next()
         shadows = [a for a in self.order if a != arm and self.weights.get(a, 0) == 0] if self.shadow else []
+        # combined mode on SQLite without shadows: the batch commits this exposure before the call returns
+        batch_logs = not shadows and self.models is not None and self.models.log is not None
         if shadows:
             results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
         else:  # the usual case: no task per request for gather to wrap the one call in
-            # combined mode on SQLite: the batch commits this exposure before the call returns
-            exposure = (request_id, unit, start) if self.models is not None and self.models.log is not None else None
-            results = [await self._score_or_error(arm, rows, exposure)]
+            results = [await self._score_or_error(arm, rows, (request_id, unit, start) if batch_logs else None)]
         answer = results[0]
         if isinstance(answer, DataError):
             return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
@@ -309,7 +197,7 @@ class ABRouter:
             return _problem(500, f"model of arm {arm} failed")
         scores, version = answer
         top = _top(scores)
-        if shadows or self.models is None or self.models.log is None:
+        if not batch_logs:
             await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
                             shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)],
                             features=json.dumps(rows[top], default=str) if self.log_features else None)
@@ -379,7 +267,7 @@ class ABRouter:
         events = [(kind, self._exposure_row(request_id, unit, arm, version, score, status, latency, now, features))]
         events += [("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s, "score": max(scores), "ts": now})
                    for shadow_arm, (scores, version_s) in shadows]
-        # The answer waits for the commit: a 2xx means the event is committed (serve/events.py).
+        # The answer waits for the commit: a 2xx means the event is committed (serve/event_writer.py).
         await self.writer.write(*events)
 
     @api.post("/feedback")
@@ -446,5 +334,5 @@ def build_app(args: dict):
             handles[arm] = ModelDeployment.options(name=f"model_{arm}", num_replicas=serving["replicas"],
                                                    max_ongoing_requests=serving["max_ongoing_requests"],
                                                    ray_actor_options={"num_cpus": serving["cpus_per_replica"]}).bind(
-                arm, path, serving["max_batch_size"], serving["batch_wait_ms"], _monitor(args))
+                arm, path, serving["max_batch_size"], serving["batch_wait_ms"], monitor_args(args))
     return ABRouter.options(**options).bind(args, **handles)

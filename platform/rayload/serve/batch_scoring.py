@@ -1,0 +1,121 @@
+"""Batch scoring for the A/B app: every arm's model scored in Serve dynamic batches, inside the
+router replica (`Models`, combined mode) or in one deployment per arm (`ModelDeployment`,
+separate mode), both through `score_grouped`; and the drift flusher each replica runs."""
+
+from ray import serve
+
+from ..errors import DataError
+
+
+class Models:
+    """Every arm's model in this replica, scored in dynamic batches (combined mode).
+
+    `log`, when the router sets it, turns a scored batch's results into its exposures and
+    commits them before any of the batch's callers resumes (one commit per batch, in this
+    thread: see EventWriter.write_now)."""
+
+    def __init__(self, checkpoints: dict[str, str], drift: bool = False):
+        from .scorer import Scorer
+
+        self.scorers = {arm: Scorer.load(arm, path, drift) for arm, path in checkpoints.items()}
+        self.log = None
+
+    async def score(self, arm: str, rows: list[dict], exposure: tuple | None = None) -> tuple[list[float], str]:
+        return await self._batched((arm, rows, exposure))
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def _batched(self, items: list[tuple[str, list[dict], tuple | None]]) -> list:
+        out = score_grouped(self.scorers, [(arm, rows) for arm, rows, _ in items])
+        return out if self.log is None else self.log(items, out)
+
+
+def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
+    """Score a batch of requests with one model call per arm; a request with bad rows gets its
+    own DataError back, the others their scores.
+
+    Arms whose models share a features.json (the usual A/B: two models trained on the same
+    prepared data) share one transform of all their rows: the transform's fixed cost per call
+    is most of a small batch's cost, and the A/B split would otherwise pay it once per arm."""
+    out: list = [None] * len(items)
+    by_arm: dict[str, list[int]] = {}
+    for i, (arm, _) in enumerate(items):
+        by_arm.setdefault(arm, []).append(i)
+    groups: dict = {}  # transform key (or the scorer's id when it has none) -> arms
+    for arm in by_arm:
+        groups.setdefault(scorers[arm].transform_key or id(scorers[arm]), []).append(arm)
+    for arms in groups.values():
+        rows = {arm: [r for i in by_arm[arm] for r in items[i][1]] for arm in arms}
+        try:
+            table = scorers[arms[0]].features.transform_rows([r for arm in arms for r in rows[arm]])
+        except DataError:
+            for arm in arms:  # find the bad request(s) and score the rest
+                _score_one_by_one(scorers[arm], items, by_arm[arm], out)
+            continue
+        offset = 0
+        for arm in arms:
+            scorer, n = scorers[arm], len(rows[arm])
+            scores = scorer.score_table(table.slice(offset, n), rows[arm])
+            offset += n
+            pos = 0
+            for i in by_arm[arm]:
+                k = len(items[i][1])
+                out[i] = (scores[pos:pos + k].tolist(), scorer.version)
+                pos += k
+    return out
+
+
+def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
+    for i in idx:
+        try:
+            out[i] = (scorer.score(items[i][1]).tolist(), scorer.version)
+        except DataError as exc:
+            out[i] = exc
+
+
+@serve.deployment
+class ModelDeployment:
+    """One arm's model (separate mode), batched the same way."""
+
+    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0, monitor: dict | None = None):
+        from .scorer import Scorer
+
+        self.scorers = {arm: Scorer.load(arm, checkpoint, drift=monitor is not None)}
+        self._batched.set_max_batch_size(max_batch_size)
+        self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1000.0)
+        self.flusher = drift_flusher(monitor, self.scorers)
+
+    async def score(self, arm: str, rows: list[dict]):
+        result = await self._batched((arm, rows))
+        if isinstance(result, DataError):
+            raise result
+        return result
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def _batched(self, items):
+        return score_grouped(self.scorers, items)
+
+    def feature_names(self) -> list[str]:
+        return sorted(next(iter(self.scorers.values())).feature_names)
+
+    def __del__(self):
+        if getattr(self, "flusher", None) is not None:
+            self.flusher.close()
+
+
+def monitor_args(args: dict) -> dict | None:
+    """What a replica needs to write drift counts, or None when drift monitoring is off."""
+    from ..ab_spec import Drift
+
+    cfg = Drift.model_validate(args["spec"].get("drift") or {})  # the spec's defaults, not copies of them
+    if not cfg.enabled:
+        return None
+    return {"url": args["events_url"], "experiment": args["experiment"],
+            "cfg": cfg.model_dump(include={"threshold", "min_rows", "flush_s"})}
+
+
+def drift_flusher(monitor: dict | None, scorers: dict):
+    if monitor is None:
+        return None
+    from .monitor import DriftFlusher
+
+    return DriftFlusher(monitor["url"], monitor["experiment"], scorers, monitor["cfg"])

@@ -1,0 +1,248 @@
+"""The event writer: how exposures, shadow scores and outcomes reach the store (serve/events.py).
+
+Guarantee: a 2xx answer from the router means its event is committed to the database before
+the answer leaves. With SQLite (WAL mode) the default `events.sync: normal` commits without an
+fsync per commit: a committed transaction is in the WAL file, in the operating system's
+buffers, so a replica killed with SIGKILL (or a crashed interpreter) loses no acknowledged
+event; within `events.fsync_s` of a commit (default 1 s) the writer thread fsyncs the WAL (a
+synchronous=FULL commit of one row, then a checkpoint), so a machine crash or power cut loses
+at most that much acknowledged traffic. `events.sync: full` fsyncs every commit instead
+(synchronous=FULL). PostgreSQL commits as the server is configured. A request in flight when
+its replica dies got no answer and may or may not be recorded.
+
+Two write paths share that guarantee. In combined mode the router commits a batch's exposures
+in the replica's own thread right after the batch's model calls (`write_now`, SQLite only: a
+local commit of a few dozen rows takes ~0.1 ms with the GIL released inside SQLite), so an
+answer never waits for another thread to wake. Everything else (outcomes, shadow scores, error
+exposures, separate mode, PostgreSQL, whose commit is a network round trip) goes through the
+writer thread's group commit: it commits everything that arrived within `flush_ms` of the
+group's first event (in transactions of at most `max_batch` rows), so the commit cost is
+shared; what arrives while a commit runs forms the next group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import sqlalchemy as sa
+
+from .events import TABLES, insert_or_ignore, create_schema, engine_for
+
+log = logging.getLogger(__name__)
+
+
+class _DriverInsert:
+    """One table's INSERT OR IGNORE compiled once for the engine's dialect and run through the
+    DB-API cursor: the writer's hot path skips SQLAlchemy's per-execution work (about 0.1 ms of
+    the replica's GIL per commit here, benchmarks/RESULTS.md). Missing columns are NULL; an
+    unknown column is an error, as it is in SQLAlchemy."""
+
+    def __init__(self, engine: sa.Engine, table: sa.Table):
+        columns = [c.name for c in table.columns]
+        compiled = insert_or_ignore(engine.dialect.name, table).compile(dialect=engine.dialect, column_keys=columns)
+        self.sql, self.positional = str(compiled), compiled.positiontup is not None
+        self.columns = list(compiled.positiontup) if self.positional else columns  # positional: the SQL's own order
+        self.known = frozenset(columns)
+        self.table = table.name
+
+    def params(self, rows: list[dict]) -> list:
+        for row in rows:
+            if not row.keys() <= self.known:
+                raise ValueError(f"unknown column(s) {sorted(row.keys() - self.known)} for {self.table}")
+        if self.positional:
+            return [tuple(row.get(c) for c in self.columns) for row in rows]
+        return [{c: row.get(c) for c in self.columns} for row in rows]
+
+
+class _Waiter:
+    """An event loop waiting for a group of events (one request's exposure and shadows)."""
+
+    __slots__ = ("loop", "future", "pending", "error")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, pending: int):
+        self.loop, self.future, self.pending, self.error = loop, future, pending, None
+
+
+def _wake_waiters(waiters: list[_Waiter]) -> None:
+    for w in waiters:  # runs on the waiters' event loop
+        if not w.future.done():
+            w.future.set_exception(w.error) if w.error is not None else w.future.set_result(None)
+
+
+class EventWriter:
+    """Group commit: `submit(kind, row)` returns a Future that resolves once the row is committed;
+    `await write((kind, row), ...)` is the same for an event loop.
+
+    The writer thread sleeps out the flush window after the first event of a group instead of
+    waking for every event, and an event loop is woken once per commit however many of its
+    requests the commit held (one `call_soon_threadsafe`, not one per event): with direct ingress
+    the replica's event loop is the bottleneck, and per-event wake-ups were a measurable part of
+    the A/B router's cost (benchmarks/RESULTS.md)."""
+
+    def __init__(self, url: str, flush_ms: float = 1.0, max_batch: int = 512, sync: str = "normal", fsync_s: float = 1.0):
+        self.engine = engine_for(url, sync)
+        create_schema(self.engine)
+        self.flush_s, self.max_batch = flush_ms / 1000.0, max_batch
+        # SQLite: commits can run in the caller's thread (write_now); with sync=normal the writer
+        # thread checkpoints the WAL (fsyncing it) within fsync_s of the first commit since the last one.
+        self.inline = self.engine.dialect.name == "sqlite"
+        self.fsync_s = fsync_s if self.inline and sync == "normal" else None
+        self._unsynced_since: float | None = None  # monotonic time of the first commit not yet checkpointed
+        self._inserts = {kind: _DriverInsert(self.engine, table) for kind, table in TABLES.items()}
+        self._items: collections.deque = collections.deque()  # (kind, row, Future | _Waiter); append/popleft are atomic
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="rayload-events", daemon=True)
+        self._thread.start()
+
+    def submit(self, kind: str, row: dict[str, Any]) -> Future:
+        fut: Future = Future()
+        self._enqueue([(kind, row, fut)], fut)
+        return fut
+
+    async def write(self, *events: tuple[str, dict[str, Any]]) -> None:
+        """Returns once every event is committed; raises what the commit raised."""
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, loop.create_future(), len(events))
+        self._enqueue([(kind, row, waiter) for kind, row in events], waiter)
+        await waiter.future
+
+    def write_now(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Insert and commit `events` in the calling thread (SQLite only: `inline`); returns once
+        they are committed, raises what the commit raised. Safe beside the writer thread: each
+        uses its own pooled connection and SQLite serialises the two commits."""
+        if self._closed:
+            raise RuntimeError("event writer is closed")
+        by_kind: dict[str, list] = {}
+        for kind, row in events:
+            by_kind.setdefault(kind, []).append(row)
+        if by_kind:
+            self._insert(by_kind)
+
+    def _enqueue(self, items: list, waiter) -> None:
+        if self._closed:
+            error = RuntimeError("event writer is closed")
+            waiter.set_exception(error) if isinstance(waiter, Future) else waiter.future.set_exception(error)
+            return
+        self._items.extend(items)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            timeout = None
+            if self._unsynced_since is not None:
+                timeout = max(0.0, self._unsynced_since + self.fsync_s - time.monotonic())
+            if self._wake.wait(timeout):
+                self._wake.clear()  # an event added after this sets it again; one added before is drained below
+                if not self._closed:
+                    time.sleep(self.flush_s)  # what arrives within the window shares the commit
+                while self._items:
+                    self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
+            if self._closed:
+                self._checkpoint()
+                return
+            # Checked after every drain too: under steady traffic through this thread the flag is
+            # set again before each wait, and a sync run only on a timed-out wait would never come.
+            since = self._unsynced_since
+            if since is not None and time.monotonic() >= since + self.fsync_s:
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Make every commit so far durable on disk, through SQLite alone: on one connection
+        switched to synchronous=FULL, a one-row commit (`ab_meta.synced_at`) fsyncs the WAL, and
+        with it every frame committed before it; a PASSIVE checkpoint (readers and writers are
+        not waited for) then copies what it can into the database file and fsyncs that. (Opening
+        and closing the files with os.open to fsync them would drop the POSIX locks SQLite holds
+        in this process: that lost acknowledged events in the replica-kill test.)"""
+        if self._unsynced_since is None:
+            return
+        self._unsynced_since = None  # a commit from here on starts the next window
+        try:
+            conn = self.engine.raw_connection()
+            try:
+                cursor = conn.cursor()
+                cursor.execute("PRAGMA synchronous=FULL")
+                try:
+                    cursor.execute("INSERT OR REPLACE INTO ab_meta (key, value) VALUES ('synced_at', ?)", (repr(time.time()),))
+                    conn.commit()
+                    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except BaseException:
+                    conn.rollback()  # out of the transaction, or the PRAGMA below could not be changed
+                    raise
+                finally:
+                    try:
+                        cursor.execute("PRAGMA synchronous=NORMAL")
+                    except Exception:  # never hand a connection that fsyncs every commit back to the pool
+                        conn.invalidate()
+            finally:
+                conn.close()
+        except Exception:
+            log.exception("event store sync failed; retrying in %.1f s", self.fsync_s)
+            if self._unsynced_since is None:
+                self._unsynced_since = time.monotonic()  # the failed window is retried, not forgotten
+
+    def _commit(self, batch: list) -> None:
+        by_kind: dict[str, list] = {}
+        for kind, row, _ in batch:
+            by_kind.setdefault(kind, []).append(row)
+        error = None
+        try:
+            self._insert(by_kind)
+        except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
+            log.exception("event commit failed")
+            error = exc
+        self._settle(batch, error)
+
+    def _insert(self, by_kind: dict[str, list]) -> None:
+        conn = self.engine.raw_connection()  # pooled, with the engine's pragmas
+        try:
+            cursor = conn.cursor()
+            for kind, rows in by_kind.items():
+                insert = self._inserts[kind]
+                cursor.executemany(insert.sql, insert.params(rows))
+            cursor.close()
+            conn.commit()  # committed: in the WAL (sync=normal; checkpointed within fsync_s), on disk (full / PostgreSQL)
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+        if self.fsync_s is not None and self._unsynced_since is None:
+            self._unsynced_since = time.monotonic()
+            self._wake.set()  # the writer thread starts the checkpoint window
+
+    @staticmethod
+    def _settle(batch: list, error: BaseException | None) -> None:
+        by_loop: dict[Any, list[_Waiter]] = {}
+        for _, _, w in batch:
+            if isinstance(w, Future):
+                if w.set_running_or_notify_cancel():  # False: its caller cancelled it; setting it would raise here
+                    w.set_exception(error) if error is not None else w.set_result(None)
+                continue
+            w.error = w.error or error
+            w.pending -= 1
+            if w.pending == 0:
+                by_loop.setdefault(w.loop, []).append(w)
+        for loop, waiters in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_wake_waiters, waiters)
+            except RuntimeError:  # that loop is closed: nobody waits for these any more
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+        self._checkpoint()  # a write_now that passed its closed check while the thread finished
+        # An event added while closing, after the thread's last drain, is refused, never left hanging.
+        leftover = [self._items.popleft() for _ in range(len(self._items))]
+        if leftover:
+            self._settle(leftover, RuntimeError("event writer is closed"))
+        self.engine.dispose()
