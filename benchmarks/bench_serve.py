@@ -68,7 +68,7 @@ PLAIN_APP = """
 import sys, uvicorn
 from fastapi import FastAPI
 from rayload.serve.scorer import Scorer
-scorer = Scorer.load("m", sys.argv[1])
+scorer = Scorer.load("m", sys.argv[1], drift=sys.argv[3] == "on")
 app = FastAPI()
 @app.post("/predict")
 def predict(body: dict):
@@ -77,7 +77,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-def deploy_single(checkpoint: str, ingress: str) -> str:
+def deploy_single(checkpoint: str, ingress: str, drift: bool) -> str:
     from fastapi import FastAPI, Request
     from ray import serve
 
@@ -91,10 +91,10 @@ def deploy_single(checkpoint: str, ingress: str) -> str:
                       logging_config={"log_level": router.log_level, "enable_access_log": router.access_log})
     @serve.ingress(app)
     class Single:
-        def __init__(self, path):
+        def __init__(self, path, drift):
             from rayload.serve.scorer import Scorer
 
-            self.scorer = Scorer.load("m", path)
+            self.scorer = Scorer.load("m", path, drift)  # drift: count features as a rayload model deployment does
 
         @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
         async def _score(self, rows: list[dict]) -> list[float]:
@@ -105,14 +105,15 @@ def deploy_single(checkpoint: str, ingress: str) -> str:
             body = await request.json()
             return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
 
-    serve.run(Single.bind(checkpoint), name="single", route_prefix="/single")
+    serve.run(Single.bind(checkpoint, drift), name="single", route_prefix="/single")
     from rayload.serve.ingress import ingress_urls
 
     serving = {"host": "127.0.0.1", "port": SERVE_PORT, "route_prefix": "/single", "ingress": ingress, "replicas": 1}
     return ingress_urls(serving, "single")[0] + "/predict"
 
 
-def deploy_ab(checkpoint: str, challenger: str, folder: str, name: str, batch: int, ingress: str, flush_ms: float | None = None) -> str:
+def deploy_ab(checkpoint: str, challenger: str, folder: str, name: str, batch: int, ingress: str, drift: bool,
+              flush_ms: float | None = None) -> str:
     from rayload.ab_spec import ab_from_dict
     from rayload.serve import control
 
@@ -121,7 +122,8 @@ def deploy_ab(checkpoint: str, challenger: str, folder: str, name: str, batch: i
                          "serving": {"port": SERVE_PORT, "route_prefix": f"/{name}", "max_batch_size": batch, "mode": "combined",
                                      "ingress": ingress},
                          "events": {"url": f"sqlite:///{os.path.join(folder, name + '.db')}",
-                                    **({} if flush_ms is None else {"flush_ms": flush_ms})}})
+                                    **({} if flush_ms is None else {"flush_ms": flush_ms})},
+                         "drift": {"enabled": drift}})
     return control.start(spec).url + "/predict"
 
 
@@ -199,6 +201,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--ingress", choices=("proxy", "direct"), default="proxy")
     parser.add_argument("--client", choices=("httpx", "aiohttp"), default="httpx", help="the load generator's HTTP client")
+    parser.add_argument("--drift", choices=("on", "off"), default="on",
+                        help="feature drift counting on every side (on: as a rayload model deployment does by default)")
     parser.add_argument("--flush-ms", type=float, default=None, help="the A/B sides' events.flush_ms (default: the spec's)")
     args = parser.parse_args()
     import ray
@@ -213,13 +217,14 @@ def main() -> None:
     rows_file = os.path.join(folder, "rows.json")
     with open(rows_file, "w") as f:
         json.dump(rows, f)
-    plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT)])
+    plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT), args.drift])
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
-    urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": deploy_single(checkpoint, args.ingress),
-            "ab": deploy_ab(checkpoint, challenger, folder, "ab", 32, args.ingress, args.flush_ms),
-            "ab_unbatched": deploy_ab(checkpoint, challenger, folder, "ab_unbatched", 1, args.ingress, args.flush_ms)}
+    drift = args.drift == "on"
+    urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": deploy_single(checkpoint, args.ingress, drift),
+            "ab": deploy_ab(checkpoint, challenger, folder, "ab", 32, args.ingress, drift, args.flush_ms),
+            "ab_unbatched": deploy_ab(checkpoint, challenger, folder, "ab_unbatched", 1, args.ingress, drift, args.flush_ms)}
     print(f"{args.ingress} ingress: {json.dumps(urls)}", flush=True)
     time.sleep(3)
     results: dict[str, list[dict]] = {k: [] for k in urls}
@@ -232,7 +237,7 @@ def main() -> None:
         plain.terminate()
     med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors", "client_cpu_ms")} for side, rs in results.items()}
     print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians), "
-          f"Serve sides through {args.ingress} ingress, load generator on {args.client}")
+          f"Serve sides through {args.ingress} ingress, load generator on {args.client}, drift counting {args.drift} on every side")
     for side, m in med.items():
         print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   "
               f"errors {m['errors']:.0f}   load generator CPU {m['client_cpu_ms']:.2f} ms/request")
