@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from typing import Any
 
@@ -18,6 +19,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
+from ray.tune.stopper import Stopper
 
 from .errors import RayloadError
 from .search_spec import Param
@@ -203,6 +205,30 @@ class StudySearcher(Searcher):
         else:
             self.study.tell(trial, best)
 
+    def cut_off(self, reason: str) -> int:
+        """Record the trials a search ended before they finished (its target reached, its time
+        budget spent): Tune stops them without telling the searcher. Each is told PRUNED, with
+        its best value so far and why it stopped; returns how many there were."""
+        running = {t._trial_id: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        mine = [(tid, trial._trial_id) for tid, trial in self.live.items()] + [(None, t._trial_id) for t in self.resumable]
+        told = 0
+        for tid, key in mine:
+            frozen = running.get(key)
+            if frozen is None:
+                continue
+            values = frozen.intermediate_values
+            best = self.best.get(tid)
+            if best is None and values:
+                best = max(values.values()) if self.mode == "max" else min(values.values())
+            trial = optuna.trial.Trial(self.study, key)
+            trial.set_user_attr("rayload", {"epochs_done": max(values, default=None), "best_value": best,
+                                            "checkpoint": self.best_checkpoint.get(tid), "stopped": reason})
+            self.study.tell(trial, state=TrialState.PRUNED)
+            told += 1
+        self.live.clear()
+        self.resumable = []
+        return told
+
     # Tune checkpoints searchers with its experiment state; the study is our state.
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as f:
@@ -229,3 +255,55 @@ def stopping_asha(searcher: StudySearcher, time_attr: str, max_t: int, **kwargs)
             return decision
 
     return StoppingAsha(time_attr=time_attr, max_t=max_t, **kwargs)
+
+
+class SearchStopper(Stopper):
+    """Ends a whole search when a trial reports `target` (at least it for mode max, at most for
+    min) or when `budget_s` of wall time is spent, counting `spent_s` from earlier attempts.
+
+    The trial that reaches the target stops with that result and is recorded complete; Tune
+    stops the other running trials without telling the searcher (StudySearcher.cut_off records
+    them). The time spent goes to search.json every few seconds, so a resumed search knows
+    what is left of its budget even after a killed driver."""
+
+    SAVE_EVERY_S = 5.0
+
+    def __init__(self, run_dir: str, metric: str, mode: str, target: float | None, budget_s: float | None, spent_s: float):
+        self.run_dir, self.metric, self.mode, self.target, self.budget_s = run_dir, metric, mode, target, budget_s
+        self.spent_before, self.started = float(spent_s), time.monotonic()
+        self.saved = self.started
+        self.reached = self.budget_hit = False
+
+    def spent(self) -> float:
+        return self.spent_before + time.monotonic() - self.started
+
+    def meets(self, value) -> bool:
+        return (self.target is not None and _finite(value)
+                and (value >= self.target if self.mode == "max" else value <= self.target))
+
+    def ended(self, study, budget: bool) -> str | None:
+        """Why the search is over before its trials ran out, or None; `budget`: whether a spent
+        budget counts (after a run, only if it stopped the run: not if the trials ran out first)."""
+        if self.reached or (self.target is not None and any(
+                self.meets(v) for t in study.get_trials(deepcopy=False) for v in t.intermediate_values.values())):
+            return f"target {self.metric} {'>=' if self.mode == 'max' else '<='} {self.target:g} reached"
+        if budget and self.budget_s is not None and self.spent() >= self.budget_s:
+            return f"time budget of {self.budget_s:g} s spent"
+        return None
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if self.meets(result.get(self.metric)):
+            self.reached = True
+            return True
+        return False
+
+    def stop_all(self) -> bool:
+        now = time.monotonic()
+        if now - self.saved >= self.SAVE_EVERY_S:
+            self.saved = now
+            from .tuning import write_state
+
+            write_state(self.run_dir, spent_s=round(self.spent(), 3))
+        if self.budget_s is not None and self.spent() >= self.budget_s:
+            self.budget_hit = True
+        return self.reached or self.budget_hit

@@ -194,7 +194,7 @@ def tune(
         result = tuning.tune(spec, resume=resume, address=address, overrides=set_ or [])
     print_trials(result.trials, result.metric, f"search {result.run_name}")
     counts = ", ".join(f"{n} {state}" for state, n in result.counts().items())
-    console.print(f"trials: {counts}; run folder [bold]{result.run_dir}[/]")
+    console.print(f"trials: {counts}; ended: {result.ended}; run folder [bold]{result.run_dir}[/]")
     if result.best:
         console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
                       f"[bold]rayload train {result.best_spec}[/]")
@@ -220,6 +220,8 @@ def _param(value) -> str:
 def print_search_status(state: dict) -> None:
     done = sum(r["state"] in ("complete", "pruned", "fail") for r in state["trials"])
     print_trials(state["trials"], state["metric"], f"{state['run_dir']}: {state['state']}, {done} of {state['total']} trials finished")
+    if state.get("ended"):
+        console.print(f"ended: {state['ended']}" + (f" after {state['spent_s']:.0f} s" if state.get("spent_s") is not None else ""))
     if state["best"]:
         console.print(f"best so far: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")
 

@@ -116,6 +116,10 @@ class SearchSpec(_Spec):
     trial_resources: TrialResources = Field(default_factory=TrialResources)
     max_concurrent: int | None = Field(default=None, ge=1)
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises before it is recorded failed")
+    target: float | None = Field(default=None, allow_inf_nan=False, description="end the search as soon as a trial reports the metric at or past this "
+                                 "value (at least it for mode max, at most for min); that trial is recorded complete")
+    time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock seconds for the whole search, counted across "
+                                        "resumes; trials still running when it is spent are stopped and recorded pruned")
     storage: str | None = Field(default=None, description="Optuna storage URL; default: SQLite in the run folder")
 
     @field_validator("scheduler", mode="before")

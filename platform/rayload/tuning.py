@@ -37,6 +37,7 @@ class TuneResult:
     best: dict | None
     best_spec: str | None = None  # best.yaml (job-spec searches)
     plots: list[str] = field(default_factory=list)
+    ended: str = "all trials finished"  # or why it ended sooner: its target reached, its time budget spent
 
     @property
     def best_params(self) -> dict | None:
@@ -153,6 +154,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
                   scheduler: dict | str | None = None, max_concurrent: int | None = None, cpus: float = 1,
                   max_failures: int = 0, storage: str | None = None, name: str = "function",
                   points_to_evaluate: list[dict] | None = None, startup_trials: int | None = None,
+                  target: float | None = None, time_budget_s: float | None = None,
                   resume: str | None = None, address: str | None = None) -> TuneResult:
     """Search `fn(config) -> float | dict` with the same strategies, scheduler and storage as
     job specs. `space` uses the search-spec syntax: {"x": {"uniform": [-5, 10]}, "k": [1, 2]}.
@@ -162,7 +164,8 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     raw = {"name": name, "base": "<python function>", "space": space, "strategy": strategy, "sampler": sampler,
            "num_samples": num_samples, "metric": metric, "mode": mode, "seed": seed, "scheduler": scheduler,
            "max_concurrent": max_concurrent, "max_failures": max_failures, "storage": storage,
-           "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials}
+           "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials, "target": target,
+           "time_budget_s": time_budget_s}
     spec = validate_model(SearchSpec, raw, check=strategy_issues)
     ensure_ray(address)
     _ship_by_value(fn)
@@ -209,7 +212,7 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     import ray.tune
     from ray.tune.logger import JsonLoggerCallback
 
-    from ._study import StudySearcher, make_sampler, open_study, stopping_asha
+    from ._study import SearchStopper, StudySearcher, make_sampler, open_study, stopping_asha
 
     spec = plan.spec
     total = trials_wanted(spec)
@@ -218,8 +221,11 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     study = open_study(plan.storage, spec.name, spec.score_mode, sampler, create=not resume)
     searcher = StudySearcher(study, spec.space, total, spec.metric, spec.score_mode, plan.step_attr, spec.points_to_evaluate)
     todo = searcher.remaining()
+    stopper = SearchStopper(plan.run_dir, spec.metric, spec.score_mode, spec.target, spec.time_budget_s,
+                            read_state(plan.run_dir).get("spent_s", 0.0) if resume else 0.0)
+    ended = stopper.ended(study, budget=True)  # a resumed search may have reached its target or spent its budget already
     write_state(plan.run_dir, state="running", pid=os.getpid(), host=socket.gethostname())
-    if todo:
+    if todo and not ended:
         scheduler = None
         if spec.scheduler:
             scheduler = stopping_asha(searcher, plan.step_attr, plan.max_t or 100, metric=spec.metric, mode=spec.score_mode,
@@ -233,10 +239,14 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
                                             trial_dirname_creator=lambda t: t.trial_id),
             run_config=ray.tune.RunConfig(name=f"attempt_{_attempt(plan.run_dir)}", storage_path=os.path.join(plan.run_dir, "tune"),
                                           failure_config=ray.tune.FailureConfig(max_failures=spec.max_failures), verbose=0,
-                                          callbacks=[JsonLoggerCallback()]),
+                                          callbacks=[JsonLoggerCallback()], stop=stopper),
         )
         tuner.fit()
-    write_state(plan.run_dir, state="finished", finished=_now())
+        ended = stopper.ended(study, budget=stopper.budget_hit)
+    if ended:
+        cut = searcher.cut_off(ended)  # Tune stopped them without telling the searcher
+        log.info("search %s ended: %s (%d running trial(s) stopped)", spec.name, ended, cut)
+    write_state(plan.run_dir, state="finished", finished=_now(), ended=ended or "all trials finished", spent_s=stopper.spent())
     return study
 
 
@@ -256,7 +266,7 @@ def _finish(plan: _Plan, study, raw: dict | None) -> TuneResult:
         ])
     plots = write_plots(study, os.path.join(plan.run_dir, "plots"))
     return TuneResult(os.path.basename(plan.run_dir), plan.run_dir, plan.storage, plan.spec.metric, plan.spec.score_mode,
-                      rows, best, best_spec, plots)
+                      rows, best, best_spec, plots, read_state(plan.run_dir).get("ended", "all trials finished"))
 
 
 def _storage(spec: SearchSpec, run_dir: str) -> str:
@@ -336,7 +346,8 @@ def status(run: str) -> dict:
     if state.get("state") == "running" and not _alive(state.get("pid"), state.get("host")):
         state["state"] = "interrupted (driver gone; continue with --resume)"
     return {"run_dir": run_dir, "state": state["state"], "total": state["total"], "metric": state["metric"],
-            "mode": state["mode"], "trials": rows, "best": best_row(rows)}
+            "mode": state["mode"], "trials": rows, "best": best_row(rows), "ended": state.get("ended"),
+            "spent_s": state.get("spent_s")}
 
 
 def _alive(pid: int | None, host: str | None) -> bool:

@@ -119,6 +119,45 @@ def test_a_failing_trial_is_retried_then_recorded_failed_and_the_search_goes_on(
     assert res.best_params == {"k": 3}
 
 
+def test_a_target_ends_the_search_with_the_trial_that_reached_it(ray_local):
+    res = rayload.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 10]}}, strategy="random", num_samples=60, mode="max",
+                                seed=0, target=9.0, max_concurrent=1)
+    assert res.ended == "target value >= 9 reached"
+    hits = [r for r in res.trials if r["value"] is not None and r["value"] >= 9]
+    assert len(hits) == 1 and hits[0]["state"] == "complete" and res.best == hits[0]
+    assert len(res.trials) < 60  # the search did not go on to num_samples
+    later = [r for r in res.trials if r["number"] > hits[0]["number"]]
+    assert all(r["state"] == "pruned" and r["value"] is None for r in later)  # at most a pending trial, cut before it ran
+    assert rayload.tuning.status(res.run_dir)["ended"] == res.ended
+
+
+def stepping(c):
+    import time
+
+    import ray.tune
+
+    for _ in range(8):
+        time.sleep(1.0)
+        ray.tune.report({"value": c["x"]})
+
+
+def test_a_time_budget_stops_running_trials_and_a_resume_does_not_spend_it_twice(ray_local):
+    res = rayload.tune_function(stepping, {"x": {"uniform": [0, 1]}}, strategy="random", num_samples=50, mode="max",
+                                max_concurrent=2, time_budget_s=6, name="budget")
+    assert res.ended == "time budget of 6 s spent"
+    assert 2 <= len(res.trials) <= 4  # each trial takes 8 s: the first two are still running when the budget is spent
+    study = optuna.load_study(study_name="budget", storage=res.storage)
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    cut = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert cut and all(t.user_attrs["rayload"]["stopped"] == res.ended for t in cut)
+    assert any(t.user_attrs["rayload"]["best_value"] is not None for t in cut)  # stopped mid-trial: their values so far
+    state = rayload.tuning.status(res.run_dir)
+    assert state["ended"] == res.ended and state["spent_s"] >= 6
+    again = rayload.tune_function(stepping, {"x": {"uniform": [0, 1]}}, strategy="random", num_samples=50, mode="max",
+                                  max_concurrent=2, time_budget_s=6, name="budget", resume=res.run_dir)
+    assert again.ended == res.ended and len(again.trials) == len(res.trials)  # nothing left of the budget: no new trial
+
+
 def test_study_in_postgresql(ray_local):
     name = f"rayload-test-{os.getpid()}"
     try:

@@ -100,3 +100,10 @@ def test_known_paths_include_unset_sections_and_list_items():
 
     paths = known_paths(load_spec(BASE))
     assert {"train.lr", "model.hidden.0", "resources.workers", "features.categorical.userId.min_count"} <= paths
+
+
+def test_target_and_time_budget(tmp_path):
+    spec = load_search_spec(write(tmp_path, target=0.81, time_budget_s=600))
+    assert spec.target == 0.81 and spec.time_budget_s == 600
+    msg = problems(tmp_path, target=float("nan"), time_budget_s=0)
+    assert "target" in msg and "time_budget_s" in msg

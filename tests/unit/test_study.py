@@ -77,3 +77,69 @@ def test_read_study_never_creates_a_database_tables_or_a_study(tmp_path):
         read_study(f"sqlite:///{tmp_path}/s.db", "other")
     assert [st.study_name for st in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/s.db")] == ["s"]
     assert read_study(f"sqlite:///{tmp_path}/s.db", "s").trials[0].value == 0.6
+
+
+def test_cut_off_records_running_trials_pruned_with_their_best_so_far_and_why(tmp_path):
+    s = searcher(f"sqlite:///{tmp_path}/s.db")
+    for tid in ("t0", "t1", "t2"):
+        s.suggest(tid)
+    for epoch, auc in enumerate([0.6, 0.7, 0.65], start=1):
+        s.on_trial_result("t0", {"val_auc": auc, "epochs_done": epoch, "checkpoint": f"/c/{epoch}"})
+    s.on_trial_complete("t1", {"val_auc": 0.55, "epochs_done": 1})
+    # t0 has results, t2 none: the search ends (its budget spent) while both run
+    assert s.cut_off("time budget of 10 s spent") == 2
+    t0, t1, t2 = s.study.get_trials()
+    assert t0.state == TrialState.PRUNED
+    assert t0.user_attrs["rayload"] == {"epochs_done": 3, "best_value": 0.7, "checkpoint": "/c/2", "stopped": "time budget of 10 s spent"}
+    assert t1.state == TrialState.COMPLETE and t1.value == 0.55  # finished before: untouched
+    assert t2.state == TrialState.PRUNED and t2.user_attrs["rayload"]["best_value"] is None
+    assert s.cut_off("again") == 0 and not s.live
+
+
+def test_cut_off_after_a_killed_driver_uses_the_studys_intermediate_values(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = searcher(storage)
+    first.suggest("a")
+    first.on_trial_result("a", {"val_auc": 0.62, "epochs_done": 1})
+    first.on_trial_result("a", {"val_auc": 0.58, "epochs_done": 2})
+    again = searcher(storage, create=False)  # resumed with nothing left to do: never re-attached
+    assert again.cut_off("target val_auc >= 0.6 reached") == 1
+    (t,) = again.study.get_trials()
+    assert t.state == TrialState.PRUNED and t.user_attrs["rayload"]["best_value"] == 0.62
+    assert t.user_attrs["rayload"]["epochs_done"] == 2
+
+
+def test_search_stopper_target_both_modes_and_the_budget_across_attempts(tmp_path):
+    import json
+
+    from rayload._study import SearchStopper
+    from rayload.tuning import write_state
+
+    high = SearchStopper(str(tmp_path), "val_auc", "max", 0.8, None, 0.0)
+    assert not high("t", {"val_auc": 0.79}) and not high.stop_all()
+    assert not high("t", {"val_auc": float("nan")}) and not high("t", {"loss": 0.9})
+    assert high("t", {"val_auc": 0.8}) and high.stop_all()
+    low = SearchStopper(str(tmp_path), "val_logloss", "min", 0.4, None, 0.0)
+    assert not low("t", {"val_logloss": 0.41}) and low("t", {"val_logloss": 0.39})
+
+    write_state(str(tmp_path), state="running")
+    spent = SearchStopper(str(tmp_path), "val_auc", "max", None, 30.0, 29.0)  # a resumed search with 1 s left
+    spent.SAVE_EVERY_S = 0.0
+    assert not spent.stop_all() and spent.ended(None, budget=True) is None
+    saved = json.load(open(tmp_path / "search.json"))["spent_s"]
+    assert 29.0 <= saved < 30.0  # written as it goes, so a killed driver's time still counts
+    gone = SearchStopper(str(tmp_path), "val_auc", "max", None, 30.0, 30.5)
+    assert gone.stop_all() and gone.budget_hit
+    assert gone.ended(None, budget=True) == "time budget of 30 s spent"
+    assert gone.ended(None, budget=False) is None  # after a run whose trials ran out first
+
+
+def test_search_stopper_sees_a_target_reached_in_an_earlier_attempt(tmp_path):
+    from rayload._study import SearchStopper
+
+    s = searcher(f"sqlite:///{tmp_path}/s.db")
+    s.suggest("a")
+    s.on_trial_result("a", {"val_auc": 0.83, "epochs_done": 1})
+    stopper = SearchStopper(str(tmp_path), "val_auc", "max", 0.82, None, 0.0)
+    assert stopper.ended(s.study, budget=True) == "target val_auc >= 0.82 reached"
+    assert SearchStopper(str(tmp_path), "val_auc", "max", 0.9, None, 0.0).ended(s.study, budget=True) is None
