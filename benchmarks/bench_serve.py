@@ -21,6 +21,10 @@ the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
 replica answers HTTP on its own port, no proxy actor in the path; `serving.ingress: direct`),
 `proxy` (the default) through Serve's HTTP proxy. Serve's mode is fixed when Ray starts, so one
 run measures one mode; the load generator's CPU per answered request is printed for each side.
+`--drift on` (the default) has every side count feature drift on the rows it scores, as a
+rayload model deployment does by default (the A/B spec's `drift.enabled`); `off` on none;
+`both` adds a second single side and a second A/B side without it, so both comparisons
+alternate within the same rounds (the plain side counts drift).
 `--client aiohttp` drives the same closed loop with aiohttp instead of httpx (less CPU per
 request in the load generator, which shares the 2 cores with the servers).
 """
@@ -77,7 +81,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-def deploy_single(checkpoint: str, ingress: str, drift: bool) -> str:
+def deploy_single(checkpoint: str, ingress: str, drift: bool, name: str = "single") -> str:
     from fastapi import FastAPI, Request
     from ray import serve
 
@@ -105,11 +109,11 @@ def deploy_single(checkpoint: str, ingress: str, drift: bool) -> str:
             body = await request.json()
             return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
 
-    serve.run(Single.bind(checkpoint, drift), name="single", route_prefix="/single")
+    serve.run(Single.bind(checkpoint, drift), name=name, route_prefix=f"/{name}")
     from rayload.serve.ingress import ingress_urls
 
-    serving = {"host": "127.0.0.1", "port": SERVE_PORT, "route_prefix": "/single", "ingress": ingress, "replicas": 1}
-    return ingress_urls(serving, "single")[0] + "/predict"
+    serving = {"host": "127.0.0.1", "port": SERVE_PORT, "route_prefix": f"/{name}", "ingress": ingress, "replicas": 1}
+    return ingress_urls(serving, name)[0] + "/predict"
 
 
 def deploy_ab(checkpoint: str, challenger: str, folder: str, name: str, batch: int, ingress: str, drift: bool,
@@ -201,8 +205,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--ingress", choices=("proxy", "direct"), default="proxy")
     parser.add_argument("--client", choices=("httpx", "aiohttp"), default="httpx", help="the load generator's HTTP client")
-    parser.add_argument("--drift", choices=("on", "off"), default="on",
-                        help="feature drift counting on every side (on: as a rayload model deployment does by default)")
+    parser.add_argument("--drift", choices=("on", "off", "both"), default="on",
+                        help="feature drift counting on every side (on: as a rayload model deployment does by default); "
+                             "both: a single and an A/B side with it and another pair without, alternating in the same rounds")
     parser.add_argument("--flush-ms", type=float, default=None, help="the A/B sides' events.flush_ms (default: the spec's)")
     args = parser.parse_args()
     import ray
@@ -212,19 +217,26 @@ def main() -> None:
     from rayload._ray import ensure_ray
     from rayload.serve.ingress import direct_ingress_env
 
-    ensure_ray(env=direct_ingress_env() if args.ingress == "direct" else None)
+    # Replicas reserve 0.5 CPU each; `both` deploys five, so Ray is told of 4 logical CPUs (a
+    # reservation, not a limit: every side still shares the machine's two cores, one at a time).
+    ensure_ray(num_cpus=4 if args.drift == "both" else None, env=direct_ingress_env() if args.ingress == "direct" else None)
     checkpoint, challenger, rows = train_checkpoint(folder)
     rows_file = os.path.join(folder, "rows.json")
     with open(rows_file, "w") as f:
         json.dump(rows, f)
-    plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT), args.drift])
+    plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, checkpoint, str(PLAIN_PORT), "off" if args.drift == "off" else "on"])
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
-    drift = args.drift == "on"
+    drift = args.drift != "off"
     urls = {"plain": f"http://127.0.0.1:{PLAIN_PORT}/predict", "single": deploy_single(checkpoint, args.ingress, drift),
             "ab": deploy_ab(checkpoint, challenger, folder, "ab", 32, args.ingress, drift, args.flush_ms),
             "ab_unbatched": deploy_ab(checkpoint, challenger, folder, "ab_unbatched", 1, args.ingress, drift, args.flush_ms)}
+    pairs = [("ab", "single")]
+    if args.drift == "both":
+        urls["single_nodrift"] = deploy_single(checkpoint, args.ingress, False, "single_nodrift")
+        urls["ab_nodrift"] = deploy_ab(checkpoint, challenger, folder, "ab_nodrift", 32, args.ingress, False, args.flush_ms)
+        pairs.append(("ab_nodrift", "single_nodrift"))
     print(f"{args.ingress} ingress: {json.dumps(urls)}", flush=True)
     time.sleep(3)
     results: dict[str, list[dict]] = {k: [] for k in urls}
@@ -237,20 +249,21 @@ def main() -> None:
         plain.terminate()
     med = {side: {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "errors", "client_cpu_ms")} for side, rs in results.items()}
     print(f"\n{args.clients} concurrent clients, {args.seconds:.0f} s per side per round, {args.rounds} rounds (medians), "
-          f"Serve sides through {args.ingress} ingress, load generator on {args.client}, drift counting {args.drift} on every side")
+          f"Serve sides through {args.ingress} ingress, load generator on {args.client}, drift counting: {args.drift}")
     for side, m in med.items():
         print(f"  {side:13s} throughput {m['rps']:8.1f} req/s   p50 {m['p50']:7.2f} ms   p99 {m['p99']:7.2f} ms   "
               f"errors {m['errors']:.0f}   load generator CPU {m['client_cpu_ms']:.2f} ms/request")
     print(f"Serve single vs plain uvicorn: added p50 {med['single']['p50'] - med['plain']['p50']:+.2f} ms, "
           f"added p99 {med['single']['p99'] - med['plain']['p99']:+.2f} ms, throughput ratio {med['single']['rps'] / med['plain']['rps']:.2f}")
-    print(f"A/B path / single deployment: p99 {med['ab']['p99'] / med['single']['p99']:.2f}x (target <= 1.1), "
-          f"throughput {med['ab']['rps'] / med['single']['rps']:.2f}x (target >= 0.9)")
-    # The same ratio paired within each round (the sides of one round run back to back, so the
-    # machine's drift between rounds cancels): per round and the median over rounds.
-    paired = [(a["rps"] / b["rps"], a["p99"] / b["p99"]) for a, b in zip(results["ab"], results["single"])]
-    print(f"A/B path / single deployment, paired per round: throughput {', '.join(f'{t:.2f}' for t, _ in paired)} "
-          f"(median {statistics.median(t for t, _ in paired):.2f}x), p99 {', '.join(f'{p:.2f}' for _, p in paired)} "
-          f"(median {statistics.median(p for _, p in paired):.2f}x)")
+    for ab, single in pairs:
+        print(f"{ab} / {single}: p99 {med[ab]['p99'] / med[single]['p99']:.2f}x (target <= 1.1), "
+              f"throughput {med[ab]['rps'] / med[single]['rps']:.2f}x (target >= 0.9)")
+        # The same ratio paired within each round (the sides of one round run back to back, so the
+        # machine's drift between rounds cancels): per round and the median over rounds.
+        paired = [(a["rps"] / b["rps"], a["p99"] / b["p99"]) for a, b in zip(results[ab], results[single])]
+        print(f"{ab} / {single}, paired per round: throughput {', '.join(f'{t:.2f}' for t, _ in paired)} "
+              f"(median {statistics.median(t for t, _ in paired):.2f}x), p99 {', '.join(f'{p:.2f}' for _, p in paired)} "
+              f"(median {statistics.median(p for _, p in paired):.2f}x)")
     print(f"dynamic batching / unbatched (A/B router): throughput {med['ab']['rps'] / med['ab_unbatched']['rps']:.2f}x (target >= 3)")
     for w, share in split_accuracy():
         print(f"split accuracy at 10,000 units: configured {w:.2f}, observed {share:.4f}, |diff| {abs(share - w) * 100:.2f} points (target <= 1)")
