@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_tune.py branin              # trials to target: random / TPE, 5+ seeds
     .venv/bin/python benchmarks/bench_tune.py movielens           # the same on the MovieLens DeepFM job
     .venv/bin/python benchmarks/bench_tune.py asha                # MovieLens time to target: without ASHA / with
+    .venv/bin/python benchmarks/bench_tune.py asha-stream --target 0.8056   # the same, searching until the target
 
 overhead: `rayload.tune_function` runs N trials whose body sleeps T seconds (no CPU, so
 the two cores measure only the search machinery: Optuna ask/tell on SQLite, Tune's trial
@@ -15,6 +16,13 @@ StudySearcher (the searcher Tune drives) one trial at a time in this process; a 
 does not reach the target by the cap counts as the cap (which understates the ratio).
 
 movielens / asha: real searches with `rayload.tune` over jobs/movielens_deepfm.yaml.
+
+asha gives both sides the same fixed list of N seeded random configurations. asha-stream is how
+a search with a scheduler is run in practice: both sides draw from the same seeded random
+sequence without a trial limit (num_samples far above what fits) and end when a trial reports
+the target (`target` in the search spec) or when the time budget (`time_budget_s`) is spent.
+The time to target is when the first epoch at or above the target was reported, from Tune's
+per-trial result.json; the target is given on the command line, fixed before the run.
 """
 
 from __future__ import annotations
@@ -99,7 +107,7 @@ MOVIELENS_SPACE = {
 
 
 def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: int, asha: dict | None, concurrent: int,
-                     fixed: dict | None = None):
+                     fixed: dict | None = None, target: float | None = None, budget_s: float | None = None):
     import rayload
     from rayload.search_spec import SearchSpec
 
@@ -107,6 +115,7 @@ def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: i
         "name": name, "base": os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "space": MOVIELENS_SPACE,
         "strategy": strategy, "num_samples": trials, "seed": seed, "startup_trials": 4, "max_concurrent": concurrent,
         "fixed": {"train.epochs": epochs, "train.early_stopping": None, **(fixed or {})}, "scheduler": asha,
+        "target": target, "time_budget_s": budget_s,
     })
     start = time.perf_counter()
     res = rayload.tune(spec)
@@ -209,6 +218,42 @@ def bench_asha(args) -> None:
           f"{means['without'] / means['with']:.2f}; whole search {walls['without'] / walls['with']:.2f}")
 
 
+def bench_asha_stream(args) -> None:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    asha = {"kind": "asha", "grace_period": args.grace, "reduction_factor": 3, "max_epochs": args.epochs}
+    reach, trials = {}, {}
+    for seed in range(args.seeds):
+        for side, sched in (("without", None), ("with", asha)):
+            start = time.time()
+            res, wall = movielens_search(f"bench-stream-{side}-{seed}", "random", seed, 10_000, args.epochs, sched, args.concurrent,
+                                         fixed_values(args.fixed), args.target, args.budget)
+            reports = [(t - start, v) for t, v in epoch_reports(res)]
+            reach[(side, seed)] = next((t for t, v in reports if v >= args.target), None)
+            trials[(side, seed)] = res.counts()
+            shown = f"{reach[(side, seed)]:.0f} s" if reach[(side, seed)] is not None else f"not within {args.budget:.0f} s"
+            print(f"  seed {seed} {side:>7} ASHA: target reached at {shown}; search {wall:.0f} s, best "
+                  f"{max((v for _, v in reports), default=float('nan')):.4f}, trials {res.counts()}, ended: {res.ended}", flush=True)
+    print(f"asha-stream: random configurations until val AUC {args.target} or {args.budget:.0f} s, up to {args.epochs} epochs, "
+          f"{args.concurrent} at a time, grace period {args.grace}, reduction factor 3, {args.seeds} seeds, fixed {fixed_values(args.fixed)}")
+    for seed in range(args.seeds):
+        without, with_ = reach[("without", seed)], reach[("with", seed)]
+        ratio = f"{without / with_:.2f}" if without is not None and with_ is not None else "-"
+        print(f"  seed {seed}: time to target without / with ASHA: {without if without is None else round(without)} s / "
+              f"{with_ if with_ is None else round(with_)} s = {ratio}")
+    both = [s for s in range(args.seeds) if reach[("without", s)] is not None and reach[("with", s)] is not None]
+    if both:
+        means = {side: statistics.mean(reach[(side, s)] for s in both) for side in ("without", "with")}
+        print(f"  mean over the {len(both)} seed(s) where both reached it: {means['without']:.0f} s / {means['with']:.0f} s = "
+              f"{means['without'] / means['with']:.2f} (target >= 3)")
+    # A side that did not reach the target within the budget took longer than the budget: censored at it.
+    censored = {side: statistics.mean(reach[(side, s)] if reach[(side, s)] is not None else args.budget for s in range(args.seeds))
+                for side in ("without", "with")}
+    print(f"  mean over all seeds, a miss counted as the budget (understates the side that missed): "
+          f"{censored['without']:.0f} s / {censored['with']:.0f} s = {censored['without'] / censored['with']:.2f}")
+
+
 def main() -> None:
     sys.path.insert(0, os.path.join(ROOT, "platform"))
     p = argparse.ArgumentParser()
@@ -231,8 +276,17 @@ def main() -> None:
     a.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
     a.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE",
                    help="job-spec value fixed in every trial of both sides (repeatable), e.g. train.lr_decay=none")
+    st = sub.add_parser("asha-stream")
+    st.add_argument("--target", type=float, required=True, help="val AUC to reach, fixed before the run")
+    st.add_argument("--budget", type=float, default=360, help="seconds each search may run")
+    st.add_argument("--epochs", type=int, default=9)
+    st.add_argument("--seeds", type=int, default=3)
+    st.add_argument("--concurrent", type=int, default=2)
+    st.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
+    st.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
-    {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha}[args.what](args)
+    {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha,
+     "asha-stream": bench_asha_stream}[args.what](args)
 
 
 if __name__ == "__main__":
