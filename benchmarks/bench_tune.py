@@ -223,7 +223,7 @@ def bench_asha_stream(args) -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     asha = {"kind": "asha", "grace_period": args.grace, "reduction_factor": 3, "max_epochs": args.epochs}
-    reach, trials = {}, {}
+    reach = {}
     for seed in range(args.seeds):
         for side, sched in (("without", None), ("with", asha)):
             start = time.time()
@@ -231,7 +231,6 @@ def bench_asha_stream(args) -> None:
                                          fixed_values(args.fixed), args.target, args.budget)
             reports = [(t - start, v) for t, v in epoch_reports(res)]
             reach[(side, seed)] = next((t for t, v in reports if v >= args.target), None)
-            trials[(side, seed)] = res.counts()
             shown = f"{reach[(side, seed)]:.0f} s" if reach[(side, seed)] is not None else f"not within {args.budget:.0f} s"
             print(f"  seed {seed} {side:>7} ASHA: target reached at {shown}; search {wall:.0f} s, best "
                   f"{max((v for _, v in reports), default=float('nan')):.4f}, trials {res.counts()}, ended: {res.ended}", flush=True)
@@ -268,22 +267,18 @@ def main() -> None:
     m.add_argument("--seeds", type=int, default=5)
     m.add_argument("--trials", type=int, default=10)
     m.add_argument("--epochs", type=int, default=4)
-    a = sub.add_parser("asha")
+    asha_common = argparse.ArgumentParser(add_help=False)  # what both ASHA comparisons take
+    asha_common.add_argument("--epochs", type=int, default=9)
+    asha_common.add_argument("--seeds", type=int, default=3)
+    asha_common.add_argument("--concurrent", type=int, default=2)
+    asha_common.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
+    asha_common.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE",
+                             help="job-spec value fixed in every trial of both sides (repeatable), e.g. train.lr_decay=none")
+    a = sub.add_parser("asha", parents=[asha_common])
     a.add_argument("--trials", type=int, default=18)
-    a.add_argument("--epochs", type=int, default=9)
-    a.add_argument("--seeds", type=int, default=3)
-    a.add_argument("--concurrent", type=int, default=2)
-    a.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
-    a.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE",
-                   help="job-spec value fixed in every trial of both sides (repeatable), e.g. train.lr_decay=none")
-    st = sub.add_parser("asha-stream")
+    st = sub.add_parser("asha-stream", parents=[asha_common])
     st.add_argument("--target", type=float, required=True, help="val AUC to reach, fixed before the run")
     st.add_argument("--budget", type=float, default=360, help="seconds each search may run")
-    st.add_argument("--epochs", type=int, default=9)
-    st.add_argument("--seeds", type=int, default=3)
-    st.add_argument("--concurrent", type=int, default=2)
-    st.add_argument("--grace", type=int, default=1, help="ASHA grace period (epochs)")
-    st.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     {"overhead": bench_overhead, "branin": bench_branin, "movielens": bench_movielens, "asha": bench_asha,
      "asha-stream": bench_asha_stream}[args.what](args)

@@ -263,8 +263,9 @@ class SearchStopper(Stopper):
 
     The trial that reaches the target stops with that result and is recorded complete; Tune
     stops the other running trials without telling the searcher (StudySearcher.cut_off records
-    them). The time spent goes to search.json every few seconds, so a resumed search knows
-    what is left of its budget even after a killed driver."""
+    them). With a budget, the time spent goes to search.json every few seconds, so a resumed
+    search knows what is left of it even after a killed driver (without one, only the final
+    figure is written, when the search ends)."""
 
     SAVE_EVERY_S = 5.0
 
@@ -298,12 +299,12 @@ class SearchStopper(Stopper):
         return False
 
     def stop_all(self) -> bool:
-        now = time.monotonic()
-        if now - self.saved >= self.SAVE_EVERY_S:
-            self.saved = now
-            from .tuning import write_state
+        if self.budget_s is not None:
+            now = time.monotonic()
+            if now - self.saved >= self.SAVE_EVERY_S:
+                self.saved = now
+                from .tuning import write_state
 
-            write_state(self.run_dir, spent_s=round(self.spent(), 3))
-        if self.budget_s is not None and self.spent() >= self.budget_s:
-            self.budget_hit = True
+                write_state(self.run_dir, spent_s=round(self.spent(), 3))
+            self.budget_hit = self.spent() >= self.budget_s
         return self.reached or self.budget_hit

@@ -69,6 +69,14 @@ class _Waiter:
         self.loop, self.future, self.pending, self.error = loop, future, pending, None
 
 
+def _by_kind(events) -> dict[str, list]:
+    """(kind, row) pairs as rows per table kind, for one transaction."""
+    out: dict[str, list] = {}
+    for kind, row in events:
+        out.setdefault(kind, []).append(row)
+    return out
+
+
 def _wake_waiters(waiters: list[_Waiter]) -> None:
     for w in waiters:  # runs on the waiters' event loop
         if not w.future.done():
@@ -119,11 +127,8 @@ class EventWriter:
         uses its own pooled connection and SQLite serialises the two commits."""
         if self._closed:
             raise RuntimeError("event writer is closed")
-        by_kind: dict[str, list] = {}
-        for kind, row in events:
-            by_kind.setdefault(kind, []).append(row)
-        if by_kind:
-            self._insert(by_kind)
+        if events:
+            self._insert(_by_kind(events))
 
     def _enqueue(self, items: list, waiter) -> None:
         if self._closed:
@@ -189,12 +194,9 @@ class EventWriter:
                 self._unsynced_since = time.monotonic()  # the failed window is retried, not forgotten
 
     def _commit(self, batch: list) -> None:
-        by_kind: dict[str, list] = {}
-        for kind, row, _ in batch:
-            by_kind.setdefault(kind, []).append(row)
         error = None
         try:
-            self._insert(by_kind)
+            self._insert(_by_kind((kind, row) for kind, row, _ in batch))
         except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
             log.exception("event commit failed")
             error = exc

@@ -74,7 +74,7 @@ SYNC_MODES = ("normal", "full")
 
 
 def engine_for(url: str, sync: str = "normal") -> sa.Engine:
-    """An engine for the store; SQLite connections in WAL mode with `sync` (module docstring:
+    """An engine for the store; SQLite connections in WAL mode with `sync` (serve/event_writer.py:
     normal = committed in the WAL and fsynced by the next checkpoint, full = fsynced per commit)."""
     if sync not in SYNC_MODES:
         raise ValueError(f"events.sync must be one of {SYNC_MODES}, got {sync!r}")
