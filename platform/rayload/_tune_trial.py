@@ -10,6 +10,7 @@ or re-attached trial resumes from its last epoch.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from .train.session import LocalSession
@@ -48,7 +49,9 @@ class TuneSession(LocalSession):
         import ray.tune
 
         super().report(metrics, checkpoint_dir, name)
-        ray.tune.report({**metrics, "checkpoint": os.path.join(self.run_dir, name)})
+        # reported_at: Tune's own `timestamp` is in whole seconds, too coarse to time a search
+        # whose trials report every second or two (benchmarks/bench_tune.py asha-stream)
+        ray.tune.report({**metrics, "checkpoint": os.path.join(self.run_dir, name), "reported_at": time.time()})
 
 
 def job_trial(config: dict, search: JobSearch) -> None:
