@@ -8,7 +8,9 @@ only sees its training rows. This script scores the same held-out rows with orac
 generator's functional form and every numeric weight, and estimate each categorical ID's effect
 from its training count n alone, as the Gaussian posterior mean (prior N(0, s^2), n rows of
 Fisher information p(1 - p) each, estimation noise included); interactions are known exactly
-where both IDs were seen at least 10 times (generous). No learner can expect to beat the
+where both IDs were seen at least 10 times (generous), and in a second, less generous line each
+interaction's per-ID factors are shrunk the same way as the main effects (each as if its partner's
+factors were known, so still an upper bound). No learner can expect to beat the
 shrunk oracle by much, so it is the finite-data ceiling for a job with that many training rows.
 It also shows what a choice of features costs inside that oracle (median imputation of missing
 counts instead of the generator's zero; interactions left out). Numpy only: no training.
@@ -28,6 +30,14 @@ sys.path.insert(0, os.path.join(ROOT, "platform"))
 from rayload.data import synthetic as S  # noqa: E402
 
 INFO = 0.19  # p(1 - p) at the generator's 25% positive rate
+
+
+def _shrunk_factor(true: np.ndarray, n: np.ndarray, info_per_row: float, rng) -> np.ndarray:
+    """Posterior means of standard-normal per-ID factors (index 0, the missing ID, is 0) seen n
+    times, each row worth `info_per_row` of Fisher information, estimation noise drawn."""
+    info = n * INFO * info_per_row
+    noise = rng.normal(0.0, 1.0, len(true)) / np.sqrt(np.maximum(info, 1e-12))
+    return np.where(n > 0, info / (info + 1.0) * (true + noise), 0.0)
 
 
 def ceiling(train_rows: int, test_rows: int, seed: int) -> dict[str, float]:
@@ -59,7 +69,7 @@ def ceiling(train_rows: int, test_rows: int, seed: int) -> dict[str, float]:
     medians = np.array([np.median(np.log1p(x[v])) for x, v in zip(d["nums"], d["num_valid"])])[:, None]
     num = model.scales[0] * sum(w * lg for w, lg in zip(model.num_w, logs))
     num_median = model.scales[0] * sum(w * lg for w, lg in zip(model.num_w, np.where(d["num_valid"], logs, medians)))
-    inter = np.zeros(len(p))
+    inter, inter_shrunk = np.zeros(len(p)), np.zeros(len(p))
     for kind, a, b, gamma, key in model.pairs:
         fa = S._per_id(S._hash_normal, d["ranks"][a], key, model.cards[a])
         fb = S._per_id(S._hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b]
@@ -67,8 +77,19 @@ def ceiling(train_rows: int, test_rows: int, seed: int) -> dict[str, float]:
         if kind == "cc":
             known &= counts[b][d["ranks"][b]] >= 10
         inter += model.scales[2] * np.where(known, gamma * fa * fb, 0.0)
+        # Each per-ID factor estimated like a main effect, as if its partner's factors were known:
+        # a row carries Fisher information INFO * (scale * gamma * partner)^2 about it, partner
+        # factors have mean square 1 (a numeric partner: its mean square log1p count).
+        partner_sq = 1.0 if kind == "cc" else float(np.mean(logs[b] ** 2))
+        fa_hat = _shrunk_factor(S._id_table(S._hash_normal, key, model.cards[a]), counts[a], (model.scales[2] * gamma) ** 2 * partner_sq, rng)
+        if kind == "cc":
+            fb_hat = _shrunk_factor(S._id_table(S._hash_normal, key ^ 1, model.cards[b]), counts[b], (model.scales[2] * gamma) ** 2, rng)
+            inter_shrunk += model.scales[2] * gamma * fa_hat[d["ranks"][a]] * fb_hat[d["ranks"][b]]
+        else:
+            inter_shrunk += model.scales[2] * gamma * fa_hat[d["ranks"][a]] * fb
     scores = {"Bayes (true probability)": np.log(p / (1 - p)), "oracle: exact effects of every ID seen in training": num + exact + inter,
               "oracle: shrunk effects (the finite-data ceiling)": num + shrunk + inter,
+              "  ... with the interactions' factors shrunk too": num + shrunk + inter_shrunk,
               "  ... with missing counts imputed by the median": num_median + shrunk + inter,
               "  ... without the interactions": num + shrunk}
     return {name: S.weighted_auc(s, p, 1 - p) for name, s in scores.items()}

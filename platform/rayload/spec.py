@@ -232,6 +232,14 @@ class TrainSpec(_Spec):
     sparse_optimizer: Literal["adam", "adagrad"] = "adam"
     weight_decay: float = Field(default=0.0, ge=0.0)
     embedding_l2: float = Field(default=0.0, ge=0.0, description="L2 on the embedding rows a batch uses")
+    # embedding_l2 weighs every occurrence of an ID alike, so an ID seen n times is pulled n
+    # times as hard and a rare ID hardly at all: rare rows overfit after an epoch or so. The
+    # prior weighs each row a batch uses by 1 / its ID's training count, so over an epoch every
+    # ID gets the same pull toward 0 (a Gaussian prior per ID): a rare ID's row stays near 0
+    # until its data outweighs the prior, a frequent one follows its data (benchmarks/RESULTS.md).
+    embedding_prior: float = Field(default=0.0, ge=0.0, description="Gaussian prior on every embedding row, per ID: each "
+                                   "row a batch uses is penalised by embedding_prior x squared norm / its ID's count in "
+                                   "the training split / batch size; 0: off")
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
     # fp32 matrix products on CUDA GPUs (Ampere and later) run on the tensor cores in TF32
     # (10-bit mantissa, fp32 range); false keeps them exact fp32. No effect on CPU.

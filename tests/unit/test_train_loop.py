@@ -487,3 +487,71 @@ def test_validation_reader_is_chosen_once_so_uneven_val_caches_cannot_deadlock(t
     pq.write_table(table(2100, 3), path)
     r0, r1 = _spawn_two(_uneven_val_caches, path)
     assert r0 == ([1076] * 3, False) and r1 == ([1024] * 3, True)
+
+
+def test_embedding_prior_weighs_each_row_by_its_ids_training_count():
+    from rayload.models._inputs import FieldEmbeddings, InputShape
+
+    torch.manual_seed(0)
+    emb = FieldEmbeddings(InputShape(dense=0, sparse=(5,), bags=(4,)), 3)
+    counts_c, counts_b = torch.tensor([1.0, 2.0, 10.0, 4.0, 1.0]), torch.tensor([1.0, 5.0, 2.0, 8.0])
+    emb.inv_counts = [1 / counts_c, 1 / counts_b]
+    sparse = torch.tensor([[2], [2], [1], [3]])
+    values, offsets = torch.tensor([1, 3, 3, 2, 1]), torch.tensor([0, 2, 3, 4])  # bags [1, 3], [3], [2], [1]
+    emb.train()
+    emb(sparse, [values], [offsets])
+    table, bag = emb.tables[0].weight, emb.bags[0].weight
+    want = (sum(table[i].pow(2).sum() / counts_c[i] for i in [2, 2, 1, 3])
+            + sum(bag[v].pow(2).sum() / counts_b[v] for v in [1, 3, 3, 2, 1])) / 4
+    assert torch.allclose(emb.last_prior, want)
+    emb.last_prior.backward()
+    # d/d(row) = 2 * row * (times used in the batch / training count) / batch size
+    assert torch.allclose(table.grad[2], 2 * table[2] * (2 / 10) / 4)
+    assert torch.allclose(table.grad[1], 2 * table[1] * (1 / 2) / 4)
+    assert torch.allclose(table.grad[0], torch.zeros(3))
+    assert torch.allclose(bag.grad[3], 2 * bag[3] * (2 / 8) / 4)
+    emb.eval()
+    emb(sparse, [values], [offsets])
+    assert emb.last_prior is None
+
+
+def test_id_counts_come_from_the_training_shards_and_refuse_ids_outside_a_table(tmp_path):
+    import pyarrow.parquet as pq
+
+    from rayload.data.pipeline import LocalShards
+    from rayload.errors import DataError
+    from rayload.train.prior import id_counts
+
+    parts = [table(300, 0), table(200, 1)]
+    files = []
+    for i, part in enumerate(parts):
+        files.append(str(tmp_path / f"part-{i}.parquet"))
+        pq.write_table(part, files[-1])
+    counts = id_counts(features(), LocalShards(files))
+    whole = pa.concat_tables(parts)
+    fitted = features()
+    assert set(counts) == {"c", "b"}
+    assert counts["c"].tolist() == np.bincount(whole.column("c").to_numpy(), minlength=fitted.sparse_columns["c"]).tolist()
+    flat = np.concatenate([np.asarray(v, dtype=np.int64) for v in whole.column("b").to_pylist()])
+    assert counts["b"].tolist() == np.bincount(flat, minlength=fitted.bag_columns["b"]).tolist()
+    bad = table(10, 2).set_column(1, "c", pa.array([99] * 10, pa.int64()))
+    pq.write_table(bad, str(tmp_path / "bad.parquet"))
+    with pytest.raises(DataError, match="column c: ID 99 outside its embedding table"):
+        id_counts(features(), LocalShards([str(tmp_path / "bad.parquet")]))
+
+
+def test_embedding_prior_trains_and_needs_the_id_counts(tmp_path):
+    from rayload.data.pipeline import LocalShards
+    from rayload.errors import RayloadError
+    from rayload.train.prior import id_counts
+    import pyarrow.parquet as pq
+
+    train = table(4096, 0)
+    pq.write_table(train, str(tmp_path / "train.parquet"))
+    counts = id_counts(features(), LocalShards([str(tmp_path / "train.parquet")]))
+    spec = job(epochs=2, embedding_prior=5.0)
+    session = MemorySession(train, table(2048, 1), str(tmp_path))
+    run(spec, features(), session, {"train_rows": 4096, "manifest": {}, "id_counts": counts})
+    assert session.reports[-1][0]["val_auc"] > 0.75
+    with pytest.raises(RayloadError, match="embedding_prior is set but the loop got no ID counts"):
+        run(spec, features(), MemorySession(train, table(64, 1), str(tmp_path / "b")), {"train_rows": 4096, "manifest": {}})

@@ -36,6 +36,10 @@ class FieldEmbeddings(nn.Module):
         super().__init__()
         self.dim = dim
         self.last_sq: torch.Tensor | None = None  # mean squared norm of the rows used (for L2)
+        # train.embedding_prior: 1 / training count of every ID, per table then per bag (set by
+        # train.prior.attach; plain attributes, not buffers: DDP would broadcast buffers every step)
+        self.inv_counts: list[torch.Tensor] | None = None
+        self.last_prior: torch.Tensor | None = None  # sum over the rows used of |row|^2 / count, / batch size
         self.tables = nn.ModuleList(nn.Embedding(n, dim, sparse=sparse_grad) for n in shape.sparse)
         self.bags = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="mean", sparse=sparse_grad) for n in shape.bags)
         for m in [*self.tables, *self.bags]:
@@ -49,7 +53,20 @@ class FieldEmbeddings(nn.Module):
         out = torch.stack(parts, dim=1)
         # Regularise only the rows this batch used: L2 over whole tables would touch every row.
         self.last_sq = out.float().pow(2).sum() / max(out.shape[0], 1) if self.training else None
+        self.last_prior = self._prior(sparse, out, bag_values) if self.training and self.inv_counts is not None else None
         return out
+
+    def _prior(self, sparse: torch.Tensor, out: torch.Tensor, bag_values: list[torch.Tensor]) -> torch.Tensor:
+        """Each row used, weighted by 1 / its ID's training count: summed over an epoch every ID
+        contributes |row|^2 once, whatever its frequency (a Gaussian prior per ID). A bag's
+        values are weighed one by one (the bag's pooled vector is not one ID's row)."""
+        n = len(self.tables)
+        total = (out[:, :n].float().pow(2).sum(-1) * torch.stack([w[sparse[:, i]] for i, w in enumerate(self.inv_counts[:n])], 1)).sum() \
+            if n else out.new_zeros((), dtype=torch.float32)
+        for bag, values, w in zip(self.bags, bag_values, self.inv_counts[n:]):
+            rows = nn.functional.embedding(values, bag.weight, sparse=bag.sparse)
+            total = total + (rows.float().pow(2).sum(-1) * w[values]).sum()
+        return total / max(out.shape[0], 1)
 
 
 def aligned(width: int, align: int) -> int:

@@ -25,7 +25,7 @@ from ..models import InputShape, build_model
 from ..models._inputs import FieldEmbeddings
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from . import transfer
+from . import prior, transfer
 from .batch import Batch, Layout
 from .sparse_sync import SparseGradSync, keep_out_of_ddp, sparse_tables
 from .session import RaySession, Session, scratch_dir
@@ -120,12 +120,15 @@ def lr_lambda(spec: JobSpec, total_steps: int):
 class Trainer:
     """Per-worker state of one run: model, optimizers, scaler, schedule, counters."""
 
-    def __init__(self, spec: JobSpec, features: FittedFeatures, session: Session, steps_per_epoch: int):
+    def __init__(self, spec: JobSpec, features: FittedFeatures, session: Session, steps_per_epoch: int,
+                 id_counts: dict | None = None):
         self.spec, self.features, self.session = spec, features, session
         self.precision = resolve_precision(spec.train.precision, session.device)
         if session.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.model = make_model(spec, features, session)
+        if spec.train.embedding_prior:
+            prior.attach(self.model, features, id_counts, session.device)
         self.optimizers = make_optimizers(self.model, spec)
         tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
         self.sparse_sync = SparseGradSync(tables, session.world_size) if tables and session.world_size > 1 else None
@@ -158,6 +161,9 @@ class Trainer:
         if self.spec.train.embedding_l2:
             reg = sum(m.last_sq for m in self.model.modules() if isinstance(m, FieldEmbeddings) and m.last_sq is not None)
             loss = loss + self.spec.train.embedding_l2 * reg
+        if self.spec.train.embedding_prior:
+            reg = sum(m.last_prior for m in self.model.modules() if isinstance(m, FieldEmbeddings) and m.last_prior is not None)
+            loss = loss + self.spec.train.embedding_prior * reg
         return loss
 
     def step(self, micro_batches: list[Batch]) -> float:
@@ -305,7 +311,7 @@ class Fault:
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
     steps = max(1, context["train_rows"] // max(1, session.world_size * spec.train.batch_size))
-    trainer = Trainer(spec, features, session, steps)
+    trainer = Trainer(spec, features, session, steps, context.get("id_counts"))
     with session.latest_checkpoint() as path:
         if path:
             trainer.restore(path)

@@ -75,8 +75,13 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
 
 def loop_context(spec: JobSpec, pre: PreprocessResult) -> dict:
     """What the loop needs besides the spec and features (plain data: it crosses to workers)."""
-    return {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT"),
-            "val_files": pre.files.get("val", [])}
+    context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT"),
+               "val_files": pre.files.get("val", [])}
+    if spec.train.embedding_prior:
+        from .prior import id_counts
+
+        context["id_counts"] = id_counts(pre.features, pre.batches("train"))  # one read of the ID columns
+    return context
 
 
 def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
