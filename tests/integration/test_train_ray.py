@@ -39,7 +39,8 @@ def job(path: str, **sections) -> JobSpec:
 
 def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_path, monkeypatch):
     """With sparse embedding tables (SparseAdam state and SparseGradSync's path in a real Ray
-    Train group; the other 2-worker tests train dense tables)."""
+    Train group; the other 2-worker tests train dense tables) and the per-ID embedding prior
+    (its ID counts cross to the workers with the loop's context, also after the restart)."""
     import ray
 
     def coordinators():  # every SplitCoordinator this Ray has seen, live or dead
@@ -51,7 +52,7 @@ def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_
     # checkpoint asynchronously, so a crash right after report() can lose it.
     monkeypatch.setenv("RAYLOAD_FAULT", f"epoch=1,rank=1,batch=80,delay=5,marker={marker}")
     res = fit(job(movielens_subset, model={"sparse_embeddings": True},
-                  train={"epochs": 2, "max_failures": 2, "batch_size": 128, "storage_path": str(tmp_path)}),
+                  train={"epochs": 2, "max_failures": 2, "batch_size": 128, "storage_path": str(tmp_path), "embedding_prior": 2.0}),
               evaluate_test=False)
     assert marker.exists()
     assert [h["epoch"] for h in res.history] == [0, 1]  # resumed at checkpoint epoch 0 + 1
