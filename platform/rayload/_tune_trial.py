@@ -27,7 +27,7 @@ class JobSearch:
 
     raw: dict  # the base job spec (fixed changes applied) as plain data
     run_dir: str
-    variants: dict  # variant key (preprocessing params as JSON) -> (PreprocessResult, datasets)
+    variants: dict  # variant key (preprocessing params as JSON) -> (PreprocessResult, datasets, ID counts or None)
     preprocessing_paths: tuple[str, ...]
     workers: int
 
@@ -60,8 +60,8 @@ def job_trial(config: dict, search: JobSearch) -> None:
     from .train.trainer import _fit_local, _fit_ray, loop_context
 
     spec = job_from(search.raw, config["params"])
-    pre, datasets = search.variants[variant_key(config["params"], search.preprocessing_paths)]
-    context = loop_context(spec, pre)
+    pre, datasets, counts = search.variants[variant_key(config["params"], search.preprocessing_paths)]
+    context = loop_context(spec, pre, counts)
     folder = trial_dir(search.run_dir, config["number"])
     if search.workers == 1:
         _fit_local(spec, pre, folder, context, session_cls=TuneSession, datasets=dict(datasets))

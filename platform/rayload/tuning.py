@@ -134,15 +134,20 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     never finish)."""
     from ._tune_trial import variant_key
     from .data.pipeline import preprocess
+    from .train.prior import id_counts
     from .train.trainer import training_datasets
 
     values = [spec.space[p].values for p in paths]
+    # train.embedding_prior needs every ID's training count: counted here once per variant (the
+    # trials read no data themselves, and may run where the driver's shards are not on disk)
+    prior = bool(raw.get("train", {}).get("embedding_prior")) or "train.embedding_prior" in spec.space
     out = {}
     for combo in itertools.product(*values):
         params = dict(zip(paths, combo))
         job = job_from(raw, params)
         pre = preprocess(job, address=address)
-        out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset))
+        counts = id_counts(pre.features, pre.batches("train")) if prior else None
+        out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset), counts)
     return out
 
 

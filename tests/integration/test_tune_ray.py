@@ -41,7 +41,9 @@ def search(base: str, tmp_path, **fields) -> str:
 
 
 def test_random_search_table_best_yaml_plots_and_best_yaml_trains(base_job, tmp_path):
-    res = rayload.tune(search(base_job, tmp_path, strategy="random"))
+    """With the per-ID embedding prior: trials get the ID counts the search took once per data
+    variant, `rayload train` counts them itself, and both train the same model."""
+    res = rayload.tune(search(base_job, tmp_path, strategy="random", fixed={"train.embedding_prior": 1.0}))
     assert res.counts() == {"complete": 3}
     values = [r["value"] for r in res.trials]
     assert values == sorted(values, reverse=True) and res.best_value == values[0] > 0.5
@@ -50,6 +52,7 @@ def test_random_search_table_best_yaml_plots_and_best_yaml_trains(base_job, tmp_
     assert os.path.isdir(res.best["checkpoint"])
     best = rayload.load_spec(res.best_spec)
     assert best.train.lr == pytest.approx(res.best_params["train.lr"]) and best.model.embedding_dim == res.best_params["model.embedding_dim"]
+    assert best.train.embedding_prior == 1.0
     trained = rayload.train(best, evaluate_test=False)
     assert trained.metrics["val_auc"] == pytest.approx(res.best_value, abs=1e-6)  # same seed, same data: the same model
     assert open(os.path.join(res.run_dir, "trials.csv")).read().count("\n") == 4

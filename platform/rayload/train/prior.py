@@ -50,7 +50,8 @@ def id_counts(features, train) -> dict[str, np.ndarray]:
                 raise DataError(f"column {name}: ID {int(ids.max() if ids.max() >= size else ids.min())} outside its "
                                     f"embedding table of {size} rows; the shards do not match features.json")
             counts[name] += np.bincount(ids, minlength=size)
-    return counts
+    # int32 halves what travels to every worker, where no count is too large for it
+    return {name: c.astype(np.int32) if c.max(initial=0) < 2**31 else c for name, c in counts.items()}
 
 
 def attach(model, features, counts: dict[str, np.ndarray] | None, device) -> None:
