@@ -80,7 +80,10 @@ def test_train_then_evaluate_a_checkpoint(tmp_path):
     r = cli("compress", checkpoint, "--method", "int8", home=tmp_path)
     assert r.returncode == 0 and "wrote" in r.stdout and "validation AUC" in r.stdout, r.stdout + r.stderr[-3000:]
     assert os.path.exists(os.path.join(checkpoint + "-int8", "model.pt"))
-    r = cli("compress", checkpoint, "--method", "prune", "--amount", "0.99", home=tmp_path)
+    # The gate is tightened for this model: its FM and first-order parts carry most of the
+    # signal (more so since the job's per-ID embedding prior), so pruning 99% of the MLP's
+    # weights costs it about 0.002 AUC, right at the default allowance.
+    r = cli("compress", checkpoint, "--method", "prune", "--amount", "0.99", "--max-auc-drop", "0.0005", home=tmp_path)
     assert r.returncode == 1 and "refused" in r.stderr and "validation AUC" in r.stderr, r.stdout + r.stderr[-3000:]
     assert not os.path.exists(checkpoint + "-prune99")
 
