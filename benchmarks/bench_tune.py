@@ -122,13 +122,18 @@ def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: i
     return res, time.perf_counter() - start
 
 
-def best_so_far(res) -> list[tuple[float, float]]:
-    """(finish time since the search began, best value so far) in the order trials finished."""
+def load_study(res):
+    """The Optuna study a search's TuneResult stored its trials in."""
     import optuna
 
     from rayload.tuning import read_state
 
-    study = optuna.load_study(study_name=read_state(res.run_dir)["study"], storage=res.storage)
+    return optuna.load_study(study_name=read_state(res.run_dir)["study"], storage=res.storage)
+
+
+def best_so_far(res) -> list[tuple[float, float]]:
+    """(finish time since the search began, best value so far) in the order trials finished."""
+    study = load_study(res)
     done = sorted((t for t in study.trials if t.datetime_complete), key=lambda t: t.datetime_complete)
     if not done:
         return []
@@ -223,12 +228,7 @@ def first_trial_start(res) -> float:
     """Unix time the search's first trial was asked for (Optuna's datetime_start, ms precision):
     everything before it (Ray Tune's start-up, the driver preparing the data) is the same on
     both sides and does not depend on the scheduler."""
-    import optuna
-
-    from rayload.tuning import read_state
-
-    study = optuna.load_study(study_name=read_state(res.run_dir)["study"], storage=res.storage)
-    return min(t.datetime_start.timestamp() for t in study.trials if t.datetime_start)
+    return min(t.datetime_start.timestamp() for t in load_study(res).trials if t.datetime_start)
 
 
 def bench_asha_stream(args) -> None:

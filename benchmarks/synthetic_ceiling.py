@@ -33,8 +33,8 @@ INFO = 0.19  # p(1 - p) at the generator's 25% positive rate
 
 
 def _shrunk_factor(true: np.ndarray, n: np.ndarray, info_per_row: float, rng) -> np.ndarray:
-    """Posterior means of standard-normal per-ID factors (index 0, the missing ID, is 0) seen n
-    times, each row worth `info_per_row` of Fisher information, estimation noise drawn."""
+    """Posterior means of standard-normal per-ID effects or factors (an ID never seen: 0) seen n
+    times, each row worth INFO x `info_per_row` of Fisher information, estimation noise drawn."""
     info = n * INFO * info_per_row
     noise = rng.normal(0.0, 1.0, len(true)) / np.sqrt(np.maximum(info, 1e-12))
     return np.where(n > 0, info / (info + 1.0) * (true + noise), 0.0)
@@ -60,19 +60,15 @@ def ceiling(train_rows: int, test_rows: int, seed: int) -> dict[str, float]:
     shrunk, exact = np.zeros(len(p)), np.zeros(len(p))
     for j, (sigma, key, card, ranks) in enumerate(zip(model.cat_sigma, model.cat_keys, model.cards, d["ranks"])):
         scale = model.scales[1] * sigma
-        true, n = S._id_table(S._hash_normal, key, card) * scale, counts[j]
-        weight = n * INFO * scale**2 / (n * INFO * scale**2 + 1.0)
-        noise = rng.normal(0.0, 1.0, card + 1) / np.sqrt(np.maximum(n, 1) * INFO)
-        shrunk += np.where(n > 0, weight * (true + noise), 0.0)[ranks]
-        exact += np.where(n > 0, true, 0.0)[ranks]
-    logs = np.where(d["num_valid"], np.log1p(d["nums"]), 0.0)
+        unit, n = S._id_table(S._hash_normal, key, card), counts[j]
+        shrunk += scale * _shrunk_factor(unit, n, scale**2, rng)[ranks]
+        exact += np.where(n > 0, unit * scale, 0.0)[ranks]
+    logs = S._logs(d)
     medians = np.array([np.median(np.log1p(x[v])) for x, v in zip(d["nums"], d["num_valid"])])[:, None]
     num = model.scales[0] * sum(w * lg for w, lg in zip(model.num_w, logs))
     num_median = model.scales[0] * sum(w * lg for w, lg in zip(model.num_w, np.where(d["num_valid"], logs, medians)))
     inter, inter_shrunk = np.zeros(len(p)), np.zeros(len(p))
-    for kind, a, b, gamma, key in model.pairs:
-        fa = S._per_id(S._hash_normal, d["ranks"][a], key, model.cards[a])
-        fb = S._per_id(S._hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b]
+    for (kind, a, b, gamma, key), (fa, fb) in zip(model.pairs, S._pair_factors(model, d, logs)):
         known = counts[a][d["ranks"][a]] >= 10
         if kind == "cc":
             known &= counts[b][d["ranks"][b]] >= 10

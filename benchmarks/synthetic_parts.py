@@ -43,10 +43,7 @@ def true_parts(params, start_chunk: int, chunks: int):
         num, cat, _ = S._raw_scores(model, d)
         parts["numeric"].append(model.scales[0] * num)
         parts["categorical"].append(model.scales[1] * cat)
-        logs = np.where(d["num_valid"], np.log1p(d["nums"]), 0.0)
-        for name, (kind, a, b, gamma, key) in zip(names[2:], model.pairs):
-            fa = S._per_id(S._hash_normal, d["ranks"][a], key, model.cards[a])
-            fb = S._per_id(S._hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b]
+        for name, (_, _, _, gamma, _), (fa, fb) in zip(names[2:], model.pairs, S._pair_factors(model, d, S._logs(d))):
             parts[name].append(model.scales[2] * gamma * fa * fb)
         probs.append(S._sigmoid(S._logit(model, d)))
         tables.append(S._to_table(params, model, d, probs[-1]))
@@ -89,8 +86,9 @@ def main() -> None:
     print(f"{args.checkpoint}: {len(z):,} fresh rows (chunks from {first}) of synthetic-ctr seed {params.seed}, {params.rows:,} rows")
     print(f"  model AUC against the true probability {S.weighted_auc(z, p, 1 - p):.4f}; Bayes {bayes:.4f}")
     names = list(parts)
-    coef, *_ = np.linalg.lstsq(np.column_stack([parts[n] for n in names] + [np.ones_like(z)]), z, rcond=None)
-    resid = z - np.column_stack([parts[n] for n in names] + [np.ones_like(z)]) @ coef
+    design = np.column_stack([parts[n] for n in names] + [np.ones_like(z)])
+    coef, *_ = np.linalg.lstsq(design, z, rcond=None)
+    resid = z - design @ coef
     print(f"  model logit = sum of coefficient x true part + {coef[-1]:.3f} + residual (sd {resid.std():.3f}; "
           f"model logit sd {z.std():.3f}, true logit sd {truth.std():.3f})")
     print(f"  {'part':<22} {'coefficient':>11} {'part sd':>8} {'Bayes AUC without it':>21}")

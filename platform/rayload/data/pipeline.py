@@ -82,12 +82,16 @@ class LocalShards:
     Dataset's interface that in-process readers (evaluation, the compression gate) use."""
 
     files: list[str]
+    columns: list[str] | None = None  # None: all
+
+    def select_columns(self, columns: list[str]) -> "LocalShards":
+        return replace(self, columns=list(columns))
 
     def iter_batches(self, batch_size: int = 8192, batch_format: str = "pyarrow"):
         if batch_format != "pyarrow":
             raise ValueError(f"LocalShards yields pyarrow tables only, got batch_format={batch_format!r}")
         for path in self.files:
-            for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+            for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=self.columns):
                 yield pa.Table.from_batches([record_batch])
 
     def exact_batches(self, batch_size: int):

@@ -182,17 +182,28 @@ def _draw(params: SynthParams, model: _Model, seq: np.random.SeedSequence, n: in
     return {"label_u": label_u, "nums": nums, "num_valid": num_valid, "ranks": ranks}
 
 
+def _logs(d: dict[str, np.ndarray]) -> np.ndarray:
+    """log1p of every numeric count, 0 where missing (the generator's view of a missing count)."""
+    return np.where(d["num_valid"], np.log1p(d["nums"]), 0.0)
+
+
+def _pair_factors(model: _Model, d: dict[str, np.ndarray], logs: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per planted interaction (model.pairs order), its two per-row factors: the first ID's
+    factor and the second ID's (cat x cat) or the numeric log count (cat x numeric)."""
+    return [(_per_id(_hash_normal, d["ranks"][a], key, model.cards[a]),
+             _per_id(_hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b])
+            for kind, a, b, _, key in model.pairs]
+
+
 def _raw_scores(model: _Model, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Unscaled logit parts (numeric, categorical, interactions); missing values add 0."""
-    logs = np.where(d["num_valid"], np.log1p(d["nums"]), 0.0)
+    logs = _logs(d)
     num, cat, inter = (np.zeros(len(d["label_u"])) for _ in range(3))
     for w, lg in zip(model.num_w, logs):  # a plain loop, not BLAS: same sums whatever the slice
         num += w * lg
     for sigma, key, card, r in zip(model.cat_sigma, model.cat_keys, model.cards, d["ranks"]):
         cat += sigma * _per_id(_hash_normal, r, key, card)
-    for kind, a, b, gamma, key in model.pairs:
-        fa = _per_id(_hash_normal, d["ranks"][a], key, model.cards[a])
-        fb = _per_id(_hash_normal, d["ranks"][b], key ^ 1, model.cards[b]) if kind == "cc" else logs[b]
+    for (_, _, _, gamma, _), (fa, fb) in zip(model.pairs, _pair_factors(model, d, logs)):
         inter += gamma * fa * fb
     return num, cat, inter
 

@@ -127,8 +127,9 @@ class Trainer:
         if session.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.model = make_model(spec, features, session)
+        self.embeddings = [m for m in self.model.modules() if isinstance(m, FieldEmbeddings)]  # for the penalties
         if spec.train.embedding_prior:
-            prior.attach(self.model, features, id_counts, session.device)
+            prior.attach(self.embeddings, features, id_counts, session.device)
         self.optimizers = make_optimizers(self.model, spec)
         tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
         self.sparse_sync = SparseGradSync(tables, session.world_size) if tables and session.world_size > 1 else None
@@ -159,11 +160,9 @@ class Trainer:
         else:
             loss = nn.functional.mse_loss(out, batch.label)
         if self.spec.train.embedding_l2:
-            reg = sum(m.last_sq for m in self.model.modules() if isinstance(m, FieldEmbeddings) and m.last_sq is not None)
-            loss = loss + self.spec.train.embedding_l2 * reg
+            loss = loss + self.spec.train.embedding_l2 * sum(m.last_sq for m in self.embeddings if m.last_sq is not None)
         if self.spec.train.embedding_prior:
-            reg = sum(m.last_prior for m in self.model.modules() if isinstance(m, FieldEmbeddings) and m.last_prior is not None)
-            loss = loss + self.spec.train.embedding_prior * reg
+            loss = loss + self.spec.train.embedding_prior * sum(m.last_prior for m in self.embeddings if m.last_prior is not None)
         return loss
 
     def step(self, micro_batches: list[Batch]) -> float:

@@ -13,9 +13,7 @@ workers train on, after rebalancing), and travel to the workers with the loop's 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..errors import DataError, RayloadError
 
@@ -28,37 +26,31 @@ def embedded_columns(features) -> dict[str, int]:
 
 def id_counts(features, train) -> dict[str, np.ndarray]:
     """How often every ID of every embedded column occurs in the training split `train`
-    (`PreprocessResult.batches("train")`: local shards or a Ray Dataset); index = the ID."""
-    from ..data.pipeline import LocalShards
-
+    (`PreprocessResult.batches("train")`: local shards or a Ray Dataset; only the ID columns are
+    read); index = the ID."""
     columns = embedded_columns(features)
     counts = {name: np.zeros(size, dtype=np.int64) for name, size in columns.items()}
     if not counts:
         return counts
-    if isinstance(train, LocalShards):
-        tables = (pa.Table.from_batches([b]) for path in train.files
-                  for b in pq.ParquetFile(path).iter_batches(batch_size=65_536, columns=list(columns)))
-    else:
-        tables = train.select_columns(list(columns)).iter_batches(batch_size=65_536, batch_format="pyarrow")
-    for table in tables:
+    for table in train.select_columns(list(columns)).iter_batches(batch_size=65_536, batch_format="pyarrow"):
         for name, size in columns.items():
             col = table.column(name)
             if name in features.bag_columns:
                 col = pc.list_flatten(col)
             ids = col.to_numpy(zero_copy_only=False)
-            if len(ids) and (ids.min() < 0 or ids.max() >= size):
-                raise DataError(f"column {name}: ID {int(ids.max() if ids.max() >= size else ids.min())} outside its "
-                                    f"embedding table of {size} rows; the shards do not match features.json")
+            outside = ids[(ids < 0) | (ids >= size)]
+            if len(outside):
+                raise DataError(f"column {name}: ID {int(outside[0])} outside its embedding table of {size} rows; "
+                                "the shards do not match features.json")
             counts[name] += np.bincount(ids, minlength=size)
     # int32 halves what travels to every worker, where no count is too large for it
     return {name: c.astype(np.int32) if c.max(initial=0) < 2**31 else c for name, c in counts.items()}
 
 
-def attach(model, features, counts: dict[str, np.ndarray] | None, device) -> None:
-    """Give every embedding layer of `model` the inverse counts its forward pass weighs rows by."""
+def attach(embeddings: list, features, counts: dict[str, np.ndarray] | None, device) -> None:
+    """Give every embedding layer (the model's FieldEmbeddings) the inverse counts its forward
+    pass weighs rows by."""
     import torch
-
-    from ..models._inputs import FieldEmbeddings
 
     if counts is None:
         raise RayloadError("train.embedding_prior is set but the loop got no ID counts (context['id_counts'], "
@@ -68,6 +60,5 @@ def attach(model, features, counts: dict[str, np.ndarray] | None, device) -> Non
     if missing:
         raise RayloadError(f"train.embedding_prior: no ID counts matching features.json for {missing}")
     inverse = [torch.from_numpy(1.0 / np.maximum(counts[name], 1)).float().to(device) for name in columns]
-    for module in model.modules():
-        if isinstance(module, FieldEmbeddings):
-            module.inv_counts = inverse
+    for module in embeddings:
+        module.inv_counts = inverse
