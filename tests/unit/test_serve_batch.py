@@ -2,6 +2,7 @@
 transform of a mixed batch and score exactly what each model scores alone; a bad request in a
 mixed batch is isolated; request IDs are unique, unguessable and time-ordered."""
 
+import asyncio
 import time
 
 import numpy as np
@@ -106,13 +107,69 @@ def test_a_batch_whose_exposures_cannot_be_committed_answers_none_of_them_as_log
             raise OSError("disk full")
 
     router.writer = Broken()
-    failed = router._log_batch(items, list(results))
+    failed = asyncio.run(router._log_batch(items, list(results)))
     assert isinstance(failed[0], EventStoreError) and isinstance(failed[2], EventStoreError) and "disk full" in str(failed[0])
     assert isinstance(failed[1], DataError)
 
     router.writer = EventWriter(f"sqlite:///{tmp_path / 'events.db'}")
-    assert router._log_batch(items, results) is results
+    assert asyncio.run(router._log_batch(items, results)) is results
     router.writer.close()
     frame = EventReader(f"sqlite:///{tmp_path / 'events.db'}").frame("e").set_index("request_id")
     assert sorted(frame.index) == ["r1", "r3"]  # the bad request (422) is not an exposure
     assert frame.loc["r1", "score"] == max(results[0][0]) and frame.loc["r3", "arm"] == "b"
+
+
+def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms, tmp_path):
+    """While another connection holds SQLite's write lock (another replica on the same file),
+    the batch's exposures go to the writer thread instead of blocking the replica's event loop
+    on the lock: other coroutines keep running, the batch resumes once the lock is released,
+    and every exposure is stored once. Without the lock the commit is inline (write_now)."""
+    import sqlite3
+    import threading
+
+    from rayload.serve.app import ABRouter
+    from rayload.serve.event_writer import EventWriter
+    from rayload.serve.events import EventReader
+
+    scorers, rows = arms
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    router = object.__new__(ABRouter.func_or_class)
+    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    router.writer = EventWriter(url)
+    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", rows[3:4], ("r2", "u2", time.perf_counter()))]
+    results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
+
+    assert router.writer.write_now([]) is True
+    other = sqlite3.connect(tmp_path / "events.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the write lock, held
+    assert router.writer.write_now([("exposure", {"request_id": "x", "experiment": "e", "unit_id": "u", "arm": "a",
+                                                  "model_version": "v", "score": 0.5, "status": "ok", "latency_ms": 1.0,
+                                                  "layout": "{}", "ts": time.time()})]) is False  # refused, not waited
+
+    held_s = 0.6
+    threading.Timer(held_s, lambda: other.execute("COMMIT")).start()
+    ticks = []
+
+    async def main():
+        async def ticker():
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        out = await router._log_batch(items, results)
+        waited = time.perf_counter() - start
+        t.cancel()
+        return out, waited, start
+
+    out, waited, start = asyncio.run(main())
+    assert out is results and waited >= held_s * 0.8  # it did wait for the lock...
+    during = [t for t in ticks if start <= t <= start + waited]
+    assert len(during) >= 0.5 * held_s / 0.01  # ...without the event loop waiting with it
+    router.writer.close()
+    other.close()
+    reader = EventReader(url)
+    frame = reader.frame("e")
+    assert sorted(frame["request_id"]) == ["r1", "r2"]  # the refused write_now wrote nothing
+    reader.close()

@@ -237,9 +237,12 @@ class ABRouter:
         return {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm, "model_version": version,
                 "score": score, "status": status, "latency_ms": latency, "layout": self.layout_json, "ts": now, "features": features}
 
-    def _log_batch(self, items: list, results: list) -> list:
+    async def _log_batch(self, items: list, results: list) -> list:
         """A scored batch's exposures (those of callers that passed one), committed together
-        before any caller resumes; if the commit fails, those callers get EventStoreError."""
+        before any caller resumes; if the commit fails, those callers get EventStoreError. The
+        commit runs in this thread unless another connection holds the database's write lock;
+        then the writer thread commits them and this coroutine awaits it, so the event loop never
+        waits on the lock (serve/event_writer.py)."""
         now, perf = time.time(), time.perf_counter()
         events, logged = [], []
         for i, ((arm, rows, exposure), result) in enumerate(zip(items, results)):
@@ -253,7 +256,8 @@ class ABRouter:
                                                           now, features)))
             logged.append(i)
         try:
-            self.writer.write_now(events)
+            if not self.writer.write_now(events):
+                await self.writer.write(*events)
         except Exception as exc:
             log.exception("committing a batch's exposures failed")
             error = EventStoreError(f"event commit failed: {exc!r}")

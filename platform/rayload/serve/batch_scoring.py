@@ -12,7 +12,7 @@ class Models:
 
     `log`, when the router sets it, turns a scored batch's results into its exposures and
     commits them before any of the batch's callers resumes (one commit per batch, in this
-    thread: see EventWriter.write_now)."""
+    thread unless the database is locked: see EventWriter.write_now)."""
 
     def __init__(self, checkpoints: dict[str, str], drift: bool = False):
         from .scorer import Scorer
@@ -26,7 +26,7 @@ class Models:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
     async def _batched(self, items: list[tuple[str, list[dict], tuple | None]]) -> list:
         out = score_grouped(self.scorers, [(arm, rows) for arm, rows, _ in items])
-        return out if self.log is None else self.log(items, out)
+        return out if self.log is None else await self.log(items, out)
 
 
 def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:

@@ -13,7 +13,11 @@ its replica dies got no answer and may or may not be recorded.
 Two write paths share that guarantee. In combined mode the router commits a batch's exposures
 in the replica's own thread right after the batch's model calls (`write_now`, SQLite only: a
 local commit of a few dozen rows takes ~0.1 ms with the GIL released inside SQLite), so an
-answer never waits for another thread to wake. Everything else (outcomes, shadow scores, error
+answer never waits for another thread to wake. That commit never waits for SQLite's write lock:
+the replica's event loop runs it, and while another connection holds the lock (another replica
+on the same file, the writer thread's fsync commit) a waiting commit would stall every request
+and health check of the replica. It tries the lock once and, when the database is busy, commits
+nothing and hands the events to the writer thread, which waits for the lock off the loop. Everything else (outcomes, shadow scores, error
 exposures, separate mode, PostgreSQL, whose commit is a network round trip) goes through the
 writer thread's group commit: it commits everything that arrived within `flush_ms` of the
 group's first event (in transactions of at most `max_batch` rows), so the commit cost is
@@ -29,6 +33,8 @@ import threading
 import time
 from concurrent.futures import Future
 from typing import Any
+
+import sqlite3
 
 import sqlalchemy as sa
 
@@ -100,6 +106,8 @@ class EventWriter:
         # SQLite: commits can run in the caller's thread (write_now); with sync=normal the writer
         # thread checkpoints the WAL (fsyncing it) within fsync_s of the first commit since the last one.
         self.inline = self.engine.dialect.name == "sqlite"
+        # write_now's own connections fail at once on a locked database instead of waiting (see above)
+        self._inline_engine = engine_for(url, sync, busy_timeout_s=0) if self.inline else None
         self.fsync_s = fsync_s if self.inline and sync == "normal" else None
         self._unsynced_since: float | None = None  # monotonic time of the first commit not yet checkpointed
         self._inserts = {kind: _DriverInsert(self.engine, table) for kind, table in TABLES.items()}
@@ -121,14 +129,23 @@ class EventWriter:
         self._enqueue([(kind, row, waiter) for kind, row in events], waiter)
         await waiter.future
 
-    def write_now(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        """Insert and commit `events` in the calling thread (SQLite only: `inline`); returns once
-        they are committed, raises what the commit raised. Safe beside the writer thread: each
-        uses its own pooled connection and SQLite serialises the two commits."""
+    def write_now(self, events: list[tuple[str, dict[str, Any]]]) -> bool:
+        """Insert and commit `events` in the calling thread (SQLite only: `inline`) without
+        waiting for the write lock. True: they are committed. False: another connection held the
+        lock, nothing was written, and the caller writes them through `write` (the writer
+        thread, which waits). Raises what a commit raised for any other reason. Safe beside the
+        writer thread: each uses its own pooled connection and SQLite serialises the commits."""
         if self._closed:
             raise RuntimeError("event writer is closed")
-        if events:
-            self._insert(_by_kind(events))
+        if not events:
+            return True
+        try:
+            self._insert(_by_kind(events), self._inline_engine)
+        except (sqlite3.OperationalError, sa.exc.OperationalError) as exc:  # the latter: opening a pooled connection
+            if "locked" in str(exc) or "busy" in str(exc):  # SQLITE_BUSY / SQLITE_LOCKED: rolled back, nothing written
+                return False
+            raise
+        return True
 
     def _enqueue(self, items: list, waiter) -> None:
         if self._closed:
@@ -202,8 +219,8 @@ class EventWriter:
             error = exc
         self._settle(batch, error)
 
-    def _insert(self, by_kind: dict[str, list]) -> None:
-        conn = self.engine.raw_connection()  # pooled, with the engine's pragmas
+    def _insert(self, by_kind: dict[str, list], engine: sa.Engine | None = None) -> None:
+        conn = (engine or self.engine).raw_connection()  # pooled, with the engine's pragmas
         try:
             cursor = conn.cursor()
             for kind, rows in by_kind.items():
@@ -248,3 +265,5 @@ class EventWriter:
         if leftover:
             self._settle(leftover, RuntimeError("event writer is closed"))
         self.engine.dispose()
+        if self._inline_engine is not None:
+            self._inline_engine.dispose()

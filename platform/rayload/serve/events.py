@@ -73,13 +73,14 @@ def default_url(run_dir: str) -> str:
 SYNC_MODES = ("normal", "full")
 
 
-def engine_for(url: str, sync: str = "normal") -> sa.Engine:
+def engine_for(url: str, sync: str = "normal", busy_timeout_s: float = 30.0) -> sa.Engine:
     """An engine for the store; SQLite connections in WAL mode with `sync` (serve/event_writer.py:
-    normal = committed in the WAL and fsynced by the next checkpoint, full = fsynced per commit)."""
+    normal = committed in the WAL and fsynced by the next checkpoint, full = fsynced per commit),
+    waiting up to `busy_timeout_s` for another connection's write lock (0: fail at once)."""
     if sync not in SYNC_MODES:
         raise ValueError(f"events.sync must be one of {SYNC_MODES}, got {sync!r}")
     if url.startswith("sqlite"):
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_s})
 
         @sa.event.listens_for(engine, "connect")
         def _pragmas(connection, _record):
