@@ -13,7 +13,7 @@ import math
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -265,12 +265,13 @@ class SearchStopper(Stopper):
     stops the other running trials without telling the searcher (StudySearcher.cut_off records
     them). With a budget, the time spent goes to search.json every few seconds, so a resumed
     search knows what is left of it even after a killed driver (without one, only the final
-    figure is written, when the search ends)."""
+    figure is written, when the search ends): `save(spent_s=...)` writes it."""
 
     SAVE_EVERY_S = 5.0
 
-    def __init__(self, run_dir: str, metric: str, mode: str, target: float | None, budget_s: float | None, spent_s: float):
-        self.run_dir, self.metric, self.mode, self.target, self.budget_s = run_dir, metric, mode, target, budget_s
+    def __init__(self, metric: str, mode: str, target: float | None, budget_s: float | None, spent_s: float,
+                 save: Callable[..., None] | None = None):
+        self.metric, self.mode, self.target, self.budget_s, self.save = metric, mode, target, budget_s, save
         self.spent_before, self.started = float(spent_s), time.monotonic()
         self.saved = self.started
         self.reached = self.budget_hit = False
@@ -301,10 +302,8 @@ class SearchStopper(Stopper):
     def stop_all(self) -> bool:
         if self.budget_s is not None:
             now = time.monotonic()
-            if now - self.saved >= self.SAVE_EVERY_S:
+            if self.save is not None and now - self.saved >= self.SAVE_EVERY_S:
                 self.saved = now
-                from .tuning import write_state
-
-                write_state(self.run_dir, spent_s=round(self.spent(), 3))
+                self.save(spent_s=round(self.spent(), 3))
             self.budget_hit = self.spent() >= self.budget_s
         return self.reached or self.budget_hit

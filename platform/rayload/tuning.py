@@ -10,6 +10,7 @@ missing: finished trials stay finished and running ones continue from their chec
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import itertools
 import json
 import logging
@@ -226,8 +227,9 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     study = open_study(plan.storage, spec.name, spec.score_mode, sampler, create=not resume)
     searcher = StudySearcher(study, spec.space, total, spec.metric, spec.score_mode, plan.step_attr, spec.points_to_evaluate)
     todo = searcher.remaining()
-    stopper = SearchStopper(plan.run_dir, spec.metric, spec.score_mode, spec.target, spec.time_budget_s,
-                            read_state(plan.run_dir).get("spent_s", 0.0) if resume else 0.0)
+    stopper = SearchStopper(spec.metric, spec.score_mode, spec.target, spec.time_budget_s,
+                            read_state(plan.run_dir).get("spent_s", 0.0) if resume else 0.0,
+                            save=functools.partial(write_state, plan.run_dir))
     ended = stopper.ended(study, budget=True)  # a resumed search may have reached its target or spent its budget already
     write_state(plan.run_dir, state="running", pid=os.getpid(), host=socket.gethostname())
     if todo and not ended:

@@ -110,25 +110,26 @@ def test_cut_off_after_a_killed_driver_uses_the_studys_intermediate_values(tmp_p
 
 
 def test_search_stopper_target_both_modes_and_the_budget_across_attempts(tmp_path):
+    import functools
     import json
 
     from rayload._study import SearchStopper
     from rayload.tuning import write_state
 
-    high = SearchStopper(str(tmp_path), "val_auc", "max", 0.8, None, 0.0)
+    high = SearchStopper("val_auc", "max", 0.8, None, 0.0)
     assert not high("t", {"val_auc": 0.79}) and not high.stop_all()
     assert not high("t", {"val_auc": float("nan")}) and not high("t", {"loss": 0.9})
     assert high("t", {"val_auc": 0.8}) and high.stop_all()
-    low = SearchStopper(str(tmp_path), "val_logloss", "min", 0.4, None, 0.0)
+    low = SearchStopper("val_logloss", "min", 0.4, None, 0.0)
     assert not low("t", {"val_logloss": 0.41}) and low("t", {"val_logloss": 0.39})
 
     write_state(str(tmp_path), state="running")
-    spent = SearchStopper(str(tmp_path), "val_auc", "max", None, 30.0, 29.0)  # a resumed search with 1 s left
+    spent = SearchStopper("val_auc", "max", None, 30.0, 29.0, save=functools.partial(write_state, str(tmp_path)))  # a resumed search with 1 s left
     spent.SAVE_EVERY_S = 0.0
     assert not spent.stop_all() and spent.ended(None, budget=True) is None
     saved = json.load(open(tmp_path / "search.json"))["spent_s"]
     assert 29.0 <= saved < 30.0  # written as it goes, so a killed driver's time still counts
-    gone = SearchStopper(str(tmp_path), "val_auc", "max", None, 30.0, 30.5)
+    gone = SearchStopper("val_auc", "max", None, 30.0, 30.5)
     assert gone.stop_all() and gone.budget_hit
     assert gone.ended(None, budget=True) == "time budget of 30 s spent"
     assert gone.ended(None, budget=False) is None  # after a run whose trials ran out first
@@ -140,6 +141,6 @@ def test_search_stopper_sees_a_target_reached_in_an_earlier_attempt(tmp_path):
     s = searcher(f"sqlite:///{tmp_path}/s.db")
     s.suggest("a")
     s.on_trial_result("a", {"val_auc": 0.83, "epochs_done": 1})
-    stopper = SearchStopper(str(tmp_path), "val_auc", "max", 0.82, None, 0.0)
+    stopper = SearchStopper("val_auc", "max", 0.82, None, 0.0)
     assert stopper.ended(s.study, budget=True) == "target val_auc >= 0.82 reached"
-    assert SearchStopper(str(tmp_path), "val_auc", "max", 0.9, None, 0.0).ended(s.study, budget=True) is None
+    assert SearchStopper("val_auc", "max", 0.9, None, 0.0).ended(s.study, budget=True) is None
