@@ -118,8 +118,11 @@ while True:
     if sys.argv[2] == "thread":  # the writer thread's group commit, one event at a time
         for row in rows:
             w.submit("exposure", row).result()
-    else:  # a batch's exposures committed in this thread, as the combined-mode router does
-        w.write_now([("exposure", row) for row in rows])
+    else:  # a batch's exposures committed in this thread, as the combined-mode router does,
+        events = [("exposure", row) for row in rows]  # and through the writer thread when the database is locked
+        if not w.write_now(events):
+            for f in [w.submit(*e) for e in events]:
+                f.result()
     print(*(row["request_id"] for row in rows), sep="\\n", flush=True)  # acknowledged: only now may a client be told 2xx
     i += 4
 """

@@ -147,7 +147,6 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
                                                   "layout": "{}", "ts": time.time()})]) is False  # refused, not waited
 
     held_s = 0.6
-    threading.Timer(held_s, lambda: other.execute("COMMIT")).start()
     ticks = []
 
     async def main():
@@ -157,6 +156,8 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
                 await asyncio.sleep(0.01)
 
         t = asyncio.create_task(ticker())
+        await asyncio.sleep(0)  # the ticker is running
+        threading.Timer(held_s, lambda: other.execute("COMMIT")).start()
         start = time.perf_counter()
         out = await router._log_batch(items, results)
         waited = time.perf_counter() - start
@@ -164,9 +165,9 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
         return out, waited, start
 
     out, waited, start = asyncio.run(main())
-    assert out is results and waited >= held_s * 0.8  # it did wait for the lock...
+    assert out is results and waited >= held_s * 0.9  # it did wait for the lock...
     during = [t for t in ticks if start <= t <= start + waited]
-    assert len(during) >= 0.5 * held_s / 0.01  # ...without the event loop waiting with it
+    assert len(during) >= 0.3 * held_s / 0.01  # ...without the event loop waiting with it (blocked: 0 or 1 tick)
     router.writer.close()
     other.close()
     reader = EventReader(url)
