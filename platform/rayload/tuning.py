@@ -135,7 +135,7 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     never finish)."""
     from ._tune_trial import variant_key
     from .data.pipeline import preprocess
-    from .train.prior import id_counts
+    from .train.prior import training_counts
     from .train.trainer import training_datasets
 
     values = [spec.space[p].values for p in paths]
@@ -147,7 +147,7 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
         params = dict(zip(paths, combo))
         job = job_from(raw, params)
         pre = preprocess(job, address=address)
-        counts = id_counts(pre.features, pre.batches("train")) if prior else None
+        counts = training_counts(pre) if prior else None
         out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset), counts)
     return out
 

@@ -540,6 +540,40 @@ def test_id_counts_come_from_the_training_shards_and_refuse_ids_outside_a_table(
         id_counts(features(), LocalShards([str(tmp_path / "bad.parquet")]))
 
 
+def test_training_counts_are_kept_beside_the_shards_for_the_same_shards_only(tmp_path, caplog):
+    """The first run counts and writes id_counts.npz beside the shards; a later run on the same
+    shards reads it (no pass over the data); other shards (cache key), other table sizes and a
+    damaged file are counted again and the file replaced."""
+    import pyarrow.parquet as pq
+
+    from rayload.data.pipeline import PreprocessResult
+    from rayload.train import prior
+
+    pq.write_table(table(500, 0), str(tmp_path / "train.parquet"))
+    pre = PreprocessResult(str(tmp_path), features(), {}, "key-1", files={"train": [str(tmp_path / "train.parquet")]})
+    first = prior.training_counts(pre)
+    assert (tmp_path / prior.COUNTS_FILE).exists() and not list(tmp_path.glob("*.tmp"))
+    direct = prior.id_counts(pre.features, pre.batches("train"))
+    assert {n: c.tolist() for n, c in first.items()} == {n: c.tolist() for n, c in direct.items()}
+
+    os.rename(tmp_path / "train.parquet", tmp_path / "away.parquet")  # a second count would fail: the file is read
+    again = prior.training_counts(pre)
+    assert {n: (c.dtype, c.tolist()) for n, c in again.items()} == {n: (c.dtype, c.tolist()) for n, c in first.items()}
+
+    pq.write_table(table(200, 1), str(tmp_path / "train.parquet"))  # other shards, another cache key
+    other = PreprocessResult(str(tmp_path), features(), {}, "key-2", files={"train": [str(tmp_path / "train.parquet")]})
+    assert int(prior.training_counts(other)["c"].sum()) == 200
+    bigger = features()
+    bigger.categorical[0] = CategoricalState("c", "vocab", vocab=[str(i) for i in range(35)])  # another table size, same key
+    grown = PreprocessResult(str(tmp_path), bigger, {}, "key-2", files=other.files)
+    assert len(prior.training_counts(grown)["c"]) == bigger.sparse_columns["c"]
+    (tmp_path / prior.COUNTS_FILE).write_bytes(b"not a zip")
+    with caplog.at_level("WARNING"):
+        assert int(prior.training_counts(other)["c"].sum()) == 200
+    assert "could not read" in caplog.text
+    assert int(prior.training_counts(PreprocessResult(str(tmp_path), features(), {}, "key-2", files={}))["c"].sum()) == 200
+
+
 def test_embedding_prior_trains_and_needs_the_id_counts(tmp_path):
     from rayload.data.pipeline import LocalShards
     from rayload.errors import RayloadError

@@ -7,15 +7,24 @@ a batch uses by 1 / (its ID's count in the training split), so over an epoch eve
 same pull, as a prior does: an ID's row moves away from 0 only as far as its data outweigh it.
 
 The counts are taken once, in the driver, from the preprocessed training split (the rows the
-workers train on, after rebalancing), and travel to the workers with the loop's context.
+workers train on, after rebalancing), and travel to the workers with the loop's context. They
+are kept beside the shards (`id_counts.npz`, tagged with the shards' cache key), so later runs
+on the same prepared data skip the counting pass.
 """
 
 from __future__ import annotations
+
+import io
+import logging
+import uuid
 
 import numpy as np
 import pyarrow.compute as pc
 
 from ..errors import DataError, RayloadError
+
+log = logging.getLogger(__name__)
+COUNTS_FILE = "id_counts.npz"
 
 
 def embedded_columns(features) -> dict[str, int]:
@@ -45,6 +54,40 @@ def id_counts(features, train) -> dict[str, np.ndarray]:
             counts[name] += np.bincount(ids, minlength=size)
     # int32 halves what travels to every worker, where no count is too large for it
     return {name: c.astype(np.int32) if c.max(initial=0) < 2**31 else c for name, c in counts.items()}
+
+
+def training_counts(pre) -> dict[str, np.ndarray]:
+    """`id_counts` of a PreprocessResult's training split, read from `id_counts.npz` beside its
+    shards when that file was written for the same shards (cache key) and table sizes, counted
+    and written there otherwise. A folder that cannot be written (read-only storage) only costs
+    the counting pass on every run."""
+    from ..data._batch import filesystem
+
+    fs, base = filesystem(pre.out_dir)
+    path = f"{base}/{COUNTS_FILE}"
+    sizes = embedded_columns(pre.features)
+    try:
+        with fs.open_input_file(path) as f:
+            with np.load(io.BytesIO(f.read())) as stored:
+                key, counts = str(stored["__key__"]), {name: stored[name] for name in stored.files if name != "__key__"}
+        if key == pre.cache_key and {name: len(c) for name, c in counts.items()} == sizes:
+            return counts
+        log.info("%s belongs to other shards or tables; counting again", path)
+    except FileNotFoundError:
+        pass
+    except Exception as exc:  # a damaged file: counted again and replaced
+        log.warning("could not read %s (%r); counting again", path, exc)
+    counts = id_counts(pre.features, pre.batches("train"))
+    buf = io.BytesIO()
+    np.savez(buf, __key__=np.array(pre.cache_key), **counts)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # whole or absent for a concurrent reader
+    try:
+        with fs.open_output_stream(tmp) as f:
+            f.write(buf.getvalue())
+        fs.move(tmp, path)
+    except OSError as exc:
+        log.warning("could not keep the ID counts in %s (%r); they are counted on every run", path, exc)
+    return counts
 
 
 def attach(embeddings: list, features, counts: dict[str, np.ndarray] | None, device) -> None:

@@ -76,13 +76,14 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
 def loop_context(spec: JobSpec, pre: PreprocessResult, id_counts: dict | None = None) -> dict:
     """What the loop needs besides the spec and features (plain data: it crosses to workers).
     `id_counts`: the training split's ID counts when the caller has them (a search counts once
-    per data variant); counted here otherwise, when train.embedding_prior needs them."""
+    per data variant); read or counted here otherwise (train/prior.py), when train.embedding_prior
+    needs them."""
     context = {"train_rows": pre.counts["written"]["train"], "manifest": manifest(spec, pre), "fault": os.environ.get("RAYLOAD_FAULT"),
                "val_files": pre.files.get("val", [])}
     if spec.train.embedding_prior:
-        from .prior import id_counts as count
+        from .prior import training_counts
 
-        context["id_counts"] = id_counts if id_counts is not None else count(pre.features, pre.batches("train"))
+        context["id_counts"] = id_counts if id_counts is not None else training_counts(pre)
     return context
 
 
