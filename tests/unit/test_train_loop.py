@@ -573,6 +573,19 @@ def test_training_counts_are_kept_beside_the_shards_for_the_same_shards_only(tmp
     assert "could not read" in caplog.text
     assert int(prior.training_counts(PreprocessResult(str(tmp_path), features(), {}, "key-2", files={}))["c"].sum()) == 200
 
+    odd = tmp_path / "odd"  # columns named like savez's own arguments, or with a slash, round-trip
+    odd.mkdir()
+    renamed = table(300, 2).rename_columns(["x", "file", "allow_pickle/b", "y"])
+    pq.write_table(renamed, str(odd / "train.parquet"))
+    named = features()
+    named.categorical = [CategoricalState("file", "vocab", vocab=[str(i) for i in range(30)]),
+                         CategoricalState("allow_pickle/b", "vocab", multi=True, vocab=["p", "q", "r"])]
+    pre_odd = PreprocessResult(str(odd), named, {}, "key-3", files={"train": [str(odd / "train.parquet")]})
+    counted = prior.training_counts(pre_odd)
+    os.rename(odd / "train.parquet", odd / "away.parquet")
+    read = prior.training_counts(pre_odd)
+    assert list(read) == ["file", "allow_pickle/b"] and read["file"].tolist() == counted["file"].tolist()
+
 
 def test_embedding_prior_trains_and_needs_the_id_counts(tmp_path):
     from rayload.data.pipeline import LocalShards

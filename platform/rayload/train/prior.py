@@ -69,7 +69,8 @@ def training_counts(pre) -> dict[str, np.ndarray]:
     try:
         with fs.open_input_file(path) as f:
             with np.load(io.BytesIO(f.read())) as stored:
-                key, counts = str(stored["__key__"]), {name: stored[name] for name in stored.files if name != "__key__"}
+                key, names = str(stored["key"]), [str(n) for n in stored["names"]]
+                counts = {name: stored[f"c{i}"] for i, name in enumerate(names)}
         if key == pre.cache_key and {name: len(c) for name, c in counts.items()} == sizes:
             return counts
         log.info("%s belongs to other shards or tables; counting again", path)
@@ -79,14 +80,20 @@ def training_counts(pre) -> dict[str, np.ndarray]:
         log.warning("could not read %s (%r); counting again", path, exc)
     counts = id_counts(pre.features, pre.batches("train"))
     buf = io.BytesIO()
-    np.savez(buf, __key__=np.array(pre.cache_key), **counts)
+    # arrays under generated names: a column may be called anything, savez's own arguments included
+    np.savez(buf, key=np.array(pre.cache_key), names=np.array(list(counts), dtype=str),
+             **{f"c{i}": c for i, c in enumerate(counts.values())})
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # whole or absent for a concurrent reader
     try:
         with fs.open_output_stream(tmp) as f:
             f.write(buf.getvalue())
         fs.move(tmp, path)
-    except OSError as exc:
+    except Exception as exc:  # OSError, or a filesystem without move: the counts are still good
         log.warning("could not keep the ID counts in %s (%r); they are counted on every run", path, exc)
+        try:
+            fs.delete_file(tmp)
+        except Exception:
+            pass  # never written, or already moved
     return counts
 
 
