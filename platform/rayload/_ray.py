@@ -56,8 +56,8 @@ EMBEDDED_NOISE = ("Failed to query Ray Train Controller actor state",)
 
 def _drop_worker_lines(substrings: tuple[str, ...]) -> None:
     """Filter the worker log lines this driver prints (Ray's `log_to_driver` handler, wrapped
-    in place; Ray removes it by name at shutdown) so that lines holding any of `substrings`
-    are not shown. They stay in the session's log files."""
+    in place once per `ray.init`; Ray removes it by name at shutdown) so that lines holding any
+    of `substrings` are not shown. They stay in the session's log files."""
     try:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:  # another Ray: its lines are shown as they are
@@ -68,12 +68,10 @@ def _drop_worker_lines(substrings: tuple[str, ...]) -> None:
             lines = [line for line in data.get("lines", ()) if not any(s in line for s in substrings)]
             if lines:
                 handler({**data, "lines": lines})
-        filtered.rayload_filter = True
         return filtered
 
     with dispatcher._lock:
-        dispatcher.handlers = [(name, wrap(h) if name == "ray_print_logs" and not getattr(h, "rayload_filter", False) else h)
-                               for name, h in dispatcher.handlers]
+        dispatcher.handlers = [(name, wrap(h) if name == "ray_print_logs" else h) for name, h in dispatcher.handlers]
 
 
 def _token_env() -> None:

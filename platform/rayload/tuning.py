@@ -139,8 +139,8 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     from .train.trainer import training_datasets
 
     values = [spec.space[p].values for p in paths]
-    # train.embedding_prior needs every ID's training count: counted here once per variant (the
-    # trials read no data themselves, and may run where the driver's shards are not on disk)
+    # train.embedding_prior needs every ID's training count: read or counted here once per
+    # variant (the trials read no data themselves, and may run where the driver's shards are not on disk)
     prior = bool(raw.get("train", {}).get("embedding_prior")) or "train.embedding_prior" in spec.space
     out = {}
     for combo in itertools.product(*values):

@@ -86,18 +86,26 @@ def test_request_ids_are_unique_hex_and_time_ordered():
     assert len({i[12:] for i in drawn}) == len(drawn)  # the random parts differ too
 
 
+def bare_router():
+    """An A/B router with only what its batch logging reads (no Serve, no models)."""
+    from rayload.serve.app import ABRouter
+
+    router = object.__new__(ABRouter.func_or_class)
+    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    return router
+
+
 def test_a_batch_whose_exposures_cannot_be_committed_answers_none_of_them_as_logged(arms, tmp_path):
     """The combined-mode router commits a batch's exposures before any caller resumes; when
     the commit fails, every request whose exposure it held gets EventStoreError (answered 503),
     a request that failed on its own keeps its own error, and a commit that works stores one
     exposure per request with the score that was answered."""
-    from rayload.serve.app import ABRouter, EventStoreError
+    from rayload.serve.app import EventStoreError
     from rayload.serve.event_writer import EventWriter
     from rayload.serve.events import EventReader
 
     scorers, rows = arms
-    router = object.__new__(ABRouter.func_or_class)
-    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    router = bare_router()
     items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", [{**rows[2], "price": "cheap"}], ("r2", "u2", 0.0)),
              ("b", rows[3:4], ("r3", "u3", time.perf_counter()))]
     results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
@@ -127,14 +135,12 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
     import sqlite3
     import threading
 
-    from rayload.serve.app import ABRouter
     from rayload.serve.event_writer import EventWriter
     from rayload.serve.events import EventReader
 
     scorers, rows = arms
     url = f"sqlite:///{tmp_path / 'events.db'}"
-    router = object.__new__(ABRouter.func_or_class)
-    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    router = bare_router()
     router.writer = EventWriter(url)
     items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", rows[3:4], ("r2", "u2", time.perf_counter()))]
     results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])

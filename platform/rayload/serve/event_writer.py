@@ -17,7 +17,8 @@ answer never waits for another thread to wake. That commit never waits for SQLit
 the replica's event loop runs it, and while another connection holds the lock (another replica
 on the same file, the writer thread's fsync commit) a waiting commit would stall every request
 and health check of the replica. It tries the lock once and, when the database is busy, commits
-nothing and hands the events to the writer thread, which waits for the lock off the loop. Everything else (outcomes, shadow scores, error
+nothing and hands the events to the writer thread, which waits for the lock off the loop.
+Everything else (outcomes, shadow scores, error
 exposures, separate mode, PostgreSQL, whose commit is a network round trip) goes through the
 writer thread's group commit: it commits everything that arrived within `flush_ms` of the
 group's first event (in transactions of at most `max_batch` rows), so the commit cost is
@@ -29,12 +30,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future
 from typing import Any
-
-import sqlite3
 
 import sqlalchemy as sa
 
