@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError",
            "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult",
-           "compress", "retrain", "CompressResult", "RetrainResult"]
+           "compress", "retrain", "CompressResult", "RetrainResult", "load_checkpoint"]
 
 from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
 from .errors import DataError, SpecError
@@ -18,6 +18,15 @@ def train(spec, address: str | None = None, evaluate_test: bool = True):
     from .train.trainer import fit
 
     return fit(spec, address=address, evaluate_test=evaluate_test)
+
+
+def load_checkpoint(path: str, device: str = "cpu"):
+    """A checkpoint's model (CPU unless `device`, eval mode) with its fitted features: a
+    rayload.train.checkpoint.LoadedModel. `path` is a checkpoint folder (model.pt, model.json,
+    features.json)."""
+    from .train.checkpoint import load
+
+    return load(path, device)
 
 
 def tune(search, resume: str | None = None, address: str | None = None, overrides=()):

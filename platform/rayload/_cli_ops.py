@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cli import AddressOpt, SetOpt, _friendly, _g, app, console
+from .cli import AddressOpt, StageSetOpt, _friendly, _g, app, console
 
 DEMO_PIPELINE = "jobs/movielens_pipeline.yaml"
 
@@ -19,7 +19,7 @@ def run_cmd(
     spec: Annotated[str, typer.Argument(help="a pipeline spec, or any job, search or A/B spec (run as its own stages)")],
     run_id: Annotated[Optional[str], typer.Option(help="run folder runs/<run-id>/ (default: the pipeline's name)")] = None,
     force: Annotated[Optional[list[str]], typer.Option(help="run this stage even if its inputs did not change (repeatable)")] = None,
-    set_: SetOpt = None, address: AddressOpt = None,
+    set_: StageSetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Run a pipeline's stages in order; unchanged stages are skipped. `--set STAGE.field=value` changes one stage."""
     from .pipeline_spec import load_pipeline
@@ -87,7 +87,7 @@ def demo(
     port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
     ab_requests: Annotated[Optional[int], typer.Option(help="simulated requests of the A/B test (default: the pipeline's)")] = None,
     run_id: Annotated[str, typer.Option(help="run folder runs/<run-id>/")] = "demo",
-    set_: SetOpt = None,
+    set_: StageSetOpt = None,
     address: AddressOpt = None,
 ) -> None:
     """The whole lifecycle on MovieLens (the pipeline spec): data, baseline, search, A/B test, decision, report."""
@@ -152,7 +152,7 @@ def submit(
     spec: Annotated[str, typer.Argument(help="a spec in jobs/ or tune/, run with `rayload run` on the cluster")],
     address: Annotated[str, typer.Option(help="the cluster's job API, e.g. http://127.0.0.1:8265 (ray dashboard cluster.yaml)",
                                          envvar="RAY_API_SERVER_ADDRESS")],
-    set_: SetOpt = None,
+    set_: StageSetOpt = None,
     wait: Annotated[bool, typer.Option(help="follow the job's logs until it ends")] = True,
 ) -> None:
     """Submit a spec as a Ray job: this directory uploaded (without runs/, .venv/, caches), the token sent."""

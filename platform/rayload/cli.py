@@ -21,6 +21,9 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 SpecArg = Annotated[str, typer.Argument(help="job spec YAML")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a field: section.field=value (repeatable)")]
+# A pipeline's fields are one level deeper: its stage name comes first (train.train.epochs=3).
+StageSetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="override a field of one stage: STAGE.field=value, e.g. train.train.epochs=3 (repeatable)")]
 AddressOpt = Annotated[Optional[str], typer.Option("--address", help="Ray cluster address; default: an embedded local Ray")]
 
 

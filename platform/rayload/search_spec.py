@@ -170,6 +170,11 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     if spec.strategy == "grid" and spec.num_samples is not None and spec.num_samples != grid_size(spec):
         issues.append(SpecIssue("num_samples", f"a grid search runs its grid exactly once: {grid_size(spec)} trials; leave num_samples out",
                                 spec.num_samples, True))
+    sched = spec.scheduler
+    if sched and sched.max_epochs is not None and "train.epochs" in spec.fixed and spec.fixed["train.epochs"] != sched.max_epochs:
+        issues.append(SpecIssue("fixed.train.epochs", f"under a scheduler every trial runs scheduler.max_epochs "
+                                f"({sched.max_epochs}) epochs, so this value would be ignored; set one of the two",
+                                spec.fixed["train.epochs"], True))
     for i, point in enumerate(spec.points_to_evaluate):
         for path, value in point.items():
             if path not in spec.space:

@@ -107,3 +107,13 @@ def test_target_and_time_budget(tmp_path):
     assert spec.target == 0.81 and spec.time_budget_s == 600
     msg = problems(tmp_path, target=float("nan"), time_budget_s=0)
     assert "target" in msg and "time_budget_s" in msg
+
+
+def test_fixed_epochs_that_the_scheduler_would_override_are_refused(tmp_path):
+    """Under a scheduler every trial runs scheduler.max_epochs epochs; a different fixed
+    train.epochs would be ignored without a word, so it is an error naming both."""
+    asha = {"kind": "asha", "grace_period": 1, "max_epochs": 12}
+    msg = problems(tmp_path, fixed={"train.epochs": 10}, scheduler=asha)
+    assert "fixed.train.epochs" in msg and "scheduler.max_epochs (12)" in msg
+    assert load_search_spec(write(tmp_path, fixed={"train.epochs": 12}, scheduler=asha)).fixed == {"train.epochs": 12}
+    assert load_search_spec(write(tmp_path, fixed={"train.epochs": 10}, scheduler={"kind": "asha"})).scheduler.max_epochs is None
