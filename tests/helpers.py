@@ -82,3 +82,28 @@ def pg_database(prefix: str):
         with admin.connect() as conn:
             conn.execute(sa.text(f"DROP DATABASE {name} WITH (FORCE)"))
         admin.dispose()
+
+
+@contextlib.contextmanager
+def s3_bucket(bucket: str = "rayload"):
+    """A real S3 endpoint on loopback (moto's server) with one bucket; yields the base URI of
+    the bucket in the form pyarrow and Ray Train read (endpoint and scheme in the query).
+    Credentials go to the environment, which Ray processes started afterwards inherit."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        _, port = server.get_host_and_port()
+        uri = f"s3://{bucket}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        fs, _ = pafs.FileSystem.from_uri(uri + "&allow_bucket_creation=true")
+        fs.create_dir(bucket)
+        yield uri
+    finally:
+        server.stop()
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)

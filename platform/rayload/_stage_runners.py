@@ -10,6 +10,8 @@ import json
 import logging
 import os
 
+from .paths import join_uri
+
 log = logging.getLogger(__name__)
 
 
@@ -72,8 +74,12 @@ def train(spec, stage, folder, outputs, address, progress) -> dict:
     from .spec import load_spec
     from .train.trainer import fit
 
-    # The run lives in the stage folder under a fixed name: a relaunch resumes it.
-    job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={folder}", "train.run_name=run"])
+    # The run lives under a fixed name, so a relaunch resumes it: in the stage folder, or on
+    # the shared storage the job or the cluster names (train.storage_path, RAYLOAD_STORAGE_PATH:
+    # a multi-node cluster's workers cannot reach this node's disk), under pipelines/<run>/<stage>.
+    shared = load_spec(spec.path(stage.job), list(stage.set)).train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+    where = join_uri(shared, "pipelines", os.path.basename(os.path.dirname(os.path.abspath(folder))), stage.name) if shared else folder
+    job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={where}", "train.run_name=run"])
     result = fit(job, address=address)
     _dump(os.path.join(folder, "history.json"), result.history)
     return {"checkpoint": result.checkpoint, "val": result.metrics, "test": result.test, "epochs": len(result.history),

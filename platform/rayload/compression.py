@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .errors import DataError, RayloadError
+from .paths import is_remote, runs_root
 
 log = logging.getLogger(__name__)
 Method = Literal["int8", "prune"]
@@ -72,7 +73,13 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     from .train import checkpoint as ckpt
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
-    target = out or f"{os.path.normpath(checkpoint)}-{method if method == 'int8' else f'prune{round(amount * 100)}'}"
+    suffix = method if method == "int8" else f"prune{round(amount * 100)}"
+    if is_remote(checkpoint):  # on shared storage: compressed from a local copy, written under runs/compressed/
+        checkpoint = ckpt.localize(checkpoint)
+        default = os.path.join(runs_root(), "compressed", *os.path.normpath(checkpoint).split(os.sep)[-2:])
+    else:
+        default = os.path.normpath(checkpoint)
+    target = out or f"{default}-{suffix}"
     if os.path.abspath(target) == os.path.abspath(checkpoint):
         raise RayloadError(f"--out {target} is the checkpoint being compressed; write the compressed copy somewhere else")
     source = ckpt.load(checkpoint)

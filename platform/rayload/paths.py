@@ -37,3 +37,75 @@ def cache_lock(entry: str):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_remote(path: str) -> bool:
+    """A URI on a filesystem other than this machine's disk (s3://, gs://, ...); file:// is local."""
+    return "://" in path and not path.startswith("file://")
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """`base` with path parts appended: a local path as os.path.join does; a URI's parts go
+    before its query, which carries the filesystem's options
+    (s3://bucket/runs?endpoint_override=host:9000 + x -> s3://bucket/runs/x?endpoint_override=host:9000)."""
+    if "://" not in base:
+        return os.path.join(base, *parts)
+    head, sep, query = base.partition("?")
+    return "/".join([head.rstrip("/"), *(p.strip("/") for p in parts)]) + sep + query
+
+
+def uri_for(storage: str, fs_path: str) -> str:
+    """The URI of `fs_path` (a path on the filesystem pyarrow resolved `storage` to, without
+    its scheme, as Ray Train's Checkpoint.path is) in the form `storage` has: local paths stay
+    paths; s3://bucket/x?query + bucket/x/run/ckpt -> s3://bucket/x/run/ckpt?query."""
+    if not is_remote(storage):
+        return fs_path
+    scheme, rest = storage.split("://", 1)
+    _, sep, query = rest.partition("?")
+    return f"{scheme}://{fs_path.lstrip('/')}{sep}{query}"
+
+
+def localize(path: str) -> str:
+    """A checkpoint folder on this machine's disk: `path` itself when it is local, else (an
+    s3://, gs:// or other pyarrow filesystem URI, as Ray Train writes to a cluster's shared
+    storage) a copy downloaded once into the local cache, under
+    `<cache>/checkpoints/<hash of the URI>/<run>/<checkpoint>`. Checkpoint folders are written
+    once and never changed, so a finished copy is reused; a copy is completed in a temporary
+    folder and renamed into place, so a reader never sees half of one."""
+    import hashlib
+    import shutil
+    import uuid
+
+    if path.startswith("file://"):
+        return path[len("file://"):]
+    if not is_remote(path):
+        return path
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(path)
+    root = root.rstrip("/")
+    parts = root.split("/")
+    dest = os.path.join(cache_root(), "checkpoints", hashlib.sha256(path.encode()).hexdigest()[:16], *parts[-2:])
+    if os.path.exists(os.path.join(dest, "model.json")):
+        return dest
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"no checkpoint folder at {path}")
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+    os.makedirs(tmp)
+    try:
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+            local = os.path.join(tmp, *info.path[len(root) + 1:].split("/"))
+            if info.type == pafs.FileType.Directory:
+                os.makedirs(local, exist_ok=True)
+            elif info.type == pafs.FileType.File:
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                with fs.open_input_stream(info.path) as src, open(local, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process finished the same copy first
+            if not os.path.isdir(dest):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

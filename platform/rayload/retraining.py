@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from .errors import DataError, RayloadError
-from .paths import runs_root
+from .paths import is_remote, localize, runs_root
 
 log = logging.getLogger(__name__)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -104,7 +104,7 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
 def _label_column(champion: str) -> str:
     from .features import FittedFeatures
 
-    return FittedFeatures.load(os.path.join(champion, "features.json")).label.column
+    return FittedFeatures.load(os.path.join(localize(champion), "features.json")).label.column
 
 
 def training_rows(args: dict, champion: str, window_s: float | None, attribution_s: float | None, now: float) -> pa.Table:
@@ -125,7 +125,7 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
     within = delay.notna() & ((delay <= attribution_s) if attribution_s is not None else True)
     known = within | (waited >= (attribution_s or 0.0))  # no outcome yet and still inside the window: unknown
     frame = frame[known]
-    features = FittedFeatures.load(os.path.join(champion, "features.json"))
+    features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     names = [c["name"] for c in _input_columns(features)]
     rows = [json.loads(text) for text in frame["features"]]
     columns = {n: [r.get(n) for r in rows] for n in names}
@@ -150,7 +150,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     from .features import FittedFeatures
     from .spec import JobSpec
 
-    features = FittedFeatures.load(os.path.join(champion, "features.json"))
+    features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in _input_columns(features)]
     raw = job.model_dump(mode="json", exclude_none=True)
     raw["name"] = run_name
@@ -159,14 +159,14 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
                    "label": {"column": label, "task": "binary"}}
     raw["split"] = {"kind": "random", "train": 0.8, "val": 0.2, "test": 0.0, "seed": job.split.seed, "key": ["request_id"]}
     raw["rebalance"] = {"method": "none"}
-    raw["train"] = {**raw["train"], "init_from": os.path.abspath(champion), "run_name": run_name}
+    raw["train"] = {**raw["train"], "init_from": champion if is_remote(champion) else os.path.abspath(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
     return JobSpec.model_validate(raw)
 
 
 def _model_section(champion: str) -> dict:
     """The champion's architecture: a warm start needs the same shapes whatever SPEC says."""
-    with open(os.path.join(champion, "model.json")) as f:
+    with open(os.path.join(localize(champion), "model.json")) as f:
         config = dict(json.load(f)["config"])
     from .spec import ModelSpec
 

@@ -227,7 +227,12 @@ def fixed_features(spec) -> FittedFeatures | None:
     init = getattr(getattr(spec, "train", None), "init_from", None)
     if not init:
         return None
-    path = os.path.join(init, "features.json")
+    from ..paths import localize
+
+    try:  # a URI (shared storage) is fetched into the local cache first
+        path = os.path.join(localize(init), "features.json")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"train.init_from={init!r} cannot be read: {exc}") from exc
     if not os.path.exists(path):
         raise DataError(f"train.init_from={init!r} is not a checkpoint: {path} does not exist")
     return FittedFeatures.load(path)

@@ -39,7 +39,13 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
     trained: dict[str, str] = {}  # resolved job (run name aside) -> the arm that trained it
     for arm in spec.arms:
         if arm.checkpoint:
-            if not os.path.exists(os.path.join(arm.checkpoint, "model.pt")):
+            from ..train.checkpoint import localize
+
+            try:  # a URI (shared storage) is fetched once here, and again by each replica's node
+                here = localize(arm.checkpoint)
+            except (OSError, ValueError) as exc:  # pyarrow: an unknown scheme, a missing bucket or folder
+                raise RayloadError(f"arms.{arm.name}.checkpoint: cannot read {arm.checkpoint}: {exc}") from exc
+            if not os.path.exists(os.path.join(here, "model.pt")):
                 raise RayloadError(f"arms.{arm.name}.checkpoint: no model.pt in {arm.checkpoint}")
             out[arm.name] = arm.checkpoint
             continue
@@ -66,18 +72,21 @@ def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
     import torch
 
     total = 0
+    from ..train.checkpoint import localize
+
     for path in checkpoints.values():
-        state = torch.load(os.path.join(path, "model.pt"), weights_only=True, map_location="cpu")
+        state = torch.load(os.path.join(localize(path), "model.pt"), weights_only=True, map_location="cpu")
         total += sum(t.numel() for t in state.values())
     return "combined" if total <= spec.serving.combined_max_params else "separate"
 
 
 def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
     from ..features import FittedFeatures
+    from ..train.checkpoint import localize
 
     names = set()  # a request may carry what any arm reads
     for path in checkpoints.values():
-        features = FittedFeatures.load(os.path.join(path, "features.json"))
+        features = FittedFeatures.load(os.path.join(localize(path), "features.json"))
         names |= {c["name"] for c in features.columns if c["role"] != "label"}
     serving = spec.serving.model_dump()
     key_sha = None

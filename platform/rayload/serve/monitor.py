@@ -41,8 +41,9 @@ def merged_report(snapshots: dict[str, list[dict]], bins: dict[str, list], thres
 def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> list[dict]:
     """The merged drift report of an experiment, from the event store and the arms' features.json."""
     from ..features import FittedFeatures
+    from ..train.checkpoint import localize
 
-    bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(path, "features.json"))) for arm, path in checkpoints.items()}
+    bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(localize(path), "features.json"))) for arm, path in checkpoints.items()}
     reader = EventReader(url)
     try:
         snapshots = reader.drift(experiment)

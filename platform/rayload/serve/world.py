@@ -18,7 +18,9 @@ def world_for(ab: ABSpec, args: dict):
     from .simulate import MovieLensWorld, SyntheticWorld
 
     sim = ab.simulate
-    checkpoint = args["checkpoints"][args["champion"]]
+    from ..train.checkpoint import localize
+
+    checkpoint = localize(args["checkpoints"][args["champion"]])
     manifest = json.load(open(os.path.join(checkpoint, "manifest.json")))
     from ..spec import JobSpec
 

@@ -22,6 +22,7 @@ import torch
 
 from ..features import FittedFeatures
 from ..models import InputShape, build_model, model_json
+from ..paths import localize
 
 MODEL, STATE, FEATURES, MODEL_JSON, MANIFEST = "model.pt", "train_state.pt", "features.json", "model.json", "manifest.json"
 
@@ -88,6 +89,7 @@ def _write_json(path: str, obj) -> None:
 
 
 def load_train_state(path: str) -> dict:
+    path = localize(path)
     raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
     raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"])
     return raw
@@ -103,6 +105,7 @@ class LoadedModel:
 
 def read_model_json(path: str) -> dict:
     """A checkpoint's model.json: architecture config, input shape, compression (if any)."""
+    path = localize(path)
     with open(os.path.join(path, MODEL_JSON)) as f:
         return json.load(f)
 
@@ -113,7 +116,9 @@ def input_shape(spec: dict) -> InputShape:
 
 
 def load(path: str, device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the model from a checkpoint directory (on CPU unless told otherwise), in eval mode."""
+    """Rebuild the model from a checkpoint directory (on CPU unless told otherwise), in eval
+    mode; a URI (s3://...) is downloaded first (`localize`)."""
+    path = localize(path)
     spec = read_model_json(path)
     model = build_model(spec["config"], input_shape(spec))
     weights = torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu")

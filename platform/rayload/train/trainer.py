@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from .._ray import ensure_ray
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError
-from ..paths import runs_root
+from ..paths import is_remote, join_uri, runs_root, uri_for
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
@@ -60,7 +61,10 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     if in_process:
-        result = _fit_local(spec, pre, os.path.join(storage, name), context)
+        if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk
+            result = _upload(_fit_local(spec, pre, os.path.join(runs_root(), "train", name), context), join_uri(storage, name))
+        else:
+            result = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:
         check_resources(spec.resources)
         check_storage(storage)
@@ -160,8 +164,23 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         raise TrainingError(_failure_message(exc, spec)) from exc
     best = sorted(result.best_checkpoints, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
     checkpoint, metrics = best[0]
-    history = ckpt.load_train_state(result.checkpoint.path)["state"].history
-    return TrainResult(name, os.path.join(storage, name), checkpoint.path, metrics, history)
+    # On shared storage (s3://...) Ray Train's Checkpoint.path is a path on that filesystem
+    # without its scheme: the result names checkpoints by URI, which every node can load.
+    history = ckpt.load_train_state(uri_for(storage, result.checkpoint.path))["state"].history
+    return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
+
+
+def _upload(result: TrainResult, remote_run: str) -> TrainResult:
+    """An in-process run's folder copied to the remote storage it was asked for; the result
+    names the remote copies (the local folder stays: a relaunch with the same run name resumes
+    from it)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote_run)
+    fs.create_dir(root, recursive=True)
+    pafs.copy_files(result.run_dir, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    rel = os.path.relpath(result.checkpoint, result.run_dir)
+    return dataclasses.replace(result, run_dir=remote_run, checkpoint=join_uri(remote_run, *rel.split(os.sep)))
 
 
 @contextlib.contextmanager

@@ -32,7 +32,9 @@ def init_weights(model: nn.Module, checkpoint: str) -> None:
     if config.get("compression"):
         raise RayloadError(f"train.init_from={checkpoint!r} is a {config['compression']['method']} checkpoint; "
                            "start from the uncompressed one it was made from")
-    weights = torch.load(os.path.join(checkpoint, "model.pt"), weights_only=True, map_location="cpu")
+    from .checkpoint import localize
+
+    weights = torch.load(os.path.join(localize(checkpoint), "model.pt"), weights_only=True, map_location="cpu")
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
     extra = sorted(set(weights) - set(own))
@@ -47,9 +49,9 @@ def init_weights(model: nn.Module, checkpoint: str) -> None:
 
 
 def _model_json(checkpoint: str) -> dict:
-    from .checkpoint import MODEL_JSON, read_model_json
+    from .checkpoint import MODEL_JSON, localize, read_model_json
 
-    path = os.path.join(checkpoint, MODEL_JSON)
+    path = os.path.join(localize(checkpoint), MODEL_JSON)
     if not os.path.exists(path):
         raise RayloadError(f"train.init_from={checkpoint!r} is not a checkpoint: {path} does not exist")
     return read_model_json(checkpoint)

@@ -1,0 +1,102 @@
+"""Training on a cluster's shared object storage (train.storage_path / RAYLOAD_STORAGE_PATH
+set to s3://, as cluster.yaml does): Ray Train's workers write the checkpoints to a real S3
+endpoint (moto's server on loopback), and everything after training (history, test metrics,
+loading, serving, the pipeline's train stage) reads them by URI."""
+
+import os
+
+import helpers
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+import rayload
+from rayload.paths import join_uri
+from rayload.spec import JobSpec
+from rayload.paths import localize
+from rayload.train.trainer import fit
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    with helpers.s3_bucket() as uri:  # before the module's Ray starts: its processes inherit the credentials
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def subset(bucket, ray_local, tmp_path_factory):
+    return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
+
+
+def job(path: str, workers: int = 2, **train):
+    return JobSpec.model_validate({
+        "name": "ml-s3",
+        "data": {"source": {"kind": "parquet", "path": path},
+                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                 "label": {"column": "rating", "threshold": 4.0}},
+        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
+        "train": {"epochs": 2, "batch_size": 512, "lr": 0.005, **train},
+        "resources": {"workers": workers},
+    })
+
+
+def keys(bucket: str, prefix: str) -> set[str]:
+    fs, _ = pafs.FileSystem.from_uri(bucket)
+    return {i.path for i in fs.get_file_info(pafs.FileSelector(f"rayload/{prefix}", recursive=True, allow_not_found=True))}
+
+
+def test_two_workers_checkpoint_to_s3_and_the_result_names_them_by_uri(bucket, subset, tmp_path, monkeypatch):
+    from rayload.serve.scorer import Scorer
+
+    monkeypatch.chdir(tmp_path)  # a storage URI joined as a local path would show up here as ./s3:
+    storage = join_uri(bucket, "runs")
+    res = fit(job(subset, storage_path=storage, run_name="two"))
+    assert res.run_dir == join_uri(bucket, "runs", "two")
+    assert res.checkpoint.startswith("s3://rayload/runs/two/") and res.checkpoint.endswith("?" + bucket.partition("?")[2])
+    name = res.checkpoint.partition("?")[0].removeprefix("s3://")
+    assert {f"{name}/{f}" for f in ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json")} <= keys(bucket, "runs/two")
+    assert [h["epoch"] for h in res.history] == [0, 1] and res.test["auc"] > 0.6, (res.history, res.test)  # read back from S3
+    assert not os.path.exists(tmp_path / "s3:")
+    scorer = Scorer.load("a", res.checkpoint)  # what a Serve replica on any node does with the URI
+    assert scorer.version.startswith(f"two/{os.path.basename(name)}@")
+    rows = [{"userId": 1, "movieId": 31, "genres": "Drama", "year": 1995}, {"userId": 7, "movieId": 1, "genres": "Comedy|Drama", "year": 1990}]
+    loaded = rayload.load_checkpoint(res.checkpoint)
+    assert loaded.manifest["spec"]["train"]["storage_path"] == storage
+    np.testing.assert_allclose(scorer.score(rows), Scorer.load("b", localize(res.checkpoint)).score(rows), atol=1e-7)
+
+
+def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = fit(job(subset, workers=1, storage_path=join_uri(bucket, "solo"), run_name="one"), evaluate_test=False)
+    assert res.run_dir == join_uri(bucket, "solo", "one") and res.checkpoint.startswith("s3://rayload/solo/one/epoch_000")
+    name = res.checkpoint.partition("?")[0].removeprefix("s3://")
+    assert f"{name}/model.pt" in keys(bucket, "solo")
+    assert os.path.isdir(os.path.join(os.environ["RAYLOAD_HOME"], "train", "one"))  # the local run a relaunch resumes
+    assert not os.path.exists(tmp_path / "s3:")
+    assert rayload.load_checkpoint(res.checkpoint).features.label.column == "rating"
+    # The other readers of a checkpoint take the URI too: compression (its gate) and transfer learning.
+    small = rayload.compress(res.checkpoint, "int8", max_auc_drop=0.05)
+    assert small.checkpoint.startswith(os.path.join(os.environ["RAYLOAD_HOME"], "compressed", "one")) and small.checkpoint.endswith("-int8")
+    warm = fit(job(subset, workers=1, epochs=1, init_from=res.checkpoint, freeze=["embeddings"], run_name="warm"), evaluate_test=False)
+    before, after = rayload.load_checkpoint(res.checkpoint).model, rayload.load_checkpoint(warm.checkpoint).model
+    frozen = [k for k in before.state_dict() if k.startswith("embed.")]
+    assert frozen and all(before.state_dict()[k].equal(after.state_dict()[k]) for k in frozen)
+
+
+def test_a_pipeline_train_stage_keeps_its_run_on_the_cluster_storage(bucket, subset, tmp_path, monkeypatch):
+    """RAYLOAD_STORAGE_PATH (cluster.yaml sets it): the stage's run goes to
+    <storage>/pipelines/<run id>/<stage>/run instead of the stage folder on the driver's disk,
+    which a multi-node cluster's workers could not reach."""
+    import yaml
+
+    monkeypatch.setenv("RAYLOAD_STORAGE_PATH", join_uri(bucket, "shared"))
+    path = tmp_path / "ml_s3.yaml"
+    path.write_text(yaml.safe_dump(job(subset, workers=1).model_dump(mode="json", exclude_defaults=True)))
+    out = rayload.run(str(path), run_id="nightly")
+    assert out.ok, [(s.name, s.outcome) for s in out.stages]
+    checkpoint = out.outputs("train")["checkpoint"]
+    assert checkpoint.startswith("s3://rayload/shared/pipelines/nightly/train/run/epoch_000"), checkpoint
+    assert rayload.load_checkpoint(checkpoint).config["name"] == "deepfm"
