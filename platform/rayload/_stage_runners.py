@@ -19,7 +19,10 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
     """(resolved spec, seed, data content hash) of a stage, without running anything."""
     if stage.kind in ("prepare", "train"):
         job = _job(spec, stage)
-        return job.model_dump(mode="json"), job.train.seed, _data_hash(job)
+        plan = job.model_dump(mode="json")
+        if stage.kind == "train" and (shared := _shared_storage(job)):
+            plan["shared_storage"] = shared  # where the run lives: a new place is a new run
+        return plan, job.train.seed, _data_hash(job)
     if stage.kind == "tune":
         from .search_spec import base_raw
         from .tuning import job_from
@@ -37,6 +40,11 @@ def _job(spec, stage):
     from .spec import load_spec
 
     return load_spec(spec.path(stage.job), stage.set)
+
+
+def _shared_storage(job) -> str | None:
+    """The storage a train stage's run goes to instead of the stage folder (train.train), if any."""
+    return job.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
 
 
 def _search(spec, stage):
@@ -77,7 +85,7 @@ def train(spec, stage, folder, outputs, address, progress) -> dict:
     # The run lives under a fixed name, so a relaunch resumes it: in the stage folder, or on
     # the shared storage the job or the cluster names (train.storage_path, RAYLOAD_STORAGE_PATH:
     # a multi-node cluster's workers cannot reach this node's disk), under pipelines/<run>/<stage>.
-    shared = load_spec(spec.path(stage.job), list(stage.set)).train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+    shared = _shared_storage(_job(spec, stage))
     where = join_uri(shared, "pipelines", os.path.basename(os.path.dirname(os.path.abspath(folder))), stage.name) if shared else folder
     job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={where}", "train.run_name=run"])
     result = fit(job, address=address)

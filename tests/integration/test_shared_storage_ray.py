@@ -100,3 +100,9 @@ def test_a_pipeline_train_stage_keeps_its_run_on_the_cluster_storage(bucket, sub
     checkpoint = out.outputs("train")["checkpoint"]
     assert checkpoint.startswith("s3://rayload/shared/pipelines/nightly/train/run/epoch_000"), checkpoint
     assert rayload.load_checkpoint(checkpoint).config["name"] == "deepfm"
+    again = rayload.run(str(path), run_id="nightly")  # same inputs, same storage: skipped
+    assert [s.outcome for s in again.stages] == ["skipped"] and again.outputs("train")["checkpoint"] == checkpoint
+    monkeypatch.setenv("RAYLOAD_STORAGE_PATH", join_uri(bucket, "moved"))  # the run's place is an input
+    moved = rayload.run(str(path), run_id="nightly")
+    assert [s.outcome for s in moved.stages] == ["ok"]
+    assert moved.outputs("train")["checkpoint"].startswith("s3://rayload/moved/pipelines/nightly/train/run/")
