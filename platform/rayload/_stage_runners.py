@@ -47,6 +47,25 @@ def _shared_storage(job) -> str | None:
     return job.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
 
 
+def _shared_run(shared: str, folder: str, stage: str) -> str:
+    """Where a train stage's run lives on shared storage: pipelines/<run id>/<stage>-<token>.
+    The token is drawn when the stage starts from an empty folder (first run, changed inputs,
+    --force) and kept in the folder (shared_run.json), so an interrupted stage resumes its own
+    run while a fresh start never restores an older run's checkpoints, nor another machine's
+    run of a pipeline with the same run id."""
+    import uuid
+
+    marker = os.path.join(folder, "shared_run.json")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            kept = json.load(f)
+        if kept.get("shared") == shared:
+            return kept["run"]
+    run = join_uri(shared, "pipelines", os.path.basename(os.path.dirname(os.path.abspath(folder))), f"{stage}-{uuid.uuid4().hex[:8]}")
+    _dump(marker, {"shared": shared, "run": run})
+    return run
+
+
 def _search(spec, stage):
     from .search_spec import load_search_spec
 
@@ -86,11 +105,11 @@ def train(spec, stage, folder, outputs, address, progress) -> dict:
     # the shared storage the job or the cluster names (train.storage_path, RAYLOAD_STORAGE_PATH:
     # a multi-node cluster's workers cannot reach this node's disk), under pipelines/<run>/<stage>.
     shared = _shared_storage(_job(spec, stage))
-    where = join_uri(shared, "pipelines", os.path.basename(os.path.dirname(os.path.abspath(folder))), stage.name) if shared else folder
+    where = _shared_run(shared, folder, stage.name) if shared else folder
     job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={where}", "train.run_name=run"])
     result = fit(job, address=address)
     _dump(os.path.join(folder, "history.json"), result.history)
-    return {"checkpoint": result.checkpoint, "val": result.metrics, "test": result.test, "epochs": len(result.history),
+    return {"checkpoint": result.checkpoint, "history": os.path.join(folder, "history.json"), "val": result.metrics, "test": result.test, "epochs": len(result.history),
             "job": spec.path(stage.job)}
 
 

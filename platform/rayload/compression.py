@@ -74,9 +74,12 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
     suffix = method if method == "int8" else f"prune{round(amount * 100)}"
-    if is_remote(checkpoint):  # on shared storage: compressed from a local copy, written under runs/compressed/
+    if out is not None and is_remote(out):
+        raise RayloadError(f"--out {out}: compressed checkpoints are written to a local or mounted folder, not to a URI")
+    origin = checkpoint
+    if is_remote(checkpoint):  # on shared storage: compressed from the local copy (its folder is keyed by the URI)
         checkpoint = ckpt.localize(checkpoint)
-        default = os.path.join(runs_root(), "compressed", *os.path.normpath(checkpoint).split(os.sep)[-2:])
+        default = os.path.join(runs_root(), "compressed", *os.path.normpath(checkpoint).split(os.sep)[-3:])
     else:
         default = os.path.normpath(checkpoint)
     target = out or f"{default}-{suffix}"
@@ -106,7 +109,7 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
                             os.path.getsize(os.path.join(checkpoint, ckpt.MODEL)), 0, info)
     if not result.passed:
         raise GateRefused(result)
-    size = _write(checkpoint, target, state, config, source.manifest, result)
+    size = _write(checkpoint, target, state, config, source.manifest, result, origin)
     return CompressResult(**{**asdict(result), "checkpoint": target, "bytes_after": size})
 
 
@@ -225,7 +228,7 @@ def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_s
 # ---------------------------------------------------------------- write
 
 
-def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: dict, result: CompressResult) -> int:
+def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: dict, result: CompressResult, origin: str) -> int:
     """Write into a temporary folder, then move it into place: a reader never sees half a checkpoint."""
     from .train import checkpoint as ckpt
 
@@ -234,7 +237,7 @@ def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: di
     os.makedirs(tmp)
     torch.save(state, os.path.join(tmp, ckpt.MODEL))
     shutil.copy(os.path.join(checkpoint, ckpt.FEATURES), os.path.join(tmp, ckpt.FEATURES))
-    summary = {"method": result.method, "source": os.path.abspath(checkpoint), **result.settings,
+    summary = {"method": result.method, "source": origin if is_remote(origin) else os.path.abspath(checkpoint), **result.settings,
                "auc_before": result.auc_before, "auc_after": result.auc_after, "max_auc_drop": result.max_auc_drop}
     with open(os.path.join(tmp, ckpt.MODEL_JSON), "w") as f:
         json.dump({**config, "compression": summary}, f, indent=1)

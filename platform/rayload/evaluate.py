@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -96,7 +97,9 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
     from .features import FittedFeatures
 
     pre = preprocess(spec, address=address)
-    trained = FittedFeatures.load(f"{checkpoint}/features.json")
+    from .paths import localize
+
+    trained = FittedFeatures.load(os.path.join(localize(checkpoint), "features.json"))
     if trained != pre.features:
         raise DataError(
             f"checkpoint {checkpoint} was trained on a different preprocessing than the spec's data "

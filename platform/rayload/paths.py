@@ -61,7 +61,10 @@ def uri_for(storage: str, fs_path: str) -> str:
     if not is_remote(storage):
         return fs_path
     scheme, rest = storage.split("://", 1)
-    _, sep, query = rest.partition("?")
+    location, sep, query = rest.partition("?")
+    host = location.split("/", 1)[0]
+    if fs_path.startswith("/") and host:  # a host-based filesystem (hdfs://namenode:8020/...): its paths are absolute
+        return f"{scheme}://{host}{fs_path}{sep}{query}"
     return f"{scheme}://{fs_path.lstrip('/')}{sep}{query}"
 
 
@@ -69,9 +72,10 @@ def localize(path: str) -> str:
     """A checkpoint folder on this machine's disk: `path` itself when it is local, else (an
     s3://, gs:// or other pyarrow filesystem URI, as Ray Train writes to a cluster's shared
     storage) a copy downloaded once into the local cache, under
-    `<cache>/checkpoints/<hash of the URI>/<run>/<checkpoint>`. Checkpoint folders are written
-    once and never changed, so a finished copy is reused; a copy is completed in a temporary
-    folder and renamed into place, so a reader never sees half of one."""
+    `<cache>/checkpoints/<hash>/<run>/<checkpoint>`, the hash of the URI and of its model.pt's
+    size and modification time: a finished copy is reused while the checkpoint is unchanged,
+    and a checkpoint written again under the same name is fetched again. A copy is completed in
+    a temporary folder and renamed into place, so a reader never sees half of one."""
     import hashlib
     import shutil
     import uuid
@@ -85,7 +89,9 @@ def localize(path: str) -> str:
     fs, root = pafs.FileSystem.from_uri(path)
     root = root.rstrip("/")
     parts = root.split("/")
-    dest = os.path.join(cache_root(), "checkpoints", hashlib.sha256(path.encode()).hexdigest()[:16], *parts[-2:])
+    weights = fs.get_file_info(f"{root}/model.pt")
+    key = f"{path}|{weights.size}|{weights.mtime_ns}" if weights.type == pafs.FileType.File else path
+    dest = os.path.join(cache_root(), "checkpoints", hashlib.sha256(key.encode()).hexdigest()[:16], *parts[-2:])
     if os.path.exists(os.path.join(dest, "model.json")):
         return dest
     if fs.get_file_info(root).type != pafs.FileType.Directory:

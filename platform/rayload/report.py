@@ -149,7 +149,7 @@ def _history(train_outputs: dict) -> list[dict]:
     checkpoint = train_outputs.get("checkpoint")
     if not checkpoint:
         return []
-    path = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "history.json")
+    path = train_outputs.get("history") or os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "history.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)

@@ -159,7 +159,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
                    "label": {"column": label, "task": "binary"}}
     raw["split"] = {"kind": "random", "train": 0.8, "val": 0.2, "test": 0.0, "seed": job.split.seed, "key": ["request_id"]}
     raw["rebalance"] = {"method": "none"}
-    raw["train"] = {**raw["train"], "init_from": champion if is_remote(champion) else os.path.abspath(champion), "run_name": run_name}
+    raw["train"] = {**raw["train"], "init_from": _where(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
     return JobSpec.model_validate(raw)
 
@@ -187,14 +187,19 @@ def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:
     return new, old, result.checkpoint
 
 
+def _where(checkpoint: str) -> str:
+    """A checkpoint as the next A/B spec names it: a URI as it is, a local folder absolute."""
+    return checkpoint if is_remote(checkpoint) else os.path.abspath(checkpoint)
+
+
 def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> str:
     """The next experiment: the champion against the retrained model, otherwise as before."""
     prior = args["spec"]
     weight = weight if weight is not None else _first_weight(prior)
     spec = {k: v for k, v in prior.items() if k not in ("name", "salt", "arms", "champion", "shadow")}
     spec.update(name=re.sub(r"[^A-Za-z0-9_.-]", "-", name), champion=champion_arm, arms=[
-        {"name": champion_arm, "weight": round(1.0 - weight, 6), "checkpoint": os.path.abspath(champion)},
-        {"name": "retrained", "weight": weight, "checkpoint": os.path.abspath(challenger)},
+        {"name": champion_arm, "weight": round(1.0 - weight, 6), "checkpoint": _where(champion)},
+        {"name": "retrained", "weight": weight, "checkpoint": _where(challenger)},
     ])
     if spec.get("events", {}).get("url") is None:
         spec.get("events", {}).pop("url", None)

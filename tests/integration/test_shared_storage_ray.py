@@ -3,7 +3,9 @@ set to s3://, as cluster.yaml does): Ray Train's workers write the checkpoints t
 endpoint (moto's server on loopback), and everything after training (history, test metrics,
 loading, serving, the pipeline's train stage) reads them by URI."""
 
+import json
 import os
+import re
 
 import helpers
 import numpy as np
@@ -11,6 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 
 import rayload
+from rayload.errors import RayloadError
 from rayload.paths import join_uri
 from rayload.spec import JobSpec
 from rayload.paths import localize
@@ -74,12 +77,20 @@ def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_p
     assert res.run_dir == join_uri(bucket, "solo", "one") and res.checkpoint.startswith("s3://rayload/solo/one/epoch_000")
     name = res.checkpoint.partition("?")[0].removeprefix("s3://")
     assert f"{name}/model.pt" in keys(bucket, "solo")
-    assert os.path.isdir(os.path.join(os.environ["RAYLOAD_HOME"], "train", "one"))  # the local run a relaunch resumes
+    local = [d for d, _, files in os.walk(os.path.join(os.environ["RAYLOAD_HOME"], "train", "remote")) if os.path.basename(d) == "one"]
+    assert len(local) == 1  # the local run a relaunch resumes, in a folder of this remote run's own
     assert not os.path.exists(tmp_path / "s3:")
     assert rayload.load_checkpoint(res.checkpoint).features.label.column == "rating"
+    # The same run name on other storage is another run (a pipeline's stages all call theirs "run").
+    other = fit(job(subset, workers=1, epochs=1, storage_path=join_uri(bucket, "solo2"), run_name="one"), evaluate_test=False)
+    assert other.checkpoint.startswith("s3://rayload/solo2/one/") and [h["epoch"] for h in other.history] == [0]
     # The other readers of a checkpoint take the URI too: compression (its gate) and transfer learning.
     small = rayload.compress(res.checkpoint, "int8", max_auc_drop=0.05)
-    assert small.checkpoint.startswith(os.path.join(os.environ["RAYLOAD_HOME"], "compressed", "one")) and small.checkpoint.endswith("-int8")
+    assert small.checkpoint.startswith(os.path.join(os.environ["RAYLOAD_HOME"], "compressed", "")) and small.checkpoint.endswith("-int8")
+    with open(os.path.join(small.checkpoint, "model.json")) as f:
+        assert json.load(f)["compression"]["source"] == res.checkpoint  # provenance: the URI, not the cache copy
+    with pytest.raises(RayloadError, match="not to a URI"):
+        rayload.compress(res.checkpoint, "int8", out=join_uri(bucket, "small"))
     warm = fit(job(subset, workers=1, epochs=1, init_from=res.checkpoint, freeze=["embeddings"], run_name="warm"), evaluate_test=False)
     before, after = rayload.load_checkpoint(res.checkpoint).model, rayload.load_checkpoint(warm.checkpoint).model
     frozen = [k for k in before.state_dict() if k.startswith("embed.")]
@@ -98,11 +109,15 @@ def test_a_pipeline_train_stage_keeps_its_run_on_the_cluster_storage(bucket, sub
     out = rayload.run(str(path), run_id="nightly")
     assert out.ok, [(s.name, s.outcome) for s in out.stages]
     checkpoint = out.outputs("train")["checkpoint"]
-    assert checkpoint.startswith("s3://rayload/shared/pipelines/nightly/train/run/epoch_000"), checkpoint
+    assert re.match(r"s3://rayload/shared/pipelines/nightly/train-[0-9a-f]{8}/run/epoch_000", checkpoint), checkpoint
     assert rayload.load_checkpoint(checkpoint).config["name"] == "deepfm"
     again = rayload.run(str(path), run_id="nightly")  # same inputs, same storage: skipped
     assert [s.outcome for s in again.stages] == ["skipped"] and again.outputs("train")["checkpoint"] == checkpoint
     monkeypatch.setenv("RAYLOAD_STORAGE_PATH", join_uri(bucket, "moved"))  # the run's place is an input
     moved = rayload.run(str(path), run_id="nightly")
     assert [s.outcome for s in moved.stages] == ["ok"]
-    assert moved.outputs("train")["checkpoint"].startswith("s3://rayload/moved/pipelines/nightly/train/run/")
+    assert moved.outputs("train")["checkpoint"].startswith("s3://rayload/moved/pipelines/nightly/train-")
+    # A forced re-run starts a new run (a new token): Ray Train never restores the old one's checkpoints.
+    forced = rayload.run(str(path), run_id="nightly", force=("train",))
+    old_run, new_run = (r.outputs("train")["checkpoint"].split("/run/")[0] for r in (moved, forced))
+    assert [s.outcome for s in forced.stages] == ["ok"] and new_run != old_run

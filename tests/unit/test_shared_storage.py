@@ -19,6 +19,7 @@ def test_uris_keep_their_filesystem_options_after_the_path():
     assert uri_for(base, "bucket/runs/job-1/checkpoint_0") == "s3://bucket/runs/job-1/checkpoint_0?endpoint_override=127.0.0.1:9000&scheme=http"
     assert uri_for("gs://b/r", "b/r/j/c") == "gs://b/r/j/c"
     assert uri_for("/data/runs", "/data/runs/j/c") == "/data/runs/j/c"
+    assert uri_for("hdfs://namenode:8020/runs", "/runs/j/c") == "hdfs://namenode:8020/runs/j/c"  # host-based: absolute paths
     assert is_remote(base) and is_remote("gs://b") and not is_remote("file:///x") and not is_remote("/x")
 
 
@@ -36,7 +37,10 @@ def test_a_checkpoint_on_s3_is_fetched_once_into_the_local_cache(tmp_path, monke
         assert local.startswith(str(tmp_path / "cache")) and local.endswith(os.path.join("job-1", "checkpoint_0"))
         assert {n: open(os.path.join(local, n), "rb").read() for n in files} == files
         assert not [p for p in os.listdir(os.path.dirname(local)) if ".tmp-" in p]  # no half-finished copy left
-        fs.delete_file("rayload/runs/job-1/checkpoint_0/model.pt")
-        assert localize(uri) == local and os.path.exists(os.path.join(local, "model.pt"))  # the finished copy is reused
+        assert localize(uri) == local  # the finished copy is reused
+        with fs.open_output_stream("rayload/runs/job-1/checkpoint_0/model.pt") as f:  # written again, same name
+            f.write(b"new weights")
+        again = localize(uri)
+        assert again != local and open(os.path.join(again, "model.pt"), "rb").read() == b"new weights"
         with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
             localize(join_uri(bucket, "runs", "job-1", "missing"))

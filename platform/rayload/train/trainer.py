@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import logging
 import os
 import subprocess
@@ -61,8 +62,11 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     if in_process:
-        if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk
-            result = _upload(_fit_local(spec, pre, os.path.join(runs_root(), "train", name), context), join_uri(storage, name))
+        if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk, in a
+            # folder of this remote run's own (a relaunch with the same storage and name resumes from it)
+            remote = join_uri(storage, name)
+            local = os.path.join(runs_root(), "train", "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
+            result = _upload(_fit_local(spec, pre, local, context), remote)
         else:
             result = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:

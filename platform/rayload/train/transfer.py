@@ -51,7 +51,10 @@ def init_weights(model: nn.Module, checkpoint: str) -> None:
 def _model_json(checkpoint: str) -> dict:
     from .checkpoint import MODEL_JSON, localize, read_model_json
 
-    path = os.path.join(localize(checkpoint), MODEL_JSON)
+    try:  # a URI (shared storage) is fetched into the local cache first
+        path = os.path.join(localize(checkpoint), MODEL_JSON)
+    except (OSError, ValueError) as exc:
+        raise RayloadError(f"train.init_from={checkpoint!r} cannot be read: {exc}") from exc
     if not os.path.exists(path):
         raise RayloadError(f"train.init_from={checkpoint!r} is not a checkpoint: {path} does not exist")
     return read_model_json(checkpoint)
