@@ -82,9 +82,9 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
         spec, raw = _load(search, overrides)
         run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
     base = job_from(raw, {})
-    from .train.resources import check_storage
+    from .train.resources import SEARCH_FIX, check_storage
 
-    check_storage(run_dir)  # trials on other nodes write their checkpoints under the run folder
+    check_storage(run_dir, "the search's run folder", SEARCH_FIX)  # trials on other nodes write their checkpoints there
     max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
     if spec.scheduler and spec.scheduler.grace_period > max_t:
         raise SpecError([SpecIssue("scheduler.grace_period", f"must be at most the trials' epochs ({max_t}, the base job's "

@@ -81,16 +81,21 @@ def _v1_autoscaler_running() -> bool:
     return any(not t.startswith("node_") for t in types)
 
 
-def check_storage(storage_path: str) -> None:
+STORAGE_FIX = ("Set train.storage_path or RAYLOAD_STORAGE_PATH to shared storage (s3://bucket/path, gs://..., or an NFS "
+               "mount; RAYLOAD_SHARED_PATHS declares mounts /proc/mounts cannot tell).")
+SEARCH_FIX = ("A search keeps its trials' checkpoints in its run folder: set RAYLOAD_HOME to a folder every node mounts "
+              "(NFS, EFS; RAYLOAD_SHARED_PATHS declares mounts /proc/mounts cannot tell).")
+
+
+def check_storage(storage_path: str, what: str = "train.storage_path", fix: str = STORAGE_FIX) -> None:
     """A multi-node run needs checkpoint storage that every node reaches."""
     if "://" in storage_path:
         return
     nodes = alive_nodes()
     if len(nodes) > 1 and not is_shared(storage_path):
         raise ResourceError(
-            f"train.storage_path {storage_path!r} is a local folder, but the cluster has {len(nodes)} nodes: "
-            "workers on other nodes could not write or read checkpoints. Set train.storage_path to shared "
-            "storage (s3://bucket/path, gs://..., or an NFS mount)."
+            f"{what} {storage_path!r} is a local folder, but the cluster has {len(nodes)} nodes: "
+            f"workers on other nodes could not write or read checkpoints. {fix}"
         )
 
 

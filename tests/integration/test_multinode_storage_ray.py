@@ -1,0 +1,91 @@
+"""Checkpoint storage on a real two-node Ray cluster (two raylets on this machine, Ray's own
+cluster_utils): a local folder is refused before anything trains, with the fix named; a
+shared one is accepted; and two workers, one per node, train to object storage (a real S3
+endpoint, moto's server) and the result is read back by URI."""
+
+import os
+import socket
+
+import helpers
+import pytest
+import yaml
+
+import rayload
+from rayload.errors import RayloadError
+from rayload.paths import join_uri
+from rayload.spec import JobSpec
+from rayload.train.resources import alive_nodes, check_storage
+from rayload.train.trainer import fit
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    with helpers.s3_bucket() as uri:  # before the nodes start: their processes inherit the credentials
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def two_nodes(bucket):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    with socket.socket() as s:  # Redis holds 6379 on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "gcs_server_port": port, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def subset(two_nodes, tmp_path_factory):
+    return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
+
+
+def job(path: str, **train) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "ml-nodes",
+        "data": {"source": {"kind": "parquet", "path": path},
+                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                 "label": {"column": "rating", "threshold": 4.0}},
+        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
+        "train": {"epochs": 1, "batch_size": 512, "lr": 0.005, **train},
+        "resources": {"workers": 2, "cpus_per_worker": 1},
+    })
+
+
+def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_accepted(subset, tmp_path, monkeypatch):
+    assert len(alive_nodes()) == 2
+    with pytest.raises(RayloadError) as info:
+        fit(job(subset, storage_path=str(tmp_path / "ckpts")))
+    msg = str(info.value)
+    assert "train.storage_path" in msg and "2 nodes" in msg and "RAYLOAD_STORAGE_PATH" in msg
+    assert not os.path.exists(tmp_path / "ckpts")  # refused before training started
+    base = tmp_path / "job.yaml"
+    base.write_text(yaml.safe_dump(job(subset).model_dump(mode="json", exclude_defaults=True)))
+    search = tmp_path / "search.yaml"
+    search.write_text(yaml.safe_dump({"name": "s", "base": str(base), "space": {"train.lr": {"loguniform": [1e-3, 1e-2]}},
+                                      "num_samples": 2}))
+    with pytest.raises(RayloadError) as info:
+        rayload.tune(str(search))
+    assert "the search's run folder" in str(info.value) and "RAYLOAD_HOME" in str(info.value)
+    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))  # a mount every node reaches, declared
+    check_storage(str(tmp_path / "ckpts"))
+
+
+def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):
+    import ray
+
+    res = fit(job(subset, epochs=2, storage_path=join_uri(bucket, "nodes"), run_name="spread"))
+    assert res.checkpoint.startswith("s3://rayload/nodes/spread/") and res.test["auc"] > 0.6, res.test
+    placed = {a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayTrainWorker"}
+    assert len(placed) == 2  # one rank per node: neither could have read the other's local disk
+    assert rayload.load_checkpoint(res.checkpoint).config["name"] == "deepfm"
