@@ -30,6 +30,7 @@ class JobSearch:
     variants: dict  # variant key (preprocessing params as JSON) -> (PreprocessResult, datasets, ID counts or None)
     preprocessing_paths: tuple[str, ...]
     workers: int
+    trial_root: str = ""  # where trials' checkpoints go: the run folder, or a URI on object storage
 
 
 def variant_key(params: dict, paths: tuple[str, ...]) -> str:
@@ -43,15 +44,29 @@ def trial_dir(run_dir: str, number: int) -> str:
 
 
 class TuneSession(LocalSession):
-    """LocalSession that also reports each epoch (metrics + checkpoint folder) to Ray Tune."""
+    """LocalSession that also reports each epoch (metrics + checkpoint folder) to Ray Tune.
+    With `remote` (the trial's folder on object storage) each checkpoint is also uploaded
+    there as it is written, and Tune is told its URI: the driver, the A/B stage and any node
+    read it from there. A retried trial on another node starts again (its local folder is
+    elsewhere); on the same node it resumes."""
+
+    def __init__(self, *args, remote: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.remote = remote
 
     def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
         import ray.tune
 
         super().report(metrics, checkpoint_dir, name)
+        where = os.path.join(self.run_dir, name)
+        if self.remote:
+            from .paths import join_uri
+            from .train.trainer import upload_folder
+
+            where = upload_folder(where, join_uri(self.remote, name))
         # reported_at: Tune's own `timestamp` is in whole seconds, too coarse to time a search
         # whose trials report every second or two (benchmarks/bench_tune.py asha-stream)
-        ray.tune.report({**metrics, "checkpoint": os.path.join(self.run_dir, name), "reported_at": time.time()})
+        ray.tune.report({**metrics, "checkpoint": where, "reported_at": time.time()})
 
 
 def job_trial(config: dict, search: JobSearch) -> None:
@@ -62,12 +77,21 @@ def job_trial(config: dict, search: JobSearch) -> None:
     spec = job_from(search.raw, config["params"])
     pre, datasets, counts = search.variants[variant_key(config["params"], search.preprocessing_paths)]
     context = loop_context(spec, pre, counts)
-    folder = trial_dir(search.run_dir, config["number"])
+    from .paths import is_remote, join_uri, runs_root
+
+    root, name = search.trial_root or search.run_dir, f"trial_{config['number']:04d}"
     if search.workers == 1:
-        _fit_local(spec, pre, folder, context, session_cls=TuneSession, datasets=dict(datasets))
+        if is_remote(root):  # trained on this node's disk, each checkpoint uploaded as it is written
+            import functools
+            import hashlib
+
+            remote = join_uri(root, "trials", name)
+            local = os.path.join(runs_root(), "tune", "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
+            _fit_local(spec, pre, local, context, session_cls=functools.partial(TuneSession, remote=remote), datasets=dict(datasets))
+        else:
+            _fit_local(spec, pre, trial_dir(root, config["number"]), context, session_cls=TuneSession, datasets=dict(datasets))
     else:
         from ray.tune.integration.ray_train import TuneReportCallback
 
-        _fit_ray(spec, pre, os.path.dirname(folder), os.path.basename(folder), context, callbacks=[TuneReportCallback()],
-                 datasets=dict(datasets))
+        _fit_ray(spec, pre, join_uri(root, "trials"), name, context, callbacks=[TuneReportCallback()], datasets=dict(datasets))
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ._ray import ensure_ray
 from .errors import RayloadError, SpecError, SpecIssue
-from .paths import runs_root
+from .paths import is_remote, join_uri, runs_root
 from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,14 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     base = job_from(raw, {})
     from .train.resources import SEARCH_FIX, check_storage
 
-    check_storage(run_dir, "the search's run folder", SEARCH_FIX)  # trials on other nodes write their checkpoints there
+    # Trials' checkpoints: on the object storage the job or the cluster names (train.storage_path,
+    # RAYLOAD_STORAGE_PATH), under tune/<run>/trials; else in the run folder, which every node
+    # must then reach. The study, search.json, plots and best.yaml stay in the driver's run folder.
+    shared = base.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+    trial_root = read_state(run_dir).get("trial_root", run_dir) if resume else (
+        join_uri(shared, "tune", os.path.basename(run_dir)) if shared and is_remote(shared) else run_dir)
+    if not is_remote(trial_root):
+        check_storage(run_dir, "the search's run folder", SEARCH_FIX)  # trials on other nodes write their checkpoints there
     max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
     if spec.scheduler and spec.scheduler.grace_period > max_t:
         raise SpecError([SpecIssue("scheduler.grace_period", f"must be at most the trials' epochs ({max_t}, the base job's "
@@ -99,13 +106,13 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     paths = tuple(p for p in spec.space if p.split(".")[0] in PREPROCESSING)
     from ._tune_trial import JobSearch, job_trial
 
-    job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers)
+    job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers, trial_root)
     # A TorchTrainer places its own workers; the trial itself only drives it (Tune refuses an
     # empty resource request, hence a hundredth of a CPU).
     own = per_worker if tr.workers == 1 else {"CPU": 0.01}
     need = {k: v * tr.workers for k, v in per_worker.items()}
     plan = _Plan(spec, run_dir, _storage(spec, run_dir), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
-    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage,
+    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, trial_root=trial_root,
                 study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
     study = _run(plan, job_trial, {"search": job}, resume=bool(resume))
     return _finish(plan, study, raw)

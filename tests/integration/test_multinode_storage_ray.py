@@ -89,3 +89,25 @@ def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):
     placed = {a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayTrainWorker"}
     assert len(placed) == 2  # one rank per node: neither could have read the other's local disk
     assert rayload.load_checkpoint(res.checkpoint).config["name"] == "deepfm"
+
+
+def test_a_search_keeps_its_trials_checkpoints_on_object_storage(bucket, subset, tmp_path, monkeypatch):
+    """With RAYLOAD_STORAGE_PATH on object storage a search runs on nodes whose disks the driver
+    cannot see: each trial uploads its checkpoints as it writes them and the study names them
+    by URI; the driver's run folder (study, best.yaml, plots) stays local."""
+    import ray
+
+    monkeypatch.setenv("RAYLOAD_STORAGE_PATH", join_uri(bucket, "searches"))
+    base = tmp_path / "job.yaml"
+    base.write_text(yaml.safe_dump(job(subset).model_dump(mode="json", exclude_defaults=True)))
+    search = tmp_path / "search.yaml"
+    search.write_text(yaml.safe_dump({"name": "s3search", "base": str(base), "strategy": "random", "num_samples": 2,
+                                      "max_concurrent": 2, "space": {"train.lr": {"loguniform": [1e-3, 1e-2]}}}))
+    res = rayload.tune(str(search))
+    assert res.counts() == {"complete": 2}
+    prefix = f"s3://rayload/searches/tune/{res.run_name}/trials/trial_000"
+    assert all(t["checkpoint"].startswith(prefix) for t in res.trials), [t["checkpoint"] for t in res.trials]
+    assert rayload.load_checkpoint(res.best["checkpoint"]).config["name"] == "deepfm"
+    assert os.path.exists(res.best_spec) and res.run_dir.startswith(os.environ["RAYLOAD_HOME"])
+    nodes = {a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["ActorClassName"].startswith("ImplicitFunc")}
+    assert len(nodes) == 2  # the two trials ran one per node

@@ -174,15 +174,22 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
 
 
+def upload_folder(local: str, remote: str) -> str:
+    """Copy a local folder to a URI on object storage (what is there under the same names is
+    replaced); returns the URI."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote)
+    fs.create_dir(root, recursive=True)
+    pafs.copy_files(local, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    return remote
+
+
 def _upload(result: TrainResult, remote_run: str) -> TrainResult:
     """An in-process run's folder copied to the remote storage it was asked for; the result
     names the remote copies (the local folder stays: a relaunch with the same run name resumes
     from it)."""
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(remote_run)
-    fs.create_dir(root, recursive=True)
-    pafs.copy_files(result.run_dir, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    upload_folder(result.run_dir, remote_run)
     rel = os.path.relpath(result.checkpoint, result.run_dir)
     return dataclasses.replace(result, run_dir=remote_run, checkpoint=join_uri(remote_run, *rel.split(os.sep)))
 
