@@ -57,13 +57,16 @@ class TuneSession(LocalSession):
     def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
         import ray.tune
 
+        kept = {os.path.basename(e["path"]) for e in self.index()}
         super().report(metrics, checkpoint_dir, name)
         where = os.path.join(self.run_dir, name)
         if self.remote:
             from .paths import join_uri
-            from .train.trainer import upload_folder
+            from .train.trainer import remove_folder, upload_folder
 
             where = upload_folder(where, join_uri(self.remote, name))
+            for dropped in kept - {os.path.basename(e["path"]) for e in self.index()}:  # train.keep_checkpoints, there too
+                remove_folder(join_uri(self.remote, dropped))
         # reported_at: Tune's own `timestamp` is in whole seconds, too coarse to time a search
         # whose trials report every second or two (benchmarks/bench_tune.py asha-stream)
         ray.tune.report({**metrics, "checkpoint": where, "reported_at": time.time()})
@@ -91,7 +94,22 @@ def job_trial(config: dict, search: JobSearch) -> None:
         else:
             _fit_local(spec, pre, trial_dir(root, config["number"]), context, session_cls=TuneSession, datasets=dict(datasets))
     else:
-        from ray.tune.integration.ray_train import TuneReportCallback
+        storage = join_uri(root, "trials")
+        _fit_ray(spec, pre, storage, name, context, callbacks=[_uri_reporter(storage)], datasets=dict(datasets))
 
-        _fit_ray(spec, pre, join_uri(root, "trials"), name, context, callbacks=[TuneReportCallback()], datasets=dict(datasets))
+
+def _uri_reporter(storage: str):
+    """Ray Train's TuneReportCallback, with the checkpoint named as rayload names it: on object
+    storage Ray Train's Checkpoint.path lacks the scheme and the filesystem's options."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from .paths import uri_for
+
+    class _Reporter(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            if checkpoint:
+                metrics = [{**metrics[0], "checkpoint": uri_for(storage, checkpoint.path)}, *metrics[1:]]
+            super().after_report(run_context, metrics, checkpoint)
+
+    return _Reporter()
 

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,9 +88,16 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     # Trials' checkpoints: on the object storage the job or the cluster names (train.storage_path,
     # RAYLOAD_STORAGE_PATH), under tune/<run>/trials; else in the run folder, which every node
     # must then reach. The study, search.json, plots and best.yaml stay in the driver's run folder.
+    # A new search gets a root of its own (a pipeline's tune stages all call their run folder
+    # "search"); a resumed one keeps the root search.json names (only remote roots are kept:
+    # a local one is the run folder wherever it is found now).
     shared = base.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
-    trial_root = read_state(run_dir).get("trial_root", run_dir) if resume else (
-        join_uri(shared, "tune", os.path.basename(run_dir)) if shared and is_remote(shared) else run_dir)
+    if resume:
+        trial_root = read_state(run_dir).get("trial_root") or run_dir
+    elif shared and is_remote(shared):
+        trial_root = join_uri(shared, "tune", f"{os.path.basename(run_dir)}-{uuid.uuid4().hex[:8]}")
+    else:
+        trial_root = run_dir
     if not is_remote(trial_root):
         check_storage(run_dir, "the search's run folder", SEARCH_FIX)  # trials on other nodes write their checkpoints there
     max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
@@ -112,7 +120,8 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     own = per_worker if tr.workers == 1 else {"CPU": 0.01}
     need = {k: v * tr.workers for k, v in per_worker.items()}
     plan = _Plan(spec, run_dir, _storage(spec, run_dir), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
-    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, trial_root=trial_root,
+    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage,
+                trial_root=trial_root if is_remote(trial_root) else None,
                 study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
     study = _run(plan, job_trial, {"search": job}, resume=bool(resume))
     return _finish(plan, study, raw)

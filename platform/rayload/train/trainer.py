@@ -185,6 +185,15 @@ def upload_folder(local: str, remote: str) -> str:
     return remote
 
 
+def remove_folder(remote: str) -> None:
+    """Delete a folder on object storage (nothing when it is not there)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote)
+    if fs.get_file_info(root).type == pafs.FileType.Directory:
+        fs.delete_dir(root)
+
+
 def _upload(result: TrainResult, remote_run: str) -> TrainResult:
     """An in-process run's folder copied to the remote storage it was asked for; the result
     names the remote copies (the local folder stays: a relaunch with the same run name resumes
