@@ -36,14 +36,21 @@ def two_nodes(bucket):
     with socket.socket() as s:  # Redis holds 6379 on this machine
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "gcs_server_port": port, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    # cluster_utils names its head in /tmp/ray/ray_current_cluster (and deletes that file when it
+    # shuts down), which every other `ray.init()` on this machine would then join: the other
+    # pytest worker's module Ray and the CLI's embedded Ray included. This cluster is reached by
+    # its address only.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
+        patch.setattr(ray._common.utils, "reset_ray_address", lambda *a, **k: None)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "gcs_server_port": port, "include_dashboard": False})
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        yield cluster
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
