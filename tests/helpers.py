@@ -49,6 +49,20 @@ def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
+def movielens_job(path: str, name: str, workers: int = 2, epochs: int = 1, **train) -> JobSpec:
+    """A tiny DeepFM on a MovieLens subset file (`movielens_subset`); `train` adds train fields."""
+    return JobSpec.model_validate({
+        "name": name,
+        "data": {"source": {"kind": "parquet", "path": path},
+                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                 "label": {"column": "rating", "threshold": 4.0}},
+        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
+        "train": {"epochs": epochs, "batch_size": 512, "lr": 0.005, **train},
+        "resources": {"workers": workers},
+    })
+
+
 def movielens_subset(folder, rows: int) -> str:
     """The first `rows` MovieLens ratings (the built-in source, materialised in the cache) as
     `folder`/subset.parquet; returns its path."""

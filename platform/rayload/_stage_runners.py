@@ -10,7 +10,7 @@ import json
 import logging
 import os
 
-from .paths import join_uri
+from .paths import join_uri, shared_storage
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
     if stage.kind in ("prepare", "train"):
         job = _job(spec, stage)
         plan = job.model_dump(mode="json")
-        if stage.kind == "train" and (shared := _shared_storage(job)):
+        if stage.kind == "train" and (shared := shared_storage(job.train.storage_path)):
             plan["shared_storage"] = shared  # where the run lives: a new place is a new run
         return plan, job.train.seed, _data_hash(job)
     if stage.kind == "tune":
@@ -40,11 +40,6 @@ def _job(spec, stage):
     from .spec import load_spec
 
     return load_spec(spec.path(stage.job), stage.set)
-
-
-def _shared_storage(job) -> str | None:
-    """The storage a train stage's run goes to instead of the stage folder (train.train), if any."""
-    return job.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
 
 
 def _shared_run(shared: str, folder: str, stage: str) -> str:
@@ -104,7 +99,7 @@ def train(spec, stage, folder, outputs, address, progress) -> dict:
     # The run lives under a fixed name, so a relaunch resumes it: in the stage folder, or on
     # the shared storage the job or the cluster names (train.storage_path, RAYLOAD_STORAGE_PATH:
     # a multi-node cluster's workers cannot reach this node's disk), under pipelines/<run>/<stage>.
-    shared = _shared_storage(_job(spec, stage))
+    shared = shared_storage(_job(spec, stage).train.storage_path)
     where = _shared_run(shared, folder, stage.name) if shared else folder
     job = load_spec(spec.path(stage.job), [*stage.set, f"train.storage_path={where}", "train.run_name=run"])
     result = fit(job, address=address)

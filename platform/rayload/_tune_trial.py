@@ -57,12 +57,11 @@ class TuneSession(LocalSession):
     def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
         import ray.tune
 
-        kept = {os.path.basename(e["path"]) for e in self.index()}
+        kept = {os.path.basename(e["path"]) for e in self.index()} if self.remote else set()
         super().report(metrics, checkpoint_dir, name)
         where = os.path.join(self.run_dir, name)
         if self.remote:
-            from .paths import join_uri
-            from .train.trainer import remove_folder, upload_folder
+            from .paths import join_uri, remove_folder, upload_folder
 
             where = upload_folder(where, join_uri(self.remote, name))
             for dropped in kept - {os.path.basename(e["path"]) for e in self.index()}:  # train.keep_checkpoints, there too
@@ -80,17 +79,16 @@ def job_trial(config: dict, search: JobSearch) -> None:
     spec = job_from(search.raw, config["params"])
     pre, datasets, counts = search.variants[variant_key(config["params"], search.preprocessing_paths)]
     context = loop_context(spec, pre, counts)
-    from .paths import is_remote, join_uri, runs_root
+    from .paths import is_remote, join_uri, remote_scratch
 
     root, name = search.trial_root or search.run_dir, f"trial_{config['number']:04d}"
     if search.workers == 1:
         if is_remote(root):  # trained on this node's disk, each checkpoint uploaded as it is written
             import functools
-            import hashlib
 
             remote = join_uri(root, "trials", name)
-            local = os.path.join(runs_root(), "tune", "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
-            _fit_local(spec, pre, local, context, session_cls=functools.partial(TuneSession, remote=remote), datasets=dict(datasets))
+            _fit_local(spec, pre, remote_scratch(remote, "tune"), context, session_cls=functools.partial(TuneSession, remote=remote),
+                       datasets=dict(datasets))
         else:
             _fit_local(spec, pre, trial_dir(root, config["number"]), context, session_cls=TuneSession, datasets=dict(datasets))
     else:

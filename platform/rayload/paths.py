@@ -39,6 +39,42 @@ def cache_lock(entry: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def shared_storage(storage_path: str | None) -> str | None:
+    """Where checkpoints go instead of this machine's run folders, if anywhere: a job's
+    train.storage_path, else the cluster's RAYLOAD_STORAGE_PATH (cluster.yaml sets it)."""
+    return storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+
+
+def remote_scratch(remote: str, kind: str) -> str:
+    """The local folder where this node trains a run whose home is the URI `remote` (then
+    uploads it): `<runs>/<kind>/remote/<hash of the URI>/<last part>`, one per remote run, so a
+    relaunch on this node resumes it and runs with the same name elsewhere stay apart."""
+    import hashlib
+
+    name = remote.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    return os.path.join(runs_root(), kind, "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
+
+
+def upload_folder(local: str, remote: str) -> str:
+    """Copy a local folder to a URI on object storage (what is there under the same names is
+    replaced); returns the URI."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote)
+    fs.create_dir(root, recursive=True)
+    pafs.copy_files(local, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    return remote
+
+
+def remove_folder(remote: str) -> None:
+    """Delete a folder on object storage (nothing when it is not there)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote)
+    if fs.get_file_info(root).type == pafs.FileType.Directory:
+        fs.delete_dir(root)
+
+
 def is_remote(path: str) -> bool:
     """A URI on a filesystem other than this machine's disk (s3://, gs://, ...); file:// is local."""
     return "://" in path and not path.startswith("file://")

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ._ray import ensure_ray
 from .errors import RayloadError, SpecError, SpecIssue
-from .paths import is_remote, join_uri, runs_root
+from .paths import is_remote, join_uri, runs_root, shared_storage
 from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     # A new search gets a root of its own (a pipeline's tune stages all call their run folder
     # "search"); a resumed one keeps the root search.json names (only remote roots are kept:
     # a local one is the run folder wherever it is found now).
-    shared = base.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+    shared = shared_storage(base.train.storage_path)
     if resume:
         trial_root = read_state(run_dir).get("trial_root") or run_dir
     elif shared and is_remote(shared):

@@ -58,17 +58,8 @@ def subset(two_nodes, tmp_path_factory):
     return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
 
 
-def job(path: str, **train) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "ml-nodes",
-        "data": {"source": {"kind": "parquet", "path": path},
-                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
-                 "label": {"column": "rating", "threshold": 4.0}},
-        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
-        "train": {"epochs": 1, "batch_size": 512, "lr": 0.005, **train},
-        "resources": {"workers": 2, "cpus_per_worker": 1},
-    })
+def job(path: str, epochs: int = 1, **train) -> JobSpec:
+    return helpers.movielens_job(path, "ml-nodes", 2, epochs, **train)  # one 1-CPU worker per node
 
 
 def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_accepted(subset, tmp_path, monkeypatch):

@@ -15,7 +15,6 @@ import pytest
 import rayload
 from rayload.errors import RayloadError
 from rayload.paths import join_uri
-from rayload.spec import JobSpec
 from rayload.paths import localize
 from rayload.train.trainer import fit
 
@@ -33,17 +32,8 @@ def subset(bucket, ray_local, tmp_path_factory):
     return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
 
 
-def job(path: str, workers: int = 2, **train):
-    return JobSpec.model_validate({
-        "name": "ml-s3",
-        "data": {"source": {"kind": "parquet", "path": path},
-                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
-                 "label": {"column": "rating", "threshold": 4.0}},
-        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
-        "train": {"epochs": 2, "batch_size": 512, "lr": 0.005, **train},
-        "resources": {"workers": workers},
-    })
+def job(path: str, workers: int = 2, epochs: int = 2, **train):
+    return helpers.movielens_job(path, "ml-s3", workers, epochs, **train)
 
 
 def keys(bucket: str, prefix: str) -> set[str]:

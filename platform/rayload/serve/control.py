@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..ab_spec import ABSpec, weight_issues
 from ..errors import RayloadError, SpecError
-from ..paths import runs_root
+from ..paths import localize, runs_root
 from .events import default_url
 from .ingress import check_direct_ingress, direct_ingress_env, ingress_urls
 
@@ -39,8 +39,6 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
     trained: dict[str, str] = {}  # resolved job (run name aside) -> the arm that trained it
     for arm in spec.arms:
         if arm.checkpoint:
-            from ..train.checkpoint import localize
-
             try:  # a URI (shared storage) is fetched once here, and again by each replica's node
                 here = localize(arm.checkpoint)
             except (OSError, ValueError) as exc:  # pyarrow: an unknown scheme, a missing bucket or folder
@@ -72,8 +70,6 @@ def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
     import torch
 
     total = 0
-    from ..train.checkpoint import localize
-
     for path in checkpoints.values():
         state = torch.load(os.path.join(localize(path), "model.pt"), weights_only=True, map_location="cpu")
         total += sum(t.numel() for t in state.values())
@@ -82,7 +78,6 @@ def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
 
 def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
     from ..features import FittedFeatures
-    from ..train.checkpoint import localize
 
     names = set()  # a request may carry what any arm reads
     for path in checkpoints.values():

@@ -41,7 +41,7 @@ def merged_report(snapshots: dict[str, list[dict]], bins: dict[str, list], thres
 def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> list[dict]:
     """The merged drift report of an experiment, from the event store and the arms' features.json."""
     from ..features import FittedFeatures
-    from ..train.checkpoint import localize
+    from ..paths import localize
 
     bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(localize(path), "features.json"))) for arm, path in checkpoints.items()}
     reader = EventReader(url)

@@ -32,14 +32,15 @@ class Scorer:
         from ..train.batch import Layout
 
         torch.set_num_threads(1)  # one replica per core: intra-op threads only contend
-        loaded = ckpt.load(checkpoint)  # a URI (shared storage) is downloaded to this node first
+        local = ckpt.localize(checkpoint)  # a URI (shared storage) is downloaded to this node first
+        loaded = ckpt.load(local)
         params = sum(t.numel() for t in loaded.model.state_dict().values() if isinstance(t, torch.Tensor))
         counter = None
         if drift:
             from .drift import DriftCounter
 
             counter = DriftCounter(loaded.features)
-        return cls(arm, checkpoint, model_version(ckpt.localize(checkpoint)), loaded.model, loaded.features,
+        return cls(arm, checkpoint, model_version(local), loaded.model, loaded.features,
                    Layout.from_features(loaded.features), loaded.features.label.task == "binary", params, counter,
                    hashlib.sha256(loaded.features.to_json().encode()).hexdigest())
 

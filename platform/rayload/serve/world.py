@@ -18,7 +18,7 @@ def world_for(ab: ABSpec, args: dict):
     from .simulate import MovieLensWorld, SyntheticWorld
 
     sim = ab.simulate
-    from ..train.checkpoint import localize
+    from ..paths import localize
 
     checkpoint = localize(args["checkpoints"][args["champion"]])
     manifest = json.load(open(os.path.join(checkpoint, "manifest.json")))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import hashlib
 import logging
 import os
 import subprocess
@@ -14,7 +13,7 @@ from dataclasses import dataclass, field
 from .._ray import ensure_ray
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError
-from ..paths import is_remote, join_uri, runs_root, uri_for
+from ..paths import is_remote, join_uri, remote_scratch, runs_root, shared_storage, upload_folder, uri_for
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
@@ -57,7 +56,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     ensure_ray(address)
     pre = preprocess(spec, address=address)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
-    storage = spec.train.storage_path or os.environ.get("RAYLOAD_STORAGE_PATH") or os.path.join(runs_root(), "train")
+    storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
     context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
@@ -65,8 +64,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
         if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk, in a
             # folder of this remote run's own (a relaunch with the same storage and name resumes from it)
             remote = join_uri(storage, name)
-            local = os.path.join(runs_root(), "train", "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
-            result = _upload(_fit_local(spec, pre, local, context), remote)
+            result = _upload(_fit_local(spec, pre, remote_scratch(remote, "train"), context), remote)
         else:
             result = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:
@@ -172,26 +170,6 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     # without its scheme: the result names checkpoints by URI, which every node can load.
     history = ckpt.load_train_state(uri_for(storage, result.checkpoint.path))["state"].history
     return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
-
-
-def upload_folder(local: str, remote: str) -> str:
-    """Copy a local folder to a URI on object storage (what is there under the same names is
-    replaced); returns the URI."""
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(remote)
-    fs.create_dir(root, recursive=True)
-    pafs.copy_files(local, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-    return remote
-
-
-def remove_folder(remote: str) -> None:
-    """Delete a folder on object storage (nothing when it is not there)."""
-    import pyarrow.fs as pafs
-
-    fs, root = pafs.FileSystem.from_uri(remote)
-    if fs.get_file_info(root).type == pafs.FileType.Directory:
-        fs.delete_dir(root)
 
 
 def _upload(result: TrainResult, remote_run: str) -> TrainResult:
