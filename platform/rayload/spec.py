@@ -199,10 +199,12 @@ class FeatureSpec(_Spec):
 
 
 class ModelSpec(_Spec):
-    name: Literal["mlp", "wide_deep", "deepfm", "dlrm"] = "deepfm"
+    name: Literal["mlp", "wide_deep", "deepfm", "dlrm", "dcn"] = "deepfm"
     embedding_dim: int = Field(default=16, ge=1, le=1024)
     hidden: list[int] = Field(default_factory=lambda: [256, 128])
     bottom: list[int] = Field(default_factory=lambda: [64], description="DLRM bottom MLP for dense features")
+    cross_layers: int = Field(default=2, ge=1, le=16, description="DCN-v2 cross layers before the deep MLP (model dcn)")
+    cross_rank: int = Field(default=0, ge=0, description="DCN-v2 low-rank cross layers: W = U V^T of this rank; 0: full matrix")
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     batch_norm: bool = False
     # Sparse gradients for embedding tables (SparseAdam) while the dense part uses AdamW:
@@ -268,7 +270,7 @@ class TrainSpec(_Spec):
     # Transfer learning: start from this checkpoint's weights and fitted features (its IDs and
     # scales keep their meaning); `freeze` names the parts that stay fixed (feature extraction).
     init_from: str | None = None
-    freeze: list[Literal["embeddings", "first_order", "dense_vectors", "deep", "bottom", "top"]] = Field(default_factory=list)
+    freeze: list[Literal["embeddings", "first_order", "dense_vectors", "deep", "bottom", "top", "cross"]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _freeze_needs_init(self) -> "TrainSpec":

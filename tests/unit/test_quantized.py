@@ -53,7 +53,7 @@ def test_folding_batch_norm_into_linear_changes_no_output():
     assert torch.allclose(folded(*x), before, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["deepfm", "dlrm", "wide_deep", "mlp"])
+@pytest.mark.parametrize("name", ["deepfm", "dlrm", "wide_deep", "mlp", "dcn"])
 def test_int8_model_rebuilt_from_plain_tensors_scores_close_to_fp32(name):
     m, cfg = model(name)
     state, plan = q.quantize(copy.deepcopy(m))

@@ -72,3 +72,14 @@ def test_a_part_the_model_lacks_is_named_with_the_parts_it_has(tmp_path):
     spec = job(init_from=source, freeze=["bottom"])
     with pytest.raises(RayloadError, match=r"DeepFM has no 'bottom' part; its parts are \['embeddings', 'first_order', 'dense_vectors', 'deep'\]"):
         run(spec, features(), MemorySession(table(256, 0), table(256, 1), str(tmp_path / "y")), CONTEXT)
+
+
+def test_dcn_cross_layers_freeze_while_its_deep_part_trains(tmp_path):
+    source = _source(tmp_path, name="dcn", cross_layers=2)
+    before = _weights(source)
+    after = _tuned(tmp_path, source, model={"name": "dcn", "cross_layers": 2}, freeze=["embeddings", "cross"])
+    frozen = [k for k in before if k.startswith(("embed.", "cross."))]
+    assert any(k.startswith("cross.1.") for k in frozen)
+    for k in frozen:
+        assert torch.equal(before[k], after[k]), k
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("deep."))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from torch import nn
 
 from ._inputs import InputShape
-from .zoo import DLRM, MLP, DeepFM, WideDeep
+from .zoo import DCN, DLRM, MLP, DeepFM, WideDeep
 
 __all__ = ["MODELS", "InputShape", "build_model", "model_json"]
 
-MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "wide_deep": WideDeep, "deepfm": DeepFM, "dlrm": DLRM}
+MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "wide_deep": WideDeep, "deepfm": DeepFM, "dlrm": DLRM, "dcn": DCN}
 
 
 def build_model(config: dict, shape: InputShape) -> nn.Module:

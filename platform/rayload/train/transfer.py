@@ -23,6 +23,7 @@ PARTS = {
     "deep": ("deep",),
     "bottom": ("bottom",),
     "top": ("top",),
+    "cross": ("cross",),
 }
 
 
