@@ -75,6 +75,23 @@ def remove_folder(remote: str) -> None:
         fs.delete_dir(root)
 
 
+def read_text(path: str) -> str:
+    """One small file's text, from this machine's disk or from a URI on object storage (only
+    that file is fetched, not the folder it is in)."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if not is_remote(path):
+        with open(path) as f:
+            return f.read()
+    import pyarrow.fs as pafs
+
+    fs, where = pafs.FileSystem.from_uri(path)
+    if fs.get_file_info(where).type != pafs.FileType.File:
+        raise FileNotFoundError(f"no file at {path}")
+    with fs.open_input_stream(where) as f:
+        return f.read().decode()
+
+
 def is_remote(path: str) -> bool:
     """A URI on a filesystem other than this machine's disk (s3://, gs://, ...); file:// is local."""
     return "://" in path and not path.startswith("file://")

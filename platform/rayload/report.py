@@ -91,10 +91,10 @@ def _img(name: str, png: str | None) -> str:
 def _best_trial_history(best: dict) -> list[dict]:
     if not best.get("checkpoint"):
         return []
-    from .train.checkpoint import load_train_state
+    from .train.checkpoint import read_history
 
     try:
-        return load_train_state(best["checkpoint"])["state"].history
+        return read_history(best["checkpoint"])
     except (OSError, RuntimeError, KeyError):
         return []
 

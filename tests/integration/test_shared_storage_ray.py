@@ -14,8 +14,7 @@ import pytest
 
 import rayload
 from rayload.errors import RayloadError
-from rayload.paths import join_uri
-from rayload.paths import localize
+from rayload.paths import cache_root, join_uri, localize
 from rayload.train.trainer import fit
 
 pytestmark = pytest.mark.integration
@@ -50,7 +49,7 @@ def test_two_workers_checkpoint_to_s3_and_the_result_names_them_by_uri(bucket, s
     assert res.run_dir == join_uri(bucket, "runs", "two")
     assert res.checkpoint.startswith("s3://rayload/runs/two/") and res.checkpoint.endswith("?" + bucket.partition("?")[2])
     name = res.checkpoint.partition("?")[0].removeprefix("s3://")
-    assert {f"{name}/{f}" for f in ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json")} <= keys(bucket, "runs/two")
+    assert {f"{name}/{f}" for f in ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json", "history.json")} <= keys(bucket, "runs/two")
     assert [h["epoch"] for h in res.history] == [0, 1] and res.test["auc"] > 0.6, (res.history, res.test)  # read back from S3
     assert not os.path.exists(tmp_path / "s3:")
     scorer = Scorer.load("a", res.checkpoint)  # what a Serve replica on any node does with the URI
@@ -72,8 +71,12 @@ def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_p
     assert not os.path.exists(tmp_path / "s3:")
     assert rayload.load_checkpoint(res.checkpoint).features.label.column == "rating"
     # The same run name on other storage is another run (a pipeline's stages all call theirs "run").
-    other = fit(job(subset, workers=1, epochs=1, storage_path=join_uri(bucket, "solo2"), run_name="one"), evaluate_test=False)
+    fetched = os.path.join(cache_root(), "checkpoints")
+    before_other = sorted(os.listdir(fetched)) if os.path.isdir(fetched) else []
+    other = fit(job(subset, workers=1, epochs=1, storage_path=join_uri(bucket, "solo2"), run_name="one"))
     assert other.checkpoint.startswith("s3://rayload/solo2/one/") and [h["epoch"] for h in other.history] == [0]
+    assert other.test["auc"] > 0.55  # evaluated from the copy it trained in: nothing was downloaded for it
+    assert (sorted(os.listdir(fetched)) if os.path.isdir(fetched) else []) == before_other
     # The other readers of a checkpoint take the URI too: compression (its gate) and transfer learning.
     small = rayload.compress(res.checkpoint, "int8", max_auc_drop=0.05)
     assert small.checkpoint.startswith(os.path.join(os.environ["RAYLOAD_HOME"], "compressed", "")) and small.checkpoint.endswith("-int8")

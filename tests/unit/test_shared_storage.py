@@ -7,7 +7,7 @@ import helpers
 import pyarrow.fs as pafs
 import pytest
 
-from rayload.paths import is_remote, join_uri, localize, uri_for
+from rayload.paths import is_remote, join_uri, localize, read_text, uri_for
 
 
 def test_uris_keep_their_filesystem_options_after_the_path():
@@ -44,3 +44,17 @@ def test_a_checkpoint_on_s3_is_fetched_once_into_the_local_cache(tmp_path, monke
         assert again != local and open(os.path.join(again, "model.pt"), "rb").read() == b"new weights"
         with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
             localize(join_uri(bucket, "runs", "job-1", "missing"))
+
+
+def test_one_small_file_is_read_from_s3_without_fetching_its_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "h.json").write_text("[1]")
+    assert read_text(str(tmp_path / "h.json")) == "[1]" and read_text(f"file://{tmp_path}/h.json") == "[1]"
+    with helpers.s3_bucket() as bucket:
+        fs, _ = pafs.FileSystem.from_uri(bucket)
+        with fs.open_output_stream("rayload/runs/job-1/checkpoint_0/history.json") as f:
+            f.write(b'[{"epoch": 0}]')
+        assert read_text(join_uri(bucket, "runs", "job-1", "checkpoint_0", "history.json")) == '[{"epoch": 0}]'
+        assert not os.path.exists(tmp_path / "cache")  # nothing downloaded into the checkpoint cache
+        with pytest.raises(FileNotFoundError, match="no file at"):
+            read_text(join_uri(bucket, "runs", "job-1", "checkpoint_0", "train_state.pt"))

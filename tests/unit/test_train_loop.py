@@ -150,6 +150,10 @@ def test_checkpoint_round_trip_loads_with_weights_only(tmp_path):
     assert loaded.features == features()
     state = ckpt.load_train_state(path)
     assert state["state"].epoch == 0 and state["state"].step == 4
+    # the history alone: history.json, equal to the state's; an older checkpoint without it is read whole
+    assert ckpt.read_history(path) == state["state"].history and len(state["state"].history) == 1
+    os.remove(os.path.join(path, "history.json"))
+    assert ckpt.read_history(path) == state["state"].history
     batch = collate(table(16, 9), Layout(("x",), ("c",), ("b",)))
     trainer = Trainer(job(), features(), MemorySession(table(16, 9), table(16, 9), "."), 1)
     trainer.restore(path)

@@ -5,6 +5,8 @@
     features.json   the fitted preprocessor (requests are transformed with it)
     model.json      architecture: model config and input shape
     manifest.json   package versions, seed, data content hash, the resolved spec, metrics
+    history.json    the per-epoch metrics up to this checkpoint (also in train_state.pt; a
+                    reader of the history alone fetches this small file, not the optimizer state)
 
 Everything loads with `torch.load(..., weights_only=True)`: no pickled code is executed.
 """
@@ -22,9 +24,10 @@ import torch
 
 from ..features import FittedFeatures
 from ..models import InputShape, build_model, model_json
-from ..paths import localize
+from ..paths import join_uri, localize, read_text
 
-MODEL, STATE, FEATURES, MODEL_JSON, MANIFEST = "model.pt", "train_state.pt", "features.json", "model.json", "manifest.json"
+MODEL, STATE, FEATURES, MODEL_JSON, MANIFEST, HISTORY = ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json",
+                                                         "history.json")
 
 
 @dataclass
@@ -81,6 +84,7 @@ def save(path: str, model, features: FittedFeatures, model_config: dict, train: 
     shape = InputShape.from_features(features)
     _write_json(os.path.join(path, MODEL_JSON), model_json(model_config, shape))
     _write_json(os.path.join(path, MANIFEST), manifest)
+    _write_json(os.path.join(path, HISTORY), ts.history)
 
 
 def _write_json(path: str, obj) -> None:
@@ -93,6 +97,15 @@ def load_train_state(path: str) -> dict:
     raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
     raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"])
     return raw
+
+
+def read_history(path: str) -> list[dict]:
+    """The per-epoch history of a checkpoint (local folder or URI): history.json alone, without
+    downloading the checkpoint; checkpoints written before that file existed are read whole."""
+    try:
+        return json.loads(read_text(join_uri(path, HISTORY)))
+    except FileNotFoundError:
+        return load_train_state(path)["state"].history
 
 
 @dataclass

@@ -64,18 +64,20 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
         if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk, in a
             # folder of this remote run's own (a relaunch with the same storage and name resumes from it)
             remote = join_uri(storage, name)
-            result = _upload(_fit_local(spec, pre, remote_scratch(remote, "train"), context), remote)
+            local = _fit_local(spec, pre, remote_scratch(remote, "train"), context)
+            result = _upload(local, remote)
         else:
-            result = _fit_local(spec, pre, os.path.join(storage, name), context)
+            result = local = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:
         check_resources(spec.resources)
         check_storage(storage)
-        result = _fit_ray(spec, pre, storage, name, context)
+        result = local = _fit_ray(spec, pre, storage, name, context)
     result.preprocessed = pre
     if evaluate_test and pre.files.get(spec.eval.split):
         from ..evaluate import evaluate_checkpoint
 
-        result.test = evaluate_checkpoint(result.checkpoint, pre.batches(spec.eval.split), spec.eval).to_dict()
+        # an uploaded run is evaluated from the copy it was trained in, not downloaded again
+        result.test = evaluate_checkpoint(local.checkpoint, pre.batches(spec.eval.split), spec.eval).to_dict()
     return result
 
 
@@ -168,7 +170,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     checkpoint, metrics = best[0]
     # On shared storage (s3://...) Ray Train's Checkpoint.path is a path on that filesystem
     # without its scheme: the result names checkpoints by URI, which every node can load.
-    history = ckpt.load_train_state(uri_for(storage, result.checkpoint.path))["state"].history
+    history = ckpt.read_history(uri_for(storage, result.checkpoint.path))  # history.json only, not the optimizer state
     return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
 
 
