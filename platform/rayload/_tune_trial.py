@@ -3,8 +3,9 @@
 One worker: the loop runs in the trial's own process (no worker group to start) with a
 session that also reports every epoch to Tune. More workers: the trial starts a TorchTrainer
 whose rank-0 reports reach Tune through Ray Train's TuneReportCallback. Either way a trial's
-checkpoints live in `<run>/trials/trial_NNNN`, keyed by the Optuna trial number, so a retried
-or re-attached trial resumes from its last epoch.
+checkpoints live in `<run>/trials/trial_NNNN` (or under the search's trial root on object
+storage), keyed by the Optuna trial number, so a retried or re-attached trial resumes from its
+last epoch, on any node when they are on object storage.
 """
 
 from __future__ import annotations
@@ -44,31 +45,18 @@ def trial_dir(run_dir: str, number: int) -> str:
 
 
 class TuneSession(LocalSession):
-    """LocalSession that also reports each epoch (metrics + checkpoint folder) to Ray Tune.
-    With `remote` (the trial's folder on object storage) each checkpoint is also uploaded
-    there as it is written, and Tune is told its URI: the driver, the A/B stage and any node
-    read it from there. A retried trial on another node starts again (its local folder is
-    elsewhere); on the same node it resumes."""
-
-    def __init__(self, *args, remote: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.remote = remote
+    """LocalSession that also reports each epoch (metrics + checkpoint) to Ray Tune. With
+    `remote` (the trial's folder on object storage) checkpoints are mirrored there as they are
+    written (LocalSession), and Tune is told their URIs: the driver, the A/B stage and any node
+    read them from there, and a trial retried on another node resumes from its last epoch."""
 
     def report(self, metrics: dict, checkpoint_dir: str | None, name: str) -> None:
         import ray.tune
 
-        kept = {os.path.basename(e["path"]) for e in self.index()} if self.remote else set()
         super().report(metrics, checkpoint_dir, name)
-        where = os.path.join(self.run_dir, name)
-        if self.remote:
-            from .paths import join_uri, remove_folder, upload_folder
-
-            where = upload_folder(where, join_uri(self.remote, name))
-            for dropped in kept - {os.path.basename(e["path"]) for e in self.index()}:  # train.keep_checkpoints, there too
-                remove_folder(join_uri(self.remote, dropped))
         # reported_at: Tune's own `timestamp` is in whole seconds, too coarse to time a search
         # whose trials report every second or two (benchmarks/bench_tune.py asha-stream)
-        ray.tune.report({**metrics, "checkpoint": where, "reported_at": time.time()})
+        ray.tune.report({**metrics, "checkpoint": self.uri(name), "reported_at": time.time()})
 
 
 def job_trial(config: dict, search: JobSearch) -> None:

@@ -75,6 +75,23 @@ def remove_folder(remote: str) -> None:
         fs.delete_dir(root)
 
 
+def write_text(uri: str, text: str) -> None:
+    """Write one small file on object storage (or a local path) whole: readers see the old
+    text or the new, never part of it (an object store's PUT is atomic; locally a rename)."""
+    if not is_remote(uri):
+        local = uri[len("file://"):] if uri.startswith("file://") else uri
+        tmp = f"{local}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, local)
+        return
+    import pyarrow.fs as pafs
+
+    fs, where = pafs.FileSystem.from_uri(uri)
+    with fs.open_output_stream(where) as f:
+        f.write(text.encode())
+
+
 def read_text(path: str) -> str:
     """One small file's text, from this machine's disk or from a URI on object storage (only
     that file is fetched, not the folder it is in)."""
@@ -130,8 +147,6 @@ def localize(path: str) -> str:
     and a checkpoint written again under the same name is fetched again. A copy is completed in
     a temporary folder and renamed into place, so a reader never sees half of one."""
     import hashlib
-    import shutil
-    import uuid
 
     if path.startswith("file://"):
         return path[len("file://"):]
@@ -147,24 +162,38 @@ def localize(path: str) -> str:
     dest = os.path.join(cache_root(), "checkpoints", hashlib.sha256(key.encode()).hexdigest()[:16], *parts[-2:])
     if os.path.exists(os.path.join(dest, "model.json")):
         return dest
+    download_folder(path, dest)
+    return dest
+
+
+def download_folder(remote: str, local: str) -> None:
+    """Copy a folder on object storage to `local` (which must not exist yet): completed in a
+    temporary folder beside it and renamed into place, so a reader never sees half of one; if
+    another process finished the same copy first, that copy stays."""
+    import shutil
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(remote)
+    root = root.rstrip("/")
     if fs.get_file_info(root).type != pafs.FileType.Directory:
-        raise FileNotFoundError(f"no checkpoint folder at {path}")
-    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+        raise FileNotFoundError(f"no checkpoint folder at {remote}")
+    tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
     try:
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-            local = os.path.join(tmp, *info.path[len(root) + 1:].split("/"))
+            target = os.path.join(tmp, *info.path[len(root) + 1:].split("/"))
             if info.type == pafs.FileType.Directory:
-                os.makedirs(local, exist_ok=True)
+                os.makedirs(target, exist_ok=True)
             elif info.type == pafs.FileType.File:
-                os.makedirs(os.path.dirname(local), exist_ok=True)
-                with fs.open_input_stream(info.path) as src, open(local, "wb") as dst:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with fs.open_input_stream(info.path) as src, open(target, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
         try:
-            os.rename(tmp, dest)
+            os.rename(tmp, local)
         except OSError:  # another process finished the same copy first
-            if not os.path.isdir(dest):
+            if not os.path.isdir(local):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest

@@ -15,6 +15,7 @@ import pytest
 import rayload
 from rayload.errors import RayloadError
 from rayload.paths import cache_root, join_uri, localize
+from rayload.paths import read_text as localize_text
 from rayload.train.trainer import fit
 
 pytestmark = pytest.mark.integration
@@ -88,6 +89,30 @@ def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_p
     before, after = rayload.load_checkpoint(res.checkpoint).model, rayload.load_checkpoint(warm.checkpoint).model
     frozen = [k for k in before.state_dict() if k.startswith("embed.")]
     assert frozen and all(before.state_dict()[k].equal(after.state_dict()[k]) for k in frozen)
+
+
+def test_a_run_relaunched_on_another_machine_resumes_from_the_bucket(bucket, subset, tmp_path, monkeypatch):
+    """In-process runs on object storage mirror each checkpoint as it is written: a relaunch
+    with the same storage and run name on a machine whose disk has none of the run (another
+    RAYLOAD_HOME here) fetches the latest checkpoint and goes on from the next epoch."""
+    storage = join_uri(bucket, "roam")
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "machine-a"))
+    first = fit(job(subset, workers=1, epochs=1, storage_path=storage, run_name="r", keep_checkpoints=1), evaluate_test=False)
+    assert first.checkpoint.startswith("s3://rayload/roam/r/epoch_0000")
+    assert "rayload/roam/r/checkpoints.json" in keys(bucket, "roam")
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "machine-b"))
+    second = fit(job(subset, workers=1, epochs=3, storage_path=storage, run_name="r", keep_checkpoints=1), evaluate_test=False)
+    assert [h["epoch"] for h in second.history] == [0, 1, 2]
+    assert second.history[0] == first.history[0]  # epoch 0 was not trained again
+    assert rayload.load_checkpoint(second.checkpoint) is not None
+    state = json.loads(localize_text(join_uri(storage, "r", "checkpoints.json")))
+    # keep_checkpoints=1 on the bucket too: the best and the latest are left, and the index names them
+    best = second.checkpoint.partition("?")[0].rsplit("/", 1)[-1]
+    names = {e["name"] for e in state}
+    assert best in names and "epoch_0002" in names and len(names) <= 2
+    assert {k.split("/")[3] for k in keys(bucket, "roam/r") if k.count("/") > 3} == names
+    resumed = [h.get("restarts") for h in second.history]
+    assert resumed[-1] == 1, second.history
 
 
 def test_a_pipeline_train_stage_keeps_its_run_on_the_cluster_storage(bucket, subset, tmp_path, monkeypatch):

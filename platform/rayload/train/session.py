@@ -22,6 +22,7 @@ from ..data.pipeline import LocalShards
 from .batch import Layout, collate
 
 log = logging.getLogger(__name__)
+INDEX = "checkpoints.json"  # a local run's checkpoints and their metrics, best kept (LocalSession)
 
 try:  # Ray >= 2.40 lets collate functions receive Arrow tables directly
     from ray.data.collate_fn import ArrowBatchCollateFn
@@ -149,13 +150,46 @@ class Session:
 
 
 class LocalSession(Session):
-    """One worker in this process; checkpoints kept under `run_dir`, top-k by the metric."""
+    """One worker in this process; checkpoints kept under `run_dir`, top-k by the metric.
 
-    def __init__(self, loader: dict, datasets: dict, run_dir: str, keep: int, score: str, mode: str):
+    With `remote` (a URI on object storage: the run's home when the cluster's storage is
+    shared) every checkpoint is uploaded there as it is written, with the index
+    (`checkpoints.json`: names and metrics), and what train.keep_checkpoints drops is removed
+    there too. A session that finds no local checkpoint but a remote index (the run relaunched
+    on another node or machine, whose disk does not have it) downloads the latest checkpoint
+    and resumes from it, as a relaunch on the same machine does from its own folder."""
+
+    def __init__(self, loader: dict, datasets: dict, run_dir: str, keep: int, score: str, mode: str, remote: str | None = None):
         super().__init__(loader)
         self.datasets, self.run_dir, self.keep, self.score, self.mode = datasets, run_dir, keep, score, mode
+        self.remote = remote
         self.device = torch.device("cuda" if torch.cuda.is_available() and loader.get("use_gpu") else "cpu")
         os.makedirs(run_dir, exist_ok=True)
+        if remote and not self.index():
+            self._adopt_remote()
+
+    def _adopt_remote(self) -> None:
+        from ..paths import download_folder, join_uri, read_text
+
+        try:
+            entries = json.loads(read_text(join_uri(self.remote, INDEX)))
+        except FileNotFoundError:
+            return  # a new run
+        if not entries:
+            return
+        latest = entries[-1]["name"]
+        dest = os.path.join(self.run_dir, latest)
+        shutil.rmtree(dest, ignore_errors=True)  # a partial folder from an interrupted earlier attempt
+        download_folder(join_uri(self.remote, latest), dest)
+        # every entry keeps its metrics (the best may be an earlier one); only the latest is fetched
+        self._write_index([{"path": os.path.join(self.run_dir, e["name"]), "metrics": e["metrics"]} for e in entries])
+        log.info("no local checkpoint in %s: fetched %s from %s to resume", self.run_dir, latest, self.remote)
+
+    def uri(self, name: str) -> str:
+        """Where checkpoint `name` lives for everyone else: its URI when mirrored, else its folder."""
+        from ..paths import join_uri
+
+        return join_uri(self.remote, name) if self.remote else os.path.join(self.run_dir, name)
 
     def _train_source(self):
         return self.datasets["train"]
@@ -165,7 +199,7 @@ class LocalSession(Session):
 
     @property
     def _index_path(self) -> str:
-        return os.path.join(self.run_dir, "checkpoints.json")
+        return os.path.join(self.run_dir, INDEX)
 
     def index(self) -> list[dict]:
         if not os.path.exists(self._index_path):
@@ -186,10 +220,22 @@ class LocalSession(Session):
         shutil.copytree(checkpoint_dir, dest)
         entries = [e for e in self.index() if e["path"] != dest] + [{"path": dest, "metrics": metrics}]
         keep = set(e["path"] for e in best_of(entries, self.score, self.mode)[: self.keep]) | {dest}
-        for e in entries:
-            if e["path"] not in keep:
-                shutil.rmtree(e["path"], ignore_errors=True)
+        dropped = [e["path"] for e in entries if e["path"] not in keep]
+        for path in dropped:
+            shutil.rmtree(path, ignore_errors=True)
         entries = [e for e in entries if e["path"] in keep]
+        self._write_index(entries)
+        if self.remote:
+            from ..paths import join_uri, remove_folder, upload_folder, write_text
+
+            # the folder first, then the index that names it, then what the index no longer names
+            upload_folder(dest, join_uri(self.remote, name))
+            write_text(join_uri(self.remote, INDEX),
+                       json.dumps([{"name": os.path.basename(e["path"]), "metrics": e["metrics"]} for e in entries], indent=1))
+            for path in dropped:
+                remove_folder(join_uri(self.remote, os.path.basename(path)))
+
+    def _write_index(self, entries: list[dict]) -> None:
         tmp = self._index_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(entries, f, indent=1)

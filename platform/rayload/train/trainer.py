@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import datetime as _dt
 import logging
 import os
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from .._ray import ensure_ray
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError
-from ..paths import is_remote, join_uri, remote_scratch, runs_root, shared_storage, upload_folder, uri_for
+from ..paths import is_remote, join_uri, remote_scratch, runs_root, shared_storage, uri_for
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
@@ -64,8 +65,8 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
         if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk, in a
             # folder of this remote run's own (a relaunch with the same storage and name resumes from it)
             remote = join_uri(storage, name)
-            local = _fit_local(spec, pre, remote_scratch(remote, "train"), context)
-            result = _upload(local, remote)
+            local = _fit_local(spec, pre, remote_scratch(remote, "train"), context, session_cls=functools.partial(LocalSession, remote=remote))
+            result = _named_remote(local, remote)
         else:
             result = local = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:
@@ -174,11 +175,10 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
 
 
-def _upload(result: TrainResult, remote_run: str) -> TrainResult:
-    """An in-process run's folder copied to the remote storage it was asked for; the result
-    names the remote copies (the local folder stays: a relaunch with the same run name resumes
-    from it)."""
-    upload_folder(result.run_dir, remote_run)
+def _named_remote(result: TrainResult, remote_run: str) -> TrainResult:
+    """An in-process run whose checkpoints were mirrored to object storage as they were written
+    (LocalSession with `remote`), named by their URIs. The local folder stays: a relaunch on
+    this machine resumes from it, one elsewhere from the remote copy."""
     rel = os.path.relpath(result.checkpoint, result.run_dir)
     return dataclasses.replace(result, run_dir=remote_run, checkpoint=join_uri(remote_run, *rel.split(os.sep)))
 
