@@ -46,8 +46,8 @@ def shared_storage(storage_path: str | None) -> str | None:
 
 
 def remote_scratch(remote: str, kind: str) -> str:
-    """The local folder where this node trains a run whose home is the URI `remote` (then
-    uploads it): `<runs>/<kind>/remote/<hash of the URI>/<last part>`, one per remote run, so a
+    """The local folder where this node trains a run whose home is the URI `remote` (mirroring
+    its checkpoints there): `<runs>/<kind>/remote/<hash of the URI>/<last part>`, one per remote run, so a
     relaunch on this node resumes it and runs with the same name elsewhere stay apart."""
     import hashlib
 
@@ -79,7 +79,7 @@ def write_text(uri: str, text: str) -> None:
     """Write one small file on object storage (or a local path) whole: readers see the old
     text or the new, never part of it (an object store's PUT is atomic; locally a rename)."""
     if not is_remote(uri):
-        local = uri[len("file://"):] if uri.startswith("file://") else uri
+        local = _local_path(uri)
         tmp = f"{local}.tmp"
         with open(tmp, "w") as f:
             f.write(text)
@@ -95,10 +95,8 @@ def write_text(uri: str, text: str) -> None:
 def read_text(path: str) -> str:
     """One small file's text, from this machine's disk or from a URI on object storage (only
     that file is fetched, not the folder it is in)."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
     if not is_remote(path):
-        with open(path) as f:
+        with open(_local_path(path)) as f:
             return f.read()
     import pyarrow.fs as pafs
 
@@ -107,6 +105,11 @@ def read_text(path: str) -> str:
         raise FileNotFoundError(f"no file at {path}")
     with fs.open_input_stream(where) as f:
         return f.read().decode()
+
+
+def _local_path(path: str) -> str:
+    """A local path, or a file:// URI as the path it names."""
+    return path[len("file://"):] if path.startswith("file://") else path
 
 
 def is_remote(path: str) -> bool:
@@ -148,10 +151,8 @@ def localize(path: str) -> str:
     a temporary folder and renamed into place, so a reader never sees half of one."""
     import hashlib
 
-    if path.startswith("file://"):
-        return path[len("file://"):]
     if not is_remote(path):
-        return path
+        return _local_path(path)
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(path)

@@ -101,8 +101,8 @@ def test_a_run_relaunched_on_another_machine_resumes_from_the_bucket(bucket, sub
     assert first.checkpoint.startswith("s3://rayload/roam/r/epoch_0000")
     assert "rayload/roam/r/checkpoints.json" in keys(bucket, "roam")
     monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "machine-b"))
-    second = fit(job(subset, workers=1, epochs=3, storage_path=storage, run_name="r", keep_checkpoints=1), evaluate_test=False)
-    assert [h["epoch"] for h in second.history] == [0, 1, 2]
+    second = fit(job(subset, workers=1, epochs=3, storage_path=storage, run_name="r", keep_checkpoints=1))
+    assert [h["epoch"] for h in second.history] == [0, 1, 2] and second.test["auc"] > 0.55, second.test
     assert second.history[0] == first.history[0]  # epoch 0 was not trained again
     assert rayload.load_checkpoint(second.checkpoint) is not None
     state = json.loads(localize_text(join_uri(storage, "r", "checkpoints.json")))

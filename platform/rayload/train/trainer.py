@@ -61,24 +61,29 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     name = run_name_for(spec)
     context = loop_context(spec, pre)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
+    trained_in = None  # a mirrored run's best checkpoint on this machine's disk
     if in_process:
-        if is_remote(storage):  # trained here, then uploaded: the loop writes to this machine's disk, in a
-            # folder of this remote run's own (a relaunch with the same storage and name resumes from it)
+        if is_remote(storage):  # trained on this machine's disk, in a folder of this remote run's own,
+            # each checkpoint mirrored to the storage as it is written (a relaunch resumes: here from
+            # the local folder, elsewhere from the storage)
             remote = join_uri(storage, name)
             local = _fit_local(spec, pre, remote_scratch(remote, "train"), context, session_cls=functools.partial(LocalSession, remote=remote))
-            result = _named_remote(local, remote)
+            result, trained_in = _named_remote(local, remote), local.checkpoint
         else:
-            result = local = _fit_local(spec, pre, os.path.join(storage, name), context)
+            result = _fit_local(spec, pre, os.path.join(storage, name), context)
     else:
         check_resources(spec.resources)
         check_storage(storage)
-        result = local = _fit_ray(spec, pre, storage, name, context)
+        result = _fit_ray(spec, pre, storage, name, context)
     result.preprocessed = pre
     if evaluate_test and pre.files.get(spec.eval.split):
         from ..evaluate import evaluate_checkpoint
 
-        # an uploaded run is evaluated from the copy it was trained in, not downloaded again
-        result.test = evaluate_checkpoint(local.checkpoint, pre.batches(spec.eval.split), spec.eval).to_dict()
+        # A mirrored run is evaluated from its local copy, not downloaded again; a run resumed on
+        # this machine from the storage fetched only its latest checkpoint, so an earlier best is
+        # read from the storage.
+        source = trained_in if trained_in and os.path.isdir(trained_in) else result.checkpoint
+        result.test = evaluate_checkpoint(source, pre.batches(spec.eval.split), spec.eval).to_dict()
     return result
 
 
