@@ -18,7 +18,7 @@ def compress(
     structured: Annotated[bool, typer.Option(help="prune whole output neurons instead of single weights")] = False,
     finetune_epochs: Annotated[int, typer.Option(help="prune: epochs of fine-tuning with the cut weights held at zero")] = 0,
     max_auc_drop: Annotated[float, typer.Option(help="refuse when the validation AUC drops by more than this")] = 0.002,
-    out: Annotated[Optional[str], typer.Option(help="output checkpoint (default: CHECKPOINT-int8 / CHECKPOINT-pruneNN)")] = None,
+    out: Annotated[Optional[str], typer.Option(help="output checkpoint, a folder or a URI (default: CHECKPOINT-int8 / CHECKPOINT-pruneNN beside it, on its storage)")] = None,
     spec: Annotated[Optional[str], typer.Option(help="the job spec it was trained with (default: the one in its manifest)")] = None,
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .errors import DataError, RayloadError
-from .paths import is_remote, runs_root
+from .paths import is_remote, remote_scratch, upload_folder
 
 log = logging.getLogger(__name__)
 Method = Literal["int8", "prune"]
@@ -74,15 +74,18 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
     suffix = method if method == "int8" else f"prune{round(amount * 100)}"
-    if out is not None and is_remote(out):
-        raise RayloadError(f"--out {out}: compressed checkpoints are written to a local or mounted folder, not to a URI")
     origin = checkpoint
-    if is_remote(checkpoint):  # on shared storage: compressed from the local copy (its folder is keyed by the URI)
+    # A checkpoint on shared storage is compressed from its local copy, and its compressed copy
+    # goes back beside it (CHECKPOINT-int8 on the same storage), where serving replicas and
+    # A/B arms on any node reach it; --out may name a URI or a local folder either way.
+    destination = out or _beside(origin, suffix)
+    if is_remote(checkpoint):
         checkpoint = ckpt.localize(checkpoint)
-        default = os.path.join(runs_root(), "compressed", *os.path.normpath(checkpoint).split(os.sep)[-3:])
-    else:
-        default = os.path.normpath(checkpoint)
-    target = out or f"{default}-{suffix}"
+    if destination.partition("?")[0].rstrip("/") == origin.partition("?")[0].rstrip("/"):
+        raise RayloadError(f"--out {destination} is the checkpoint being compressed; write the compressed copy somewhere else")
+    # The folder written on this disk: the destination itself, or for a URI a staging copy
+    # under runs/compressed/remote/<hash of the URI>/, uploaded once it is complete.
+    target = remote_scratch(destination, "compressed") if is_remote(destination) else destination
     if os.path.abspath(target) == os.path.abspath(checkpoint):
         raise RayloadError(f"--out {target} is the checkpoint being compressed; write the compressed copy somewhere else")
     source = ckpt.load(checkpoint)
@@ -110,7 +113,19 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     if not result.passed:
         raise GateRefused(result)
     size = _write(checkpoint, target, state, config, source.manifest, result, origin)
-    return CompressResult(**{**asdict(result), "checkpoint": target, "bytes_after": size})
+    if is_remote(destination):
+        upload_folder(target, destination)
+        log.info("uploaded %s to %s", target, destination)
+    return CompressResult(**{**asdict(result), "checkpoint": destination, "bytes_after": size})
+
+
+def _beside(checkpoint: str, suffix: str) -> str:
+    """CHECKPOINT-suffix in the checkpoint's own folder; a URI keeps its query (the filesystem's
+    options) after the path: s3://b/run/epoch_0003?endpoint_override=h -> s3://b/run/epoch_0003-int8?endpoint_override=h."""
+    if not is_remote(checkpoint):
+        return f"{os.path.normpath(checkpoint)}-{suffix}"
+    head, sep, query = checkpoint.partition("?")
+    return f"{head.rstrip('/')}-{suffix}{sep}{query}"
 
 
 def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float) -> None:

@@ -46,9 +46,10 @@ def shared_storage(storage_path: str | None) -> str | None:
 
 
 def remote_scratch(remote: str, kind: str) -> str:
-    """The local folder where this node trains a run whose home is the URI `remote` (mirroring
-    its checkpoints there): `<runs>/<kind>/remote/<hash of the URI>/<last part>`, one per remote run, so a
-    relaunch on this node resumes it and runs with the same name elsewhere stay apart."""
+    """The local folder where this node writes what belongs at the URI `remote` before it goes
+    there (a run's checkpoints, mirrored as they are written; a compressed checkpoint):
+    `<runs>/<kind>/remote/<hash of the URI>/<last part>`, one per URI, so a relaunch on this
+    node resumes its run and runs with the same name elsewhere stay apart."""
     import hashlib
 
     name = remote.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]

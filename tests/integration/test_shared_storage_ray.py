@@ -79,12 +79,20 @@ def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_p
     assert other.test["auc"] > 0.55  # evaluated from the copy it trained in: nothing was downloaded for it
     assert (sorted(os.listdir(fetched)) if os.path.isdir(fetched) else []) == before_other
     # The other readers of a checkpoint take the URI too: compression (its gate) and transfer learning.
+    # The compressed copy goes back beside the original on the bucket, where any node's
+    # serving replicas reach it; the filesystem options (the query) stay on its URI.
     small = rayload.compress(res.checkpoint, "int8", max_auc_drop=0.05)
-    assert small.checkpoint.startswith(os.path.join(os.environ["RAYLOAD_HOME"], "compressed", "")) and small.checkpoint.endswith("-int8")
-    with open(os.path.join(small.checkpoint, "model.json")) as f:
-        assert json.load(f)["compression"]["source"] == res.checkpoint  # provenance: the URI, not the cache copy
-    with pytest.raises(RayloadError, match="not to a URI"):
-        rayload.compress(res.checkpoint, "int8", out=join_uri(bucket, "small"))
+    head, _, query = res.checkpoint.partition("?")
+    assert small.checkpoint == f"{head}-int8?{query}", small.checkpoint
+    uploaded = {k.rsplit("/", 1)[-1] for k in keys(bucket, head.split("/", 3)[3] + "-int8")}
+    assert uploaded == {"model.pt", "model.json", "features.json", "manifest.json"}, uploaded
+    served = rayload.load_checkpoint(small.checkpoint)  # fetched from the bucket as serving loads it
+    assert served.manifest["compression"]["source"] == res.checkpoint  # provenance: the URI, not the cache copy
+    assert served.manifest["compression"]["method"] == "int8" and served.manifest["compression"]["int8_modules"]
+    elsewhere = rayload.compress(res.checkpoint, "prune", amount=0.1, max_auc_drop=0.05, out=join_uri(bucket, "small"))
+    assert elsewhere.checkpoint == join_uri(bucket, "small") and "rayload/small/model.pt" in keys(bucket, "small")
+    with pytest.raises(RayloadError, match="is the checkpoint being compressed"):
+        rayload.compress(res.checkpoint, "int8", out=res.checkpoint)
     warm = fit(job(subset, workers=1, epochs=1, init_from=res.checkpoint, freeze=["embeddings"], run_name="warm"), evaluate_test=False)
     before, after = rayload.load_checkpoint(res.checkpoint).model, rayload.load_checkpoint(warm.checkpoint).model
     frozen = [k for k in before.state_dict() if k.startswith("embed.")]
