@@ -209,14 +209,14 @@ def _gpus(folder: str) -> Check:
 
 
 def _storage() -> Check:
-    from .paths import runs_root
+    from .paths import is_remote, local_path, runs_root
     from .train.resources import alive_nodes, is_shared
 
     nodes = alive_nodes()
     path = os.environ.get("RAYLOAD_STORAGE_PATH") or runs_root()
     if len(nodes) == 1:
         return Check("shared storage", True, f"one node: {path} is enough")
-    ok = "://" in path or is_shared(path)
+    ok = is_remote(path) or is_shared(local_path(path))  # file:// is a folder on this node like any other
     return Check("shared storage", ok, f"{path} {'is shared' if ok else 'is local to this node: set RAYLOAD_STORAGE_PATH (s3://...) or use a shared mount'}"
                  f" across {len(nodes)} nodes")
 

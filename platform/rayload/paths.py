@@ -80,7 +80,7 @@ def write_text(uri: str, text: str) -> None:
     """Write one small file on object storage (or a local path) whole: readers see the old
     text or the new, never part of it (an object store's PUT is atomic; locally a rename)."""
     if not is_remote(uri):
-        local = _local_path(uri)
+        local = local_path(uri)
         tmp = f"{local}.tmp"
         with open(tmp, "w") as f:
             f.write(text)
@@ -97,7 +97,7 @@ def read_text(path: str) -> str:
     """One small file's text, from this machine's disk or from a URI on object storage (only
     that file is fetched, not the folder it is in)."""
     if not is_remote(path):
-        with open(_local_path(path)) as f:
+        with open(local_path(path)) as f:
             return f.read()
     import pyarrow.fs as pafs
 
@@ -108,7 +108,7 @@ def read_text(path: str) -> str:
         return f.read().decode()
 
 
-def _local_path(path: str) -> str:
+def local_path(path: str) -> str:
     """A local path, or a file:// URI as the path it names."""
     return path[len("file://"):] if path.startswith("file://") else path
 
@@ -153,7 +153,7 @@ def localize(path: str) -> str:
     import hashlib
 
     if not is_remote(path):
-        return _local_path(path)
+        return local_path(path)
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(path)

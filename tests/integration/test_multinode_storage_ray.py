@@ -69,6 +69,8 @@ def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_acc
     msg = str(info.value)
     assert "train.storage_path" in msg and "2 nodes" in msg and "RAYLOAD_STORAGE_PATH" in msg
     assert not os.path.exists(tmp_path / "ckpts")  # refused before training started
+    with pytest.raises(RayloadError, match="is a local folder"):  # a file:// URI is no more shared than its path
+        check_storage(f"file://{tmp_path / 'ckpts'}")
     base = tmp_path / "job.yaml"
     base.write_text(yaml.safe_dump(job(subset).model_dump(mode="json", exclude_defaults=True)))
     search = tmp_path / "search.yaml"
@@ -79,6 +81,7 @@ def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_acc
     assert "the search's run folder" in str(info.value) and "RAYLOAD_HOME" in str(info.value)
     monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))  # a mount every node reaches, declared
     check_storage(str(tmp_path / "ckpts"))
+    check_storage(f"file://{tmp_path / 'ckpts'}")
 
 
 def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):

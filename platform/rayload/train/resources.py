@@ -88,11 +88,14 @@ SEARCH_FIX = ("A search keeps its trials' checkpoints in its run folder: set RAY
 
 
 def check_storage(storage_path: str, what: str = "train.storage_path", fix: str = STORAGE_FIX) -> None:
-    """A multi-node run needs checkpoint storage that every node reaches."""
-    if "://" in storage_path:
+    """A multi-node run needs checkpoint storage that every node reaches: object storage, or a
+    folder on a shared mount (a file:// URI names a folder like any other)."""
+    from ..paths import is_remote, local_path
+
+    if is_remote(storage_path):
         return
     nodes = alive_nodes()
-    if len(nodes) > 1 and not is_shared(storage_path):
+    if len(nodes) > 1 and not is_shared(local_path(storage_path)):
         raise ResourceError(
             f"{what} {storage_path!r} is a local folder, but the cluster has {len(nodes)} nodes: "
             f"workers on other nodes could not write or read checkpoints. {fix}"
