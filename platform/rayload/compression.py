@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .errors import DataError, RayloadError
-from .paths import is_remote, remote_scratch, upload_folder
+from .paths import is_remote, local_path, remote_scratch, upload_folder
 
 log = logging.getLogger(__name__)
 Method = Literal["int8", "prune"]
@@ -79,8 +79,8 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     # goes back beside it (CHECKPOINT-int8 on the same storage), where serving replicas and
     # A/B arms on any node reach it; --out may name a URI or a local folder either way.
     destination = out or _beside(origin, suffix)
-    if is_remote(checkpoint):
-        checkpoint = ckpt.localize(checkpoint)
+    destination = destination if is_remote(destination) else local_path(destination)  # file:// names a folder here
+    checkpoint = ckpt.localize(checkpoint)  # a URI fetched once into the cache; a folder (or file://) as it is
     if destination.partition("?")[0].rstrip("/") == origin.partition("?")[0].rstrip("/"):
         raise RayloadError(f"--out {destination} is the checkpoint being compressed; write the compressed copy somewhere else")
     # The folder written on this disk: the destination itself, or for a URI a staging copy
@@ -114,7 +114,8 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         raise GateRefused(result)
     size = _write(checkpoint, target, state, config, source.manifest, result, origin)
     if is_remote(destination):
-        upload_folder(target, destination)
+        upload_folder(target, destination, last=(ckpt.MODEL,))  # model.pt last: see upload_folder
+        shutil.rmtree(target, ignore_errors=True)  # the staging copy; readers fetch the URI into their cache
         log.info("uploaded %s to %s", target, destination)
     return CompressResult(**{**asdict(result), "checkpoint": destination, "bytes_after": size})
 
@@ -123,7 +124,7 @@ def _beside(checkpoint: str, suffix: str) -> str:
     """CHECKPOINT-suffix in the checkpoint's own folder; a URI keeps its query (the filesystem's
     options) after the path: s3://b/run/epoch_0003?endpoint_override=h -> s3://b/run/epoch_0003-int8?endpoint_override=h."""
     if not is_remote(checkpoint):
-        return f"{os.path.normpath(checkpoint)}-{suffix}"
+        return f"{os.path.normpath(local_path(checkpoint))}-{suffix}"
     head, sep, query = checkpoint.partition("?")
     return f"{head.rstrip('/')}-{suffix}{sep}{query}"
 

@@ -56,14 +56,25 @@ def remote_scratch(remote: str, kind: str) -> str:
     return os.path.join(runs_root(), kind, "remote", hashlib.sha256(remote.encode()).hexdigest()[:12], name)
 
 
-def upload_folder(local: str, remote: str) -> str:
+def upload_folder(local: str, remote: str, last: tuple[str, ...] = ()) -> str:
     """Copy a local folder to a URI on object storage (what is there under the same names is
-    replaced); returns the URI."""
+    replaced); returns the URI. Files named in `last` (top level) go up after every other
+    file: a checkpoint's model.pt, whose size and time key the readers' caches (`localize`),
+    so a reader never caches a new model.pt beside old files of a folder written again."""
     import pyarrow.fs as pafs
 
     fs, root = pafs.FileSystem.from_uri(remote)
+    root = root.rstrip("/")
     fs.create_dir(root, recursive=True)
-    pafs.copy_files(local, root, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    local_fs = pafs.LocalFileSystem()
+    if not last:
+        pafs.copy_files(local, root, source_filesystem=local_fs, destination_filesystem=fs)
+        return remote
+    for name in sorted(os.listdir(local), key=lambda n: (n in last, n)):
+        source, target = os.path.join(local, name), f"{root}/{name}"
+        if os.path.isdir(source):
+            fs.create_dir(target, recursive=True)
+        pafs.copy_files(source, target, source_filesystem=local_fs, destination_filesystem=fs)
     return remote
 
 

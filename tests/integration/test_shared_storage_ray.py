@@ -88,7 +88,7 @@ def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_p
     assert uploaded == {"model.pt", "model.json", "features.json", "manifest.json"}, uploaded
     served = rayload.load_checkpoint(small.checkpoint)  # fetched from the bucket as serving loads it
     assert served.manifest["compression"]["source"] == res.checkpoint  # provenance: the URI, not the cache copy
-    assert served.manifest["compression"]["method"] == "int8" and served.manifest["compression"]["int8_modules"]
+    assert served.manifest["compression"]["method"] == "int8"
     elsewhere = rayload.compress(res.checkpoint, "prune", amount=0.1, max_auc_drop=0.05, out=join_uri(bucket, "small"))
     assert elsewhere.checkpoint == join_uri(bucket, "small") and "rayload/small/model.pt" in keys(bucket, "small")
     with pytest.raises(RayloadError, match="is the checkpoint being compressed"):
@@ -147,3 +147,15 @@ def test_a_pipeline_train_stage_keeps_its_run_on_the_cluster_storage(bucket, sub
     forced = rayload.run(str(path), run_id="nightly", force=("train",))
     old_run, new_run = (r.outputs("train")["checkpoint"].split("/run/")[0] for r in (moved, forced))
     assert [s.outcome for s in forced.stages] == ["ok"] and new_run != old_run
+
+
+def test_a_file_uri_storage_is_a_folder_on_this_machine(subset, tmp_path, monkeypatch):
+    """file:// names a local folder like its path: the run and a compressed copy land in that
+    folder, not under a relative 'file:' directory of the working directory."""
+    monkeypatch.chdir(tmp_path)
+    where = tmp_path / "disk"
+    res = fit(job(subset, workers=1, epochs=1, storage_path=f"file://{where}", run_name="f"), evaluate_test=False)
+    assert res.checkpoint.startswith(str(where / "f" / "epoch_")), res.checkpoint
+    small = rayload.compress(f"file://{res.checkpoint}", "int8", max_auc_drop=0.05)
+    assert small.checkpoint == f"{res.checkpoint}-int8" and os.path.isfile(os.path.join(small.checkpoint, "model.pt"))
+    assert not os.path.exists(tmp_path / "file:")

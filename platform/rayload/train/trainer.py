@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .._ray import ensure_ray
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError
-from ..paths import is_remote, join_uri, remote_scratch, runs_root, shared_storage, uri_for
+from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage, uri_for
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
@@ -70,7 +70,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
             local = _fit_local(spec, pre, remote_scratch(remote, "train"), context, session_cls=functools.partial(LocalSession, remote=remote))
             result, trained_in = _named_remote(local, remote), local.checkpoint
         else:
-            result = _fit_local(spec, pre, os.path.join(storage, name), context)
+            result = _fit_local(spec, pre, os.path.join(local_path(storage), name), context)  # file:// as its folder
     else:
         check_resources(spec.resources)
         check_storage(storage)
