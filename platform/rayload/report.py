@@ -95,7 +95,7 @@ def _best_trial_history(best: dict) -> list[dict]:
 
     try:
         return read_history(best["checkpoint"])
-    except (OSError, RuntimeError, KeyError):
+    except (OSError, RuntimeError, KeyError, ValueError):  # ValueError: a history.json that is not JSON
         return []
 
 
