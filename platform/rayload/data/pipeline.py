@@ -38,6 +38,17 @@ log = logging.getLogger(__name__)
 SPLIT_NAMES = ("train", "val", "test")
 
 
+def read_concurrency() -> int:
+    """How many zero-CPU read tasks feed training at once: one per CPU of the cluster, at least
+    2 (reading and decoding Parquet is CPU work; more at once only holds more blocks in memory)."""
+    import ray
+
+    cpus = 0
+    if ray.is_initialized():
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+    return max(2, cpus or (os.cpu_count() or 2))
+
+
 @dataclass
 class PreprocessResult:
     out_dir: str
@@ -52,11 +63,14 @@ class PreprocessResult:
 
         for_training: read tasks ask for no CPU. Training workers hold the CPUs and wait on
         this light read; a read that asked for a CPU would wait forever on a cluster whose
-        workers hold every CPU (2 workers on 2 CPUs here).
+        workers hold every CPU (2 workers on 2 CPUs here). Tasks that ask for no CPU are not
+        bounded by the CPUs either, so their concurrency is (`read_concurrency`): unbounded,
+        Ray Data started one read task (one worker process) per block at once, 190 for an 80M-row
+        split on this 2-core node, and ran the node out of memory (benchmarks/RESULTS.md).
         """
         if not self.files.get(split):
             raise DataError(f"split '{split}' has no rows in {self.out_dir}")
-        extra = {"num_cpus": 0} if for_training else {}
+        extra = {"num_cpus": 0, "concurrency": read_concurrency()} if for_training else {}
         return read_parquet(self.files[split], **extra)
 
     def batches(self, split: str):
