@@ -161,6 +161,14 @@ def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(mov
     files = pre.files["val"]
     assert len(files) >= 2  # batches cross file boundaries
     datasets = training_datasets(pre, cache=False)
+    # The training reads ask for no CPU, so their concurrency is bounded by the cluster's CPUs
+    # instead (unbounded, an 80M-row split started 190 read processes at once and ran out of memory).
+    import ray
+
+    for ds in datasets.values():
+        read_op = ds._logical_plan.dag
+        assert read_op.ray_remote_args["num_cpus"] == 0
+        assert read_op.compute.size == max(2, int(ray.cluster_resources()["CPU"])), read_op.compute
 
     def read(val_files):
         loader = dict(loader_options(spec, pre.features), val_files=val_files)
