@@ -81,13 +81,13 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     destination = out or _beside(origin, suffix)
     destination = destination if is_remote(destination) else local_path(destination)  # file:// names a folder here
     checkpoint = ckpt.localize(checkpoint)  # a URI fetched once into the cache; a folder (or file://) as it is
-    if destination.partition("?")[0].rstrip("/") == origin.partition("?")[0].rstrip("/"):
-        raise RayloadError(f"--out {destination} is the checkpoint being compressed; write the compressed copy somewhere else")
     # The folder written on this disk: the destination itself, or for a URI a staging copy
     # under runs/compressed/remote/<hash of the URI>/, uploaded once it is complete.
     target = remote_scratch(destination, "compressed") if is_remote(destination) else destination
-    if os.path.abspath(target) == os.path.abspath(checkpoint):
-        raise RayloadError(f"--out {target} is the checkpoint being compressed; write the compressed copy somewhere else")
+    same = (destination.partition("?")[0].rstrip("/") == origin.partition("?")[0].rstrip("/") if is_remote(destination)
+            else os.path.abspath(target) == os.path.abspath(checkpoint))
+    if same:
+        raise RayloadError(f"--out {destination} is the checkpoint being compressed; write the compressed copy somewhere else")
     source = ckpt.load(checkpoint)
     config = ckpt.read_model_json(checkpoint)
     if config.get("compression"):

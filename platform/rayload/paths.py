@@ -67,9 +67,6 @@ def upload_folder(local: str, remote: str, last: tuple[str, ...] = ()) -> str:
     root = root.rstrip("/")
     fs.create_dir(root, recursive=True)
     local_fs = pafs.LocalFileSystem()
-    if not last:
-        pafs.copy_files(local, root, source_filesystem=local_fs, destination_filesystem=fs)
-        return remote
     for name in sorted(os.listdir(local), key=lambda n: (n in last, n)):
         source, target = os.path.join(local, name), f"{root}/{name}"
         if os.path.isdir(source):

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from rayload import paths
 from rayload.train import session as session_mod
 from rayload.train.session import INDEX, LocalSession
 
@@ -72,20 +73,20 @@ def test_a_failed_upload_is_never_named_by_the_storage_and_goes_up_on_the_relaun
     remote = f"file://{store}"
     a = session(tmp_path / "a", remote)
     train(a, tmp_path, 0, 0.70, "A")
-    real = session_mod._retried
+    real, attempts = paths.upload_folder, []
     monkeypatch.setattr(session_mod.time, "sleep", lambda s: None)
 
-    def failing_upload(fn, *args, **kw):
-        if fn.__name__ == "upload_folder":
-            return real(lambda *a: (_ for _ in ()).throw(OSError("503 Slow Down")), *args, **kw)
-        return real(fn, *args, **kw)
+    def failing_upload(*args):
+        attempts.append(args)
+        raise OSError("503 Slow Down")
 
-    monkeypatch.setattr(session_mod, "_retried", failing_upload)
+    monkeypatch.setattr(paths, "upload_folder", failing_upload)
     with pytest.raises(OSError, match="503"):
         train(a, tmp_path, 1, 0.90, "A")  # the best epoch; its upload fails three times and the run ends
+    assert len(attempts) == 3  # retried twice before giving up
     assert remote_state(store)[:2] == (["epoch_0000"], {"epoch_0000"})  # the storage still names only what it has
     assert [e["mirrored"] for e in a.index()] == [True, False]
-    monkeypatch.setattr(session_mod, "_retried", real)
+    monkeypatch.setattr(paths, "upload_folder", real)
     relaunched = session(tmp_path / "a", remote)  # same machine: this folder leads, so it uploads first
     names, folders, writers = remote_state(store)
     assert names == ["epoch_0000", "epoch_0001"] and folders == set(names) and writers["epoch_0001"] == "A-1"

@@ -216,6 +216,7 @@ class LocalSession(Session):
         """Bring the storage to `entries`: the checkpoints it lacks first, then the index that
         names them, then the folders the index no longer names; then mark them mirrored here."""
         from ..paths import join_uri, remove_folder, upload_folder, write_text
+        from .checkpoint import MODEL
 
         missing = [e for e in entries if not e.get("mirrored") and not os.path.isdir(e["path"])]
         if missing:  # never name on the storage a folder that cannot be uploaded
@@ -223,7 +224,7 @@ class LocalSession(Session):
             entries = [e for e in entries if e not in missing]
         for e in entries:
             if not e.get("mirrored"):
-                _retried(upload_folder, e["path"], join_uri(self.remote, os.path.basename(e["path"])), ("model.pt",))
+                _retried(upload_folder, e["path"], join_uri(self.remote, os.path.basename(e["path"])), (MODEL,))
         names = [os.path.basename(e["path"]) for e in entries]
         _retried(write_text, join_uri(self.remote, INDEX),
                  json.dumps([{"name": n, "metrics": e["metrics"]} for n, e in zip(names, entries)], indent=1))
