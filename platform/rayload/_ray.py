@@ -45,12 +45,26 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
     log.info("started an embedded local Ray")
 
 
+def embedded() -> bool:
+    """Whether this process started the Ray it is connected to (ensure_ray's embedded local Ray,
+    or a plain `ray.init()` here), which ends when this process ends; False when it joined a
+    cluster, and in Ray's own worker processes."""
+    try:
+        import ray._private.worker as worker
+    except ImportError:
+        return False
+    node = worker._global_node
+    return bool(node is not None and node.head)
+
+
 # Worker log lines that say nothing in the embedded Ray. Ray Train's PlacementGroupCleaner asks
 # the State API (a dashboard module, which the embedded Ray does not start) whether the train
 # controller is alive, once a second for the whole run, and logs a warning each time it cannot:
 # about 1,100 lines in a 22-minute 2-worker run. Its job, removing the placement group of a
 # controller that died with its driver still running, does not arise when the cluster is this
-# process's own and ends with it.
+# process's own and ends with it. rayload's own `fit` in the embedded Ray runs without the
+# cleaner (train.trainer._trainer_class); a TorchTrainer started inside a Tune trial's process
+# (a search with more than one worker per trial) still has one, and its lines end here.
 EMBEDDED_NOISE = ("Failed to query Ray Train Controller actor state",)
 
 

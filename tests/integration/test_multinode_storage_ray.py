@@ -91,6 +91,8 @@ def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):
     assert res.checkpoint.startswith("s3://rayload/nodes/spread/") and res.test["auc"] > 0.6, res.test
     placed = {a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayTrainWorker"}
     assert len(placed) == 2  # one rank per node: neither could have read the other's local disk
+    cleaners = [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "PlacementGroupCleaner"]
+    assert cleaners  # a joined cluster outlives this driver: Ray Train's own cleaner stays (train.trainer._trainer_class)
     assert rayload.load_checkpoint(res.checkpoint).config["name"] == "deepfm"
 
 

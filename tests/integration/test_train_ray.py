@@ -137,6 +137,64 @@ def test_controller_env_polls_often_and_drops_the_preemption_watcher_only_where_
         assert os.environ[key] == "1" and os.environ[poll] == "3"  # the user's settings win
 
 
+def _controller_killer(seconds: float):
+    """Kill Ray Train's controller process with SIGKILL once its worker group is placed."""
+    import signal
+    import threading
+
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "TrainController" and a["State"] == "ALIVE"]
+            if alive and any(i["state"] == "CREATED" for i in placement_group_table().values()):
+                time.sleep(seconds)
+                os.kill(alive[0]["Pid"], signal.SIGKILL)
+                return
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_embedded_ray_runs_without_the_cleaner_and_a_dead_controllers_group_is_removed(ray_local, tmp_path):
+    """The embedded Ray's TorchTrainer has no PlacementGroupCleaner (one process and a failing
+    State API poll a second fewer); a controller killed mid-run leaves no placement group
+    behind, so the next fit in this process places its workers."""
+    import ray
+    import ray.train
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.util.placement_group import placement_group_table
+
+    from rayload.train.trainer import _placement_groups_removed_on_error, _trainer_class
+
+    def sleeper(config):
+        time.sleep(120)
+
+    def noop(config):
+        open(os.path.join(config["folder"], f"rank{ray.train.get_context().get_world_rank()}"), "w").close()
+
+    def trainer(fn, name):
+        return _trainer_class()(fn, train_loop_config={"folder": str(tmp_path)}, scaling_config=ray.train.ScalingConfig(num_workers=2),
+                                run_config=ray.train.RunConfig(storage_path=str(tmp_path), name=name))
+
+    first = trainer(sleeper, "killed")
+    assert type(first).__name__ == "EmbeddedTorchTrainer"
+    assert not any(isinstance(c, PlacementGroupCleanerCallback) for c in first._create_default_callbacks())
+    killer = _controller_killer(1.0)
+    with pytest.raises(ray.exceptions.RayActorError):
+        with _placement_groups_removed_on_error():
+            first.fit()
+    killer.join(5)
+    assert all(info["state"] == "REMOVED" for info in placement_group_table().values())
+    with _placement_groups_removed_on_error():
+        result = trainer(noop, "next").fit()
+    assert result.error is None and (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
+
+
 def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(movielens_subset, tmp_path):
     """Workers read local validation shards with pyarrow (no Ray Data read tasks) and remote
     ones through Ray Data: both give the same batches in the same order, so ranks striding

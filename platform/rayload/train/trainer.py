@@ -11,7 +11,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
-from .._ray import ensure_ray
+from .._ray import embedded, ensure_ray
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError
 from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage, uri_for
@@ -137,7 +137,6 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
 def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict, callbacks: list | None = None,
              datasets: dict | None = None) -> TrainResult:
     import ray.train
-    from ray.train.torch import TorchTrainer
 
     from .shards import ingest
 
@@ -153,7 +152,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         log.warning("resources.cpu_fallback: the worker group uses gloo; GPU workers without CUDA compute on CPU")
         torch_config = TorchConfig(backend="gloo")
     data_config, datasets = ingest(datasets or training_datasets(pre, spec.train.cache_dataset), workers)
-    trainer = TorchTrainer(
+    trainer = _trainer_class()(
         worker_entry, torch_config=torch_config,
         train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": context},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=res.gpus_per_worker > 0,
@@ -168,7 +167,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         dataset_config=data_config,
     )
     try:
-        with _controller_env(res):
+        with _controller_env(res), _placement_groups_removed_on_error():
             result = trainer.fit()
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(_failure_message(exc, spec)) from exc
@@ -178,6 +177,61 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     # without its scheme: the result names checkpoints by URI, which every node can load.
     history = ckpt.read_history(uri_for(storage, result.checkpoint.path))  # history.json only, not the optimizer state
     return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
+
+
+def _trainer_class():
+    """Ray Train's TorchTrainer; in the embedded local Ray, without its PlacementGroupCleaner.
+
+    The cleaner is one more actor process per run, started with the controller, that asks
+    Ray's State API once a second whether the controller is alive, so that it can remove the
+    worker group's placement group if the controller dies while its driver lives on. The State
+    API is a dashboard module, which the embedded Ray does not start: every one of those
+    questions fails (and logs a warning). On this 2-core machine the process cost 1.5-2 s of a
+    no-op run's `fit` (benchmarks/RESULTS.md, "The PlacementGroupCleaner dropped"), and its polling
+    runs beside the training workers all run long. The embedded Ray ends with this process;
+    the one case it covered, a controller that dies with this driver still running, is
+    handled by `_placement_groups_removed_on_error`. A joined cluster keeps the cleaner."""
+    from ray.train.torch import TorchTrainer
+
+    if not embedded():
+        return TorchTrainer
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:  # another Ray: its trainer as it is
+        return TorchTrainer
+
+    class EmbeddedTorchTrainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, PlacementGroupCleanerCallback)]
+
+    return EmbeddedTorchTrainer
+
+
+@contextlib.contextmanager
+def _placement_groups_removed_on_error():
+    """In the embedded Ray, a `fit` that ends in an error other than the workers' own (the
+    controller's process died, an interrupt) removes the placement groups created during it
+    that are still there: Ray Train's controller removes its worker group's placement group on
+    every path it lives to see, and without the cleaner (`_trainer_class`) nothing else would,
+    so the next `fit` in this process could not place its workers."""
+    if not embedded():
+        yield
+        return
+    import ray.train
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    before = set(placement_group_table())
+    try:
+        yield
+    except ray.train.TrainingFailedError:
+        raise
+    except BaseException:
+        for pg_id, info in placement_group_table().items():
+            if pg_id not in before and info.get("state") != "REMOVED":
+                with contextlib.suppress(Exception):
+                    remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(pg_id)))
+                    log.warning("removed placement group %s, left by a training run that ended in an error", pg_id)
+        raise
 
 
 def _named_remote(result: TrainResult, remote_run: str) -> TrainResult:
