@@ -1,6 +1,7 @@
 """A/B statistics without Ray: intervals, the two-proportion test, SRM, the sequential test's
 error rate under continuous looks, and the power calculator."""
 
+import json
 import math
 
 import numpy as np
@@ -154,3 +155,51 @@ def test_cumulative_unit_sums_equal_a_group_by_at_every_look():
         want = unit_sums(frame[frame["ts"] <= t])
         assert got.n == want.n
         np.testing.assert_allclose([got.x, got.y, got.xx, got.yy, got.xy], [want.x, want.y, want.xx, want.yy, want.xy])
+
+
+def _units_frame(units: int, exposures: int, p: float, seed: int = 0) -> pd.DataFrame:
+    """`units` units split 50/50, each with `exposures` independent exposures clicked with probability p."""
+    rng = np.random.default_rng(seed)
+    arm = np.where(rng.random(units) < 0.5, "control", "challenger")
+    n = units * exposures
+    return pd.DataFrame({"request_id": [f"r{i}" for i in range(n)], "unit_id": np.repeat([f"u{i}" for i in range(units)], exposures),
+                         "arm": np.repeat(arm, exposures), "model_version": "v", "score": 0.5, "status": "ok", "latency_ms": 5.0,
+                         "layout": '{"challenger": 0.5, "control": 0.5}', "ts": np.arange(n, dtype=float),
+                         "outcome": (rng.random(n) < p).astype(float)})
+
+
+def test_power_calculator_uses_the_per_unit_variance_of_many_exposures_per_unit():
+    # 2,000 units x 10 exposures: the effect detectable now follows the observed standard error
+    # of the difference, not a binomial of one exposure per unit (that was 3x too large).
+    result = analyze(_units_frame(2000, 10, 0.10), ab_from_dict(SPEC))
+    se = (result.diff_ci[1] - result.diff_ci[0]) / 2 / stats.z_crit(0.05)
+    z = stats.z_crit(0.05) + stats.stats.norm.ppf(0.8)
+    assert result.mde_now == pytest.approx(z * se, rel=0.02)
+    needed = 2000 * (z * se / 0.01) ** 2 - 2000
+    assert result.units_needed == pytest.approx(needed, rel=0.03)
+
+
+def test_a_challenger_share_of_0_or_1_reports_the_calculator_as_not_applicable():
+    spec = ab_from_dict({**SPEC, "ramp": {"steps": [0.05, 0.25, 0.5, 1.0]}})
+    data = frame({"control": 0.1, "challenger": 0.1})
+    for weights in ({"control": 0.0, "challenger": 1.0}, {"control": 1.0, "challenger": 0.0}):
+        result = analyze(data, spec, weights, "control")
+        assert result.units_needed is None and result.mde_now is None
+        assert result.to_dict()["mde_now"] is None
+    assert stats.sample_size(0.1, 0.01, share=1.0) is None and stats.minimum_detectable_effect(100, 0.1, share=0.0) is None
+
+
+def test_a_guardrail_breach_rolls_back_even_while_the_split_is_mismatched():
+    spec = ab_from_dict(SPEC)
+    slow = analyze(frame({"control": 0.1, "challenger": 0.1}, n=20_000, drop={"challenger": 0.1}, latency={"challenger": 500.0}), spec)
+    assert slow.srm_flagged and slow.decision == "rollback" and "p99 latency" in slow.reasons[0]
+
+
+def test_to_dict_nulls_non_finite_numbers_and_leaves_strings_alone():
+    raw = {**SPEC, "name": "NaN-BaNaNa", "arms": [{"name": "BaNaNa", "weight": 0.5, "checkpoint": "/x"},
+                                                  {"name": "NaN", "weight": 0.5, "checkpoint": "/y"}]}
+    data = frame({"control": 0.1, "challenger": 0.1}, n=50).assign(arm="BaNaNa")  # arm NaN has no events: its CTR is NaN
+    out = analyze(data, ab_from_dict(raw)).to_dict()
+    assert out["experiment"] == "NaN-BaNaNa" and [a["arm"] for a in out["arms"]] == ["BaNaNa", "NaN"]
+    assert out["arms"][1]["ctr"] is None and out["arms"][1]["p99_ms"] is None and out["arms"][0]["ctr"] is not None
+    json.dumps(out, allow_nan=False)  # no NaN or infinity left anywhere

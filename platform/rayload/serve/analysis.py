@@ -56,11 +56,20 @@ class Analysis:
     drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
 
     def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self), default=_jsonable, allow_nan=True).replace("NaN", "null"))
+        return json.loads(json.dumps(_finite(asdict(self)), default=str, allow_nan=False))
 
 
-def _jsonable(value):
-    return float(value) if isinstance(value, np.generic) else str(value)
+def _finite(value):
+    """JSON-able copy: NaN and infinities become None (JSON has neither), numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def unit_sums(frame) -> "stats.ArmSums":
@@ -121,10 +130,20 @@ def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec)
     result.diff, result.diff_ci, result.lift, result.lift_ci, result.z_p_value = cmp.diff, cmp.diff_ci, cmp.lift, cmp.lift_ci, cmp.p_value
     result.sequential_p = sequential_p(ok, champion, challenger, a.tau)
     result.sequential_significant = result.sequential_p <= a.alpha
-    share = result.weights.get(challenger, 0.5) or 0.5
+    _power(result, control, treatment, a)
+
+
+def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums", a) -> None:
+    """Units needed and the effect detectable now, from the observed per-unit variances (CTR
+    is a ratio over units: ten exposures of one user are worth less than ten users). n/a (None)
+    while the challenger's share is 0 or 1."""
+    share = result.weights.get(result.challenger, 0.0)
     base = control.ctr if math.isfinite(control.ctr) and 0 < control.ctr < 1 else 0.5
-    result.units_needed = max(0, stats.sample_size(base, a.mde, a.alpha, a.power, share) - (control.n + treatment.n))
-    result.mde_now = stats.minimum_detectable_effect(control.n + treatment.n, base, a.alpha, a.power, share)
+    unit_var = (control.unit_variance(base), treatment.unit_variance(base))
+    n = control.n + treatment.n
+    needed = stats.sample_size(base, a.mde, a.alpha, a.power, share, unit_var)
+    result.units_needed = None if needed is None else max(0, needed - n)
+    result.mde_now = stats.minimum_detectable_effect(n, base, a.alpha, a.power, share, unit_var)
 
 
 def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
@@ -176,15 +195,18 @@ def timeline(ok, arms: list[str], alpha: float, points: int = 30) -> list[dict]:
 
 
 def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
-    """promote | rollback | continue, with the reasons. Invalid results (SRM) never decide."""
+    """promote | rollback | continue, with the reasons. Invalid results (SRM) never decide on
+    the comparison; a challenger's guardrail breach rolls back all the same."""
     if result.challenger is None:
         return "continue", ["automatic decisions need one challenger"]
-    if result.srm_flagged:
-        return "continue", [f"sample ratio mismatch (p={result.srm_p:.2g} < {spec.analysis.srm_p}): results invalid until it is explained"]
     arms = {a.arm: a for a in result.arms}
     bad = arms[result.challenger]
+    # Guardrails (errors, latency) are per-arm facts, not comparisons: a sample ratio mismatch
+    # does not make them invalid, and a breach must roll back whatever the split looks like.
     if not bad.guardrail_ok:
         return "rollback", [f"challenger guardrail: {r}" for r in bad.guardrail_reasons]
+    if result.srm_flagged:
+        return "continue", [f"sample ratio mismatch (p={result.srm_p:.2g} < {spec.analysis.srm_p}): results invalid until it is explained"]
     need = spec.analysis.min_units
     if min(arms[result.champion].units, bad.units) < need:
         return "continue", [f"each arm needs {need} exposed units first (have {arms[result.champion].units} and {bad.units})"]

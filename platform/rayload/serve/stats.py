@@ -49,6 +49,16 @@ class ArmSums:
         r = mx / my
         return max(0.0, (sxx - 2 * r * sxy + r * r * syy) / (n * my * my))
 
+    def unit_variance(self, p_fallback: float) -> float:
+        """What one unit contributes to the CTR estimate's variance (n * var), for the power
+        calculator. Without a usable estimate (no clicks yet, one unit): the binomial at
+        `p_fallback` divided by the observed exposures per unit."""
+        v = self.n * self.var
+        if math.isfinite(v) and v > 0:
+            return v
+        per_unit = self.y / self.n if self.n and self.y else 1.0
+        return p_fallback * (1 - p_fallback) / per_unit
+
 
 def z_crit(alpha: float) -> float:
     return float(stats.norm.ppf(1 - alpha / 2))
@@ -135,21 +145,42 @@ def srm_p_value(periods: list[tuple[dict[str, int], dict[str, float]]]) -> float
     return float(stats.chi2.sf(stat, dof)) if dof else 1.0
 
 
-def sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5) -> int:
+def _split_variance(unit_var: tuple[float, float], share: float) -> float | None:
+    """n_total * Var(treatment CTR - control CTR) when the challenger gets `share` of n_total
+    units; None when one arm gets no units (share 0 or 1: nothing to compare)."""
+    if not 0 < share < 1:
+        return None
+    return unit_var[0] / (1 - share) + unit_var[1] / share
+
+
+def sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
+                unit_var: tuple[float, float] | None = None) -> int | None:
     """Units in total for a two-sided test to detect an absolute CTR change `mde` with the
-    challenger getting `share` of the units (one exposure per unit)."""
-    p2 = min(max(p_base + mde, 1e-9), 1 - 1e-9)
+    challenger getting `share` of the units; None when share is 0 or 1.
+
+    `unit_var`: (control, challenger) variance of one unit's share of the CTR estimate
+    (ArmSums.unit_variance: the delta method, so a unit with many exposures counts for what it
+    holds); default: one exposure per unit, the binomial at p_base and p_base + mde."""
+    if unit_var is None:
+        p2 = min(max(p_base + mde, 1e-9), 1 - 1e-9)
+        unit_var = (p_base * (1 - p_base), p2 * (1 - p2))
+    var = _split_variance(unit_var, share)
+    if var is None:
+        return None
     z = z_crit(alpha) + float(stats.norm.ppf(power))
-    var = p_base * (1 - p_base) / (1 - share) + p2 * (1 - p2) / share
     return int(math.ceil(z * z * var / (mde * mde)))
 
 
-def minimum_detectable_effect(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5) -> float:
-    """Smallest absolute CTR change `n_total` units detect with the given power (equal variances)."""
+def minimum_detectable_effect(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
+                              unit_var: tuple[float, float] | None = None) -> float | None:
+    """Smallest absolute CTR change `n_total` units detect with the given power; None when share
+    is 0 or 1. `unit_var` as in sample_size; default: one exposure per unit, equal variances."""
+    var = _split_variance(unit_var or (p_base * (1 - p_base),) * 2, share)
+    if var is None:
+        return None
     if n_total <= 0:
         return float("inf")
     z = z_crit(alpha) + float(stats.norm.ppf(power))
-    var = p_base * (1 - p_base) * (1 / (1 - share) + 1 / share)
     return z * math.sqrt(var / n_total)
 
 
