@@ -120,6 +120,11 @@ class Ramp(_Spec):
     def _increasing(cls, value):
         if not value or any(not 0 < s <= 1 for s in value) or value != sorted(value):
             raise ValueError("ramp steps must be increasing shares in (0, 1]")
+        # The controller sets these as weights: one off the bucket grid would be refused at run time.
+        for i, share in enumerate(value):
+            if not on_grid(share):
+                raise ValueError(f"ramp step {i} ({share}) must be a whole number of 1/{BUCKETS} buckets, "
+                                 f"for example {round(share * BUCKETS) / BUCKETS}")
         return value
 
 
@@ -163,9 +168,16 @@ class ABSpec(_Spec):
         return [a.name for a in self.arms if a.name != self.champion_arm]
 
 
-def weight_issues(weights: dict[str, float], arms: list[str], champion: str, where: str = "arms") -> list[SpecIssue]:
+def on_grid(share: float) -> bool:
+    """A share is a whole number of assignment buckets."""
+    return round(share * BUCKETS, 6) == round(share * BUCKETS)
+
+
+def weight_issues(weights: dict[str, float], arms: list[str], champion: str, where: str = "arms",
+                  shadow: bool = False) -> list[SpecIssue]:
     """Weights must name every arm once, be >= 0, sum to 1.0 and give each challenger at most
-    its own slice of the bucket space (see serve.assign)."""
+    its own slice of the bucket space (see serve.assign). In shadow mode the champion answers
+    every request, so every challenger's weight is 0."""
     issues = []
     if sorted(weights) != sorted(arms):
         issues.append(SpecIssue(where, f"weights must name exactly the arms {arms}", list(weights), True))
@@ -180,8 +192,11 @@ def weight_issues(weights: dict[str, float], arms: list[str], champion: str, whe
     for name, w in weights.items():
         if name != champion and w > 1 / slots + 1e-12:
             issues.append(SpecIssue(f"{where}.{name}", f"with {slots} challengers each may take at most 1/{slots} of the traffic", w, True))
-        if round(w * BUCKETS, 6) != round(w * BUCKETS):
+        if not on_grid(w):
             issues.append(SpecIssue(f"{where}.{name}", f"a weight is a whole number of 1/{BUCKETS} buckets", w, True))
+        if shadow and name != champion and w > 0:
+            issues.append(SpecIssue(f"{where}.{name}", "in shadow mode the champion answers every request and challengers only "
+                                    "score alongside it: a challenger's weight must be 0 (or turn shadow off to split traffic)", w, True))
     return issues
 
 
@@ -194,7 +209,7 @@ def spec_issues(spec: ABSpec) -> list[SpecIssue]:
     if spec.champion is not None and spec.champion not in names:
         issues.append(SpecIssue("champion", f"must be one of the arms {names}", spec.champion, True))
         return issues
-    issues += weight_issues(spec.weights, names, spec.champion_arm)
+    issues += weight_issues(spec.weights, names, spec.champion_arm, shadow=spec.shadow)
     if spec.ramp.auto and len(names) != 2:
         issues.append(SpecIssue("ramp.auto", "automatic decisions need exactly two arms (champion and challenger)", len(names), True))
     return issues

@@ -119,3 +119,18 @@ def test_direct_ingress_urls_come_from_serve_target_groups():
     proxy_only = [{"app_name": "", "protocol": "HTTP", "route_prefix": "/", "targets": [{"ip": "10.0.0.1", "port": 8000, "name": "p"}]}]
     with pytest.raises(RayloadError, match="without direct ingress.*proxy at http://0.0.0.0:8000/ab.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1"):
         urls_from_target_groups(proxy_only, serving, "ab", "10.0.0.1", 1)
+
+
+def test_ramp_steps_off_the_bucket_grid_are_refused_at_load_naming_the_step():
+    arms = [{"name": "a", "weight": 0.95, "checkpoint": "x"}, {"name": "b", "weight": 0.05, "checkpoint": "x"}]
+    with pytest.raises(SpecError, match=r"ramp.steps: ramp step 1 \(0.33333\) must be a whole number of 1/10000 buckets"):
+        ab_from_dict({"name": "ab", "arms": arms, "ramp": {"steps": [0.05, 0.33333, 0.5]}})
+    assert ab_from_dict({"name": "ab", "arms": arms, "ramp": {"steps": [0.05, 0.3333, 0.5]}}).ramp.steps[1] == 0.3333
+
+
+def test_shadow_mode_refuses_a_challenger_with_live_traffic():
+    arms = [{"name": "a", "weight": 0.9, "checkpoint": "x"}, {"name": "b", "weight": 0.1, "checkpoint": "x"}]
+    with pytest.raises(SpecError, match=r"arms.b: in shadow mode the champion answers every request"):
+        ab_from_dict({"name": "ab", "shadow": True, "arms": arms})
+    assert weight_issues({"a": 0.9, "b": 0.1}, ["a", "b"], "a", "weights", shadow=True)[0].path == "weights.b"
+    assert weight_issues({"a": 0.0, "b": 1.0}, ["a", "b"], "b", "weights", shadow=True) == []  # a promotion in shadow mode
