@@ -58,13 +58,16 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
     if detach:
         return
     _stop_on_signals()
+    said = None
     try:
         while True:
             time.sleep(ab.ramp.interval_s)
             if auto and ab.ramp.auto:
+                # After a promote or rollback each look returns it again, acting on nothing; say it once.
                 decision, reasons = control.step(dep.run_dir)
-                if decision != "continue":
+                if decision != "continue" and (decision, reasons) != said:
                     console.print(f"[bold]{decision}[/]: {'; '.join(reasons)}")
+                said = (decision, reasons)
     except KeyboardInterrupt:
         import ray
         from ray import serve as ray_serve

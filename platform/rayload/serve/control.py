@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..ab_spec import ABSpec, weight_issues
@@ -224,44 +225,89 @@ def load_state(run: str) -> tuple[str, dict]:
     raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
 
 
+FINAL = ("promote", "rollback")  # decisions that end an experiment's automatic steps
+
+
+@contextmanager
+def _locked(run_dir: str):
+    """One writer of an experiment's state at a time: the serve loop's controller, `ab
+    simulate`'s and a by-hand command each read serve.json, decide and write it back under
+    this lock (an flock on a file beside it, released if the holder dies), so none acts on a
+    state another has just changed."""
+    import fcntl
+
+    with open(os.path.join(run_dir, "serve.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def set_weights(run: str, weights: dict[str, float], champion: str | None = None, reason: str = "by hand",
                 decision: str | None = None) -> dict:
     """New weights (and champion) for a running experiment, applied in place. Bad weights
-    raise SpecError and leave the old ones in force."""
-    import ray
+    raise SpecError and leave the old ones in force. A promote or rollback is final: the
+    automatic controller stops; any other change (a new ramp by hand) starts it again."""
+    run_dir, _ = load_state(run)
+    with _locked(run_dir):
+        _, state = load_state(run_dir)
+        return _apply(run_dir, state, weights, champion, reason, decision)
 
-    run_dir, state = load_state(run)
+
+def _apply(run_dir: str, state: dict, weights: dict[str, float], champion: str | None, reason: str, decision: str | None,
+           step_units: int | None = None) -> dict:
+    """set_weights with the lock held and the state read. `step_units`: the challenger's units
+    when a ramp step begins (None: counted from the controller's next look)."""
     config = copy.deepcopy(state["config"])
     args, user = parts(config)
     champion = champion or user["champion"]
-    if issues := weight_issues(weights, args["arms"], champion, where="weights"):
+    if issues := weight_issues(weights, args["arms"], champion, where="weights", shadow=bool(user.get("shadow"))):
         raise SpecError(issues)
-    if not ray.is_initialized():
-        from .._ray import ensure_ray
-
-        ensure_ray(state["address"])
     user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion)
-    deploy(config)
+    _redeploy(config, state["address"])
     state["config"] = config
-    state.setdefault("decisions", []).append({"time": time.time(), "decision": decision or "set-weights", "weights": user["weights"],
-                                              "champion": champion, "reason": reason})
+    entry = {"time": time.time(), "decision": decision or "set-weights", "weights": user["weights"], "champion": champion,
+             "reason": reason}
+    state.setdefault("decisions", []).append(entry)
+    state["final"] = entry if decision in FINAL else None
+    state["ramp_step"] = {"weights": user["weights"], "units": step_units}
     save_state(run_dir, state)
     return user
 
 
+def _redeploy(config: dict, address: str | None) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        from .._ray import ensure_ray
+
+        ensure_ray(address)
+    deploy(config)
+
+
 def promote(run: str, reason: str = "by hand") -> dict:
-    """The challenger takes all traffic and becomes the champion."""
-    _, state = load_state(run)
-    args, user = parts(state["config"])
-    challenger = _challenger(args["arms"], user["champion"])
-    return set_weights(run, {a: 1.0 if a == challenger else 0.0 for a in args["arms"]}, challenger, reason, "promote")
+    """The challenger takes all traffic and becomes the champion (final: automatic steps stop)."""
+    return _decide(run, "promote", reason)
 
 
 def rollback(run: str, reason: str = "by hand") -> dict:
-    """The challenger gets no traffic; the champion keeps it all."""
-    _, state = load_state(run)
+    """The challenger gets no traffic; the champion keeps it all (final: automatic steps stop)."""
+    return _decide(run, "rollback", reason)
+
+
+def _decide(run: str, decision: str, reason: str) -> dict:
+    run_dir, _ = load_state(run)
+    with _locked(run_dir):
+        _, state = load_state(run_dir)
+        return _apply(run_dir, state, *_final_weights(state, decision), reason, decision)
+
+
+def _final_weights(state: dict, decision: str) -> tuple[dict[str, float], str]:
+    """The weights and champion after a promote or rollback."""
     args, user = parts(state["config"])
-    return set_weights(run, {a: 1.0 if a == user["champion"] else 0.0 for a in args["arms"]}, user["champion"], reason, "rollback")
+    winner = _challenger(args["arms"], user["champion"]) if decision == "promote" else user["champion"]
+    return {a: 1.0 if a == winner else 0.0 for a in args["arms"]}, winner
 
 
 def _challenger(arms: list[str], champion: str) -> str:
@@ -272,28 +318,42 @@ def _challenger(arms: list[str], champion: str) -> str:
 
 
 def analysis_for(run: str):
-    """The live analysis from the event store (no Ray needed)."""
-    return _analysis(run)[0]
-
-
-def _analysis(run: str):
-    from .analysis import analyze
-    from .events import EventReader
-
+    """The live analysis from the event store (no Ray needed). After a promote or rollback
+    its decision is that one: the statistics that follow compare the arms in their new roles
+    and no longer steer anything."""
     _, state = load_state(run)
+    result, _ = _analysis_of(state)
+    if final := state.get("final"):
+        result.decision, result.reasons = final["decision"], _final_reasons(final)
+    return result
+
+
+def _analysis_of(state: dict):
+    from .analysis import analyze
+
     args, user = parts(state["config"])
     spec = ABSpec.model_validate(args["spec"])
-    reader = EventReader(args["events_url"])
-    try:
-        frame = reader.frame(args["experiment"], spec.analysis.event)
-    finally:
-        reader.close()
-    result = analyze(frame, spec, user["weights"], user["champion"])
+    result = analyze(_events_frame(args, spec), spec, user["weights"], user["champion"])
     if spec.drift.enabled:
         from .monitor import report_for
 
         result.drift = report_for(args["events_url"], args["experiment"], args["checkpoints"], spec.drift)
     return result, spec
+
+
+def _events_frame(args: dict, spec: ABSpec):
+    from .events import EventReader
+
+    reader = EventReader(args["events_url"])
+    try:
+        return reader.frame(args["experiment"], spec.analysis.event)
+    finally:
+        reader.close()
+
+
+def _final_reasons(final: dict) -> list[str]:
+    return [f"decided: {final['decision']} ({final['reason']}); automatic steps have stopped, "
+            "`rayload ab set-weights` starts a new ramp"]
 
 
 def stop(run: str) -> None:
@@ -307,20 +367,48 @@ def stop(run: str) -> None:
 
 def step(run: str) -> tuple[str, list[str]]:
     """One look of the automatic controller: act on the analysis by the ramp schedule.
-    promote / rollback end the experiment; otherwise the challenger's share moves to the next
-    ramp step once it has `min_units_per_step` units at the current one."""
-    result, spec = _analysis(run)
-    if result.decision in ("promote", "rollback"):
-        (promote if result.decision == "promote" else rollback)(run, "; ".join(result.reasons))
-        return result.decision, result.reasons
+    promote / rollback end the experiment: later looks change nothing and return that
+    decision. Otherwise the challenger's share moves to the next ramp step once
+    `min_units_per_step` challenger units came in since the current step began."""
+    run_dir, _ = load_state(run)
+    with _locked(run_dir):
+        _, state = load_state(run_dir)
+        if final := state.get("final"):
+            return final["decision"], _final_reasons(final)
+        result, spec = _analysis_of(state)
+        if result.decision in FINAL:
+            _apply(run_dir, state, *_final_weights(state, result.decision), "; ".join(result.reasons), result.decision)
+            return result.decision, result.reasons
+        return "continue", result.reasons + _ramp(run_dir, state, result, spec)
+
+
+def _ramp(run_dir: str, state: dict, result, spec: ABSpec) -> list[str]:
+    """Move the challenger to the next ramp step when the current one has its units; what was done."""
     if result.srm_flagged or result.challenger is None:
-        return "continue", result.reasons
+        return []
+    _, user = parts(state["config"])
+    if user.get("shadow"):
+        return ["shadow mode: the champion answers all traffic, so the ramp holds"]
     share = result.weights.get(result.challenger, 0.0)
-    units = {a.arm: a.units for a in result.arms}
     later = [s for s in spec.ramp.steps if s > share + 1e-12]
-    done = len(spec.ramp.steps) - len(later)  # steps reached so far
-    if later and units.get(result.challenger, 0) >= spec.ramp.min_units_per_step * max(1, done):
-        nxt = later[0]
-        set_weights(run, {result.champion: round(1 - nxt, 4), result.challenger: nxt}, reason=f"ramp to {nxt:.0%}", decision="ramp")
-        return "continue", result.reasons + [f"ramped the challenger to {nxt:.0%}"]
-    return "continue", result.reasons
+    if not later:
+        return []
+    units = next(a.units for a in result.arms if a.arm == result.challenger)
+    begun = _step_start(state, user["weights"])
+    if begun is None:  # a share set by hand: its step begins at this look
+        state["ramp_step"] = {"weights": user["weights"], "units": units}
+        save_state(run_dir, state)
+        return []
+    if units - begun < spec.ramp.min_units_per_step:
+        return []
+    nxt = later[0]
+    _apply(run_dir, state, {result.champion: round(1 - nxt, 4), result.challenger: nxt}, None, f"ramp to {nxt:.0%}", "ramp", units)
+    return [f"ramped the challenger to {nxt:.0%}"]
+
+
+def _step_start(state: dict, weights: dict[str, float]) -> int | None:
+    """The challenger's units when the current weights' ramp step began; None: not known yet."""
+    begun = state.get("ramp_step")
+    if begun is None:  # the spec's own weights, in force since start: every unit counts
+        return 0
+    return begun["units"] if begun["weights"] == weights else None

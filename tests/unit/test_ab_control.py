@@ -1,0 +1,118 @@
+"""The automatic controller without Ray: decisions are final, ramp steps are gated on the units
+each step saw, shadow mode holds the ramp, and two controllers never act on the same state."""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayload.ab_spec import ab_from_dict
+from rayload.errors import SpecError
+from rayload.serve import control
+from rayload.serve.assign import Layout
+
+
+def spec_of(a: float = 0.95, shadow: bool = False, **extra):
+    return ab_from_dict({"name": "t", "shadow": shadow, "arms": [{"name": "A", "weight": a, "checkpoint": "/x"},
+                                                                 {"name": "B", "weight": round(1 - a, 4), "checkpoint": "/y"}],
+                         "drift": {"enabled": False}, "analysis": {"min_units": 200}, **extra})
+
+
+def events(units: int, rates: dict, weights: dict, seed: int = 0, start: int = 0) -> pd.DataFrame:
+    """One exposure per unit, split by the router's own layout."""
+    rng = np.random.default_rng(seed)
+    layout = Layout.build(weights, "A", ["A", "B"])
+    ids = [f"u{i}" for i in range(start, start + units)]
+    arms = [layout.assign("t", u) for u in ids]
+    return pd.DataFrame({"request_id": [f"r{u}" for u in ids], "unit_id": ids, "arm": arms, "model_version": "v", "score": 0.5,
+                         "status": "ok", "latency_ms": 5.0, "layout": json.dumps(weights, sort_keys=True),
+                         "ts": np.arange(start, start + units, dtype=float), "outcome": [float(rng.random() < rates[a]) for a in arms]})
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A run folder as `control.start` leaves it; deploying records the configs instead."""
+    def make(spec, frame):
+        args = {"experiment": spec.name, "arms": ["A", "B"], "serving": spec.serving.model_dump(), "weights": spec.weights,
+                "champion": "A", "shadow": spec.shadow, "spec": spec.model_dump(mode="json"), "events_url": "sqlite:///unused",
+                "checkpoints": {}}
+        control.save_state(str(tmp_path), {"config": control.serve_config(args), "address": None, "decisions": []})
+        box["frame"] = frame
+        return str(tmp_path)
+
+    box = {"deployed": []}
+    monkeypatch.setattr(control, "_redeploy", lambda config, address: box["deployed"].append(control.parts(config)[1]))
+    monkeypatch.setattr(control, "_events_frame", lambda args, spec: box["frame"])
+    make.box = box
+    return make
+
+
+def user(run_dir: str) -> dict:
+    return control.parts(control.load_state(run_dir)[1]["config"])[1]
+
+
+def test_after_a_rollback_by_hand_or_by_the_controller_later_looks_change_nothing(run):
+    run_dir = run(spec_of(), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+    assert control.step(run_dir)[0] == "continue" and user(run_dir)["weights"]["B"] == 0.25  # enough units at 5%: ramp
+    control.rollback(run_dir)
+    for _ in range(3):
+        decision, reasons = control.step(run_dir)
+        assert decision == "rollback" and "automatic steps have stopped" in reasons[0]
+    assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+    assert control.analysis_for(run_dir).decision == "rollback"
+    control.set_weights(run_dir, {"A": 0.95, "B": 0.05})  # a new ramp by hand starts the controller again
+    assert control.step(run_dir)[0] == "continue"
+
+
+def test_an_automatic_promotion_is_final_and_not_undone_by_the_swapped_roles(run):
+    run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    assert control.step(run_dir)[0] == "promote"
+    assert user(run_dir)["champion"] == "B" and user(run_dir)["weights"] == {"A": 0.0, "B": 1.0}
+    assert [control.step(run_dir)[0] for _ in range(3)] == ["promote"] * 3
+    _, state = control.load_state(run_dir)
+    assert [d["decision"] for d in state["decisions"]] == ["promote"] and user(run_dir)["champion"] == "B"
+
+
+def test_two_controllers_looking_at_once_decide_once(run, monkeypatch):
+    run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    deployed = run.box["deployed"]
+    monkeypatch.setattr(control, "_redeploy", lambda config, address: (time.sleep(0.3), deployed.append(1)))
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(control.step(run_dir)[0])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, state = control.load_state(run_dir)
+    assert out == ["promote", "promote"] and len(deployed) == 1
+    assert [d["decision"] for d in state["decisions"]] == ["promote"] and user(run_dir)["champion"] == "B"
+
+
+def test_each_ramp_step_waits_for_its_own_units(run):
+    # The spec starts at 2%, not a ramp step: the first look goes to 5%, and the next only
+    # after min_units_per_step new challenger units came in at 5%.
+    frame = events(30_000, {"A": 0.1, "B": 0.1}, {"A": 0.98, "B": 0.02})
+    run_dir = run(spec_of(0.98), frame)
+    assert (frame["arm"] == "B").sum() >= 500
+    control.step(run_dir)
+    assert user(run_dir)["weights"]["B"] == 0.05
+    for _ in range(2):  # no new traffic between looks
+        control.step(run_dir)
+        assert user(run_dir)["weights"]["B"] == 0.05
+    more = events(12_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}, seed=1, start=30_000)
+    run.box["frame"] = pd.concat([frame, more], ignore_index=True)
+    assert (more["arm"] == "B").sum() >= 500
+    control.step(run_dir)
+    assert user(run_dir)["weights"]["B"] == 0.25
+
+
+def test_shadow_mode_holds_the_ramp_and_refuses_live_challenger_traffic(run):
+    run_dir = run(spec_of(1.0, shadow=True), events(5_000, {"A": 0.1, "B": 0.1}, {"A": 1.0, "B": 0.0}))
+    decision, reasons = control.step(run_dir)
+    assert decision == "continue" and any("shadow mode" in r for r in reasons)
+    with pytest.raises(SpecError, match="weights.B: in shadow mode"):
+        control.set_weights(run_dir, {"A": 0.9, "B": 0.1})
+    assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0} and run.box["deployed"] == []
