@@ -34,7 +34,7 @@ _SCALAR = (type(None), bool, int, float, str)
 def distribution(param: Param) -> BaseDistribution:
     kind = param.kind
     if kind == "uniform":
-        return FloatDistribution(*param.uniform, step=param.step)
+        return FloatDistribution(*param.uniform, step=param.step, log=param.log)
     if kind == "loguniform":
         return FloatDistribution(*param.loguniform, log=True)
     if kind == "int":
@@ -51,7 +51,15 @@ def decode(value: Any) -> Any:
     return json.loads(value[5:]) if isinstance(value, str) and value.startswith("json:") else value
 
 
-def make_sampler(strategy: str, sampler: str | None, space: dict[str, Param], seed: int, startup: int, concurrent: bool):
+def make_sampler(strategy: str, sampler: str | None, space: dict[str, Param], seed: int, startup: int, concurrent: bool,
+                 resumed_after: int = 0):
+    """`resumed_after`: the trials the study already holds when a search is resumed. A sampler
+    seeded as the first run was would draw the same random sequence again: a random search,
+    and TPE or GP during their start-up trials, would propose the finished trials' parameters
+    once more. A resumed sampler gets a seed of its own, derived from the seed and that count
+    (so resuming the same study state proposes the same trials)."""
+    if resumed_after:
+        seed = (seed * 1_000_003 + resumed_after) % 2**32
     if strategy == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if strategy == "grid":
@@ -74,12 +82,36 @@ class _Grid(optuna.samplers.GridSampler):
         pass
 
 
-def open_study(storage: str | None, name: str, mode: str, sampler, create: bool) -> optuna.Study:
+def open_study(storage: str | None, name: str, mode: str, sampler: Callable[[int], Any], create: bool) -> optuna.Study:
+    """Create the study, or (`create=False`) load it. `sampler(n)` makes the sampler, given the
+    number of trials the study already holds (0 for a new one)."""
     direction = "maximize" if mode == "max" else "minimize"
-    storage = _storage(storage)
+    url, storage = storage, _storage(storage)
     if create:
-        return optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler, load_if_exists=False)
-    return optuna.load_study(storage=storage, study_name=name, sampler=sampler)
+        try:
+            return optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler(0), load_if_exists=False)
+        except optuna.exceptions.DuplicatedStudyError:
+            raise StudyExistsError(name, url) from None
+    study = optuna.load_study(storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler())
+    study.sampler = sampler(len(study.get_trials(deepcopy=False)))
+    return study
+
+
+class StudyExistsError(RayloadError):
+    def __init__(self, name: str, url: str | None):
+        super().__init__(f"a study named {name!r} already exists in {url}: `rayload tune --resume RUN` continues the search "
+                         "that made it; a new search needs another `name` or `storage`")
+
+
+def study_exists(url: str, name: str) -> bool:
+    """Whether `url` holds a study called `name`, without creating the database file."""
+    if url.startswith("sqlite:///") and not os.path.exists(url[len("sqlite:///"):].split("?")[0]):
+        return False
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return any(s.study_name == name for s in storage.get_all_studies())
+    except Exception:  # no optuna tables yet (or unreachable: create_study says so with its own error)
+        return False
 
 
 def read_study(url: str, name: str) -> optuna.Study:
@@ -123,6 +155,7 @@ def _storage(url: str | None):
 
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+BEST_CHECKPOINT = "best_checkpoint"  # a running trial's user attribute: the checkpoint of its best epoch so far
 
 
 class StudySearcher(Searcher):
@@ -164,6 +197,13 @@ class StudySearcher(Searcher):
             frozen = self.resumable.pop(0)
             trial = optuna.trial.Trial(self.study, frozen._trial_id)
             log.info("re-attaching trial %d (running when the search stopped)", frozen.number)
+            # What it reported before the stop counts: its best epoch may be one it will not run again.
+            earlier = self._best_reported(frozen)
+            if earlier is not None:
+                self.best[trial_id] = earlier
+                self.best_checkpoint[trial_id] = frozen.user_attrs.get(BEST_CHECKPOINT)
+            if frozen.intermediate_values:
+                self.steps[trial_id] = max(frozen.intermediate_values)
         elif self.asked >= self.total:
             return Searcher.FINISHED
         else:
@@ -176,14 +216,18 @@ class StudySearcher(Searcher):
         trial, value = self.live.get(trial_id), result.get(self.metric)
         if trial is None or not _finite(value):
             return
-        if trial_id not in self.best or (value > self.best[trial_id]) == (self.mode == "max"):
+        improved = trial_id not in self.best or (value != self.best[trial_id] and (value > self.best[trial_id]) == (self.mode == "max"))
+        if improved:
             self.best[trial_id] = float(value)
             # The checkpoint of the best epoch (TuneSession: "checkpoint"; Ray Train's TuneReportCallback: "checkpoint_path").
             self.best_checkpoint[trial_id] = result.get("checkpoint") or result.get("checkpoint_path")
         step = result.get(self.step_attr, result.get("training_iteration"))
-        if step is not None and self.steps.get(trial_id) != step:  # Tune may hand the last result twice
-            self.steps[trial_id] = step
+        if step is not None and (self.steps.get(trial_id) is None or int(step) > self.steps[trial_id]):
+            # Tune may hand the last result twice; a re-attached trial re-reports its restored last epoch
+            self.steps[trial_id] = int(step)
             trial.report(float(value), int(step))
+            if improved:  # kept in the study so that a resumed search knows it (one commit per new best)
+                trial.set_user_attr(BEST_CHECKPOINT, self.best_checkpoint[trial_id])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if result and not error:
@@ -205,6 +249,12 @@ class StudySearcher(Searcher):
         else:
             self.study.tell(trial, best)
 
+    def _best_reported(self, frozen) -> float | None:
+        values = [v for v in frozen.intermediate_values.values() if _finite(v)]
+        if not values:
+            return None
+        return max(values) if self.mode == "max" else min(values)
+
     def cut_off(self, reason: str) -> int:
         """Record the trials a search ended before they finished (its target reached, its time
         budget spent): Tune stops them without telling the searcher. Each is told PRUNED, with
@@ -218,11 +268,12 @@ class StudySearcher(Searcher):
                 continue
             values = frozen.intermediate_values
             best = self.best.get(tid)
-            if best is None and values:
-                best = max(values.values()) if self.mode == "max" else min(values.values())
+            if best is None:
+                best = self._best_reported(frozen)
+            checkpoint = self.best_checkpoint.get(tid) if tid in self.best else frozen.user_attrs.get(BEST_CHECKPOINT)
             trial = optuna.trial.Trial(self.study, key)
             trial.set_user_attr("rayload", {"epochs_done": max(values, default=None), "best_value": best,
-                                            "checkpoint": self.best_checkpoint.get(tid), "stopped": reason})
+                                            "checkpoint": checkpoint, "stopped": reason})
             self.study.tell(trial, state=TrialState.PRUNED)
             told += 1
         self.live.clear()

@@ -32,6 +32,7 @@ class JobSearch:
     preprocessing_paths: tuple[str, ...]
     workers: int
     trial_root: str = ""  # where trials' checkpoints go: the run folder, or a URI on object storage
+    score: tuple[str, str] | None = None  # (metric, mode) of the search: each trial keeps its best epochs by it
 
 
 def variant_key(params: dict, paths: tuple[str, ...]) -> str:
@@ -76,12 +77,13 @@ def job_trial(config: dict, search: JobSearch) -> None:
 
             remote = join_uri(root, "trials", name)
             _fit_local(spec, pre, remote_scratch(remote, "tune"), context, session_cls=functools.partial(TuneSession, remote=remote),
-                       datasets=dict(datasets))
+                       datasets=dict(datasets), score=search.score)
         else:
-            _fit_local(spec, pre, trial_dir(root, config["number"]), context, session_cls=TuneSession, datasets=dict(datasets))
+            _fit_local(spec, pre, trial_dir(root, config["number"]), context, session_cls=TuneSession, datasets=dict(datasets),
+                       score=search.score)
     else:
         storage = join_uri(root, "trials")
-        _fit_ray(spec, pre, storage, name, context, callbacks=[_uri_reporter(storage)], datasets=dict(datasets))
+        _fit_ray(spec, pre, storage, name, context, callbacks=[_uri_reporter(storage)], datasets=dict(datasets), score=search.score)
 
 
 def _uri_reporter(storage: str):

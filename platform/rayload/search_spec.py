@@ -76,6 +76,8 @@ class Param(_Spec):
             out.append(f"a log scale needs low > 0 (got low={low})")
         if self.log and self.step is not None:
             out.append("log and step cannot be combined")
+        if kind == "int" and self.step is not None and self.step != _int(self.step):
+            out.append(f"an int range steps by a whole number (got step={self.step:g})")
         return out
 
 
@@ -175,6 +177,10 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("fixed.train.epochs", f"under a scheduler every trial runs scheduler.max_epochs "
                                 f"({sched.max_epochs}) epochs, so this value would be ignored; set one of the two",
                                 spec.fixed["train.epochs"], True))
+    if spec.strategy == "grid" and spec.points_to_evaluate:
+        issues.append(SpecIssue("points_to_evaluate", "a grid search runs every grid point exactly once; a point given first "
+                                "would run twice and push a grid point out. Leave points_to_evaluate out",
+                                spec.points_to_evaluate, True))
     for i, point in enumerate(spec.points_to_evaluate):
         for path, value in point.items():
             if path not in spec.space:

@@ -81,6 +81,7 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
         spec, raw = SearchSpec.model_validate(state["spec"]), state["base_raw"]
     else:
         spec, raw = _load(search, overrides)
+        _check_new_study(spec)
         run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
     base = job_from(raw, {})
     from .train.resources import SEARCH_FIX, check_storage
@@ -108,19 +109,20 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
     tr = spec.trial_resources
     cpus, gpus = tr.cpus_per_worker or base.resources.cpus_per_worker, tr.gpus_per_worker if tr.gpus_per_worker is not None else base.resources.gpus_per_worker
     per_worker = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-    _check_shape(tr.workers, cpus, gpus, base.resources.accelerator_type)
+    # A TorchTrainer places its own workers; the trial itself only drives it (Tune refuses an
+    # empty resource request, hence a hundredth of a CPU).
+    own = per_worker if tr.workers == 1 else {"CPU": 0.01}
+    _check_shape(tr.workers, cpus, gpus, base.resources.accelerator_type, driver=None if tr.workers == 1 else own)
     # Every trial's job spec asks for what its trial holds (the in-process loop then uses the GPU it was given).
     raw["resources"] = {**raw.get("resources", {}), "workers": tr.workers, "cpus_per_worker": cpus, "gpus_per_worker": gpus}
     paths = tuple(p for p in spec.space if p.split(".")[0] in PREPROCESSING)
     from ._tune_trial import JobSearch, job_trial
 
-    job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers, trial_root)
-    # A TorchTrainer places its own workers; the trial itself only drives it (Tune refuses an
-    # empty resource request, hence a hundredth of a CPU).
-    own = per_worker if tr.workers == 1 else {"CPU": 0.01}
+    job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers, trial_root,
+                    (spec.metric, spec.score_mode))
     need = {k: v * tr.workers for k, v in per_worker.items()}
-    plan = _Plan(spec, run_dir, _storage(spec, run_dir), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
-    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage,
+    plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
+    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, **_preparing(resume),
                 trial_root=trial_root if is_remote(trial_root) else None,
                 study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
     study = _run(plan, job_trial, {"search": job}, resume=bool(resume))
@@ -191,12 +193,14 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     spec = validate_model(SearchSpec, raw, check=strategy_issues)
     ensure_ray(address)
     _ship_by_value(fn)
+    if not resume:
+        _check_new_study(spec)
     run_dir = find_run(resume) if resume else os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
     _check_shape(1, cpus, 0, None)
     max_t = spec.scheduler.max_epochs if spec.scheduler else None
-    plan = _Plan(spec, run_dir, _storage(spec, run_dir), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
+    plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
                  step_attr="training_iteration", max_t=max_t)
-    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name,
+    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **_preparing(resume),
                 total=trials_wanted(spec), metric=metric, mode=mode)
     study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
     return _finish(plan, study, None)
@@ -239,8 +243,8 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     spec = plan.spec
     total = trials_wanted(spec)
     startup = spec.startup_trials or min(10, max(3, total // 4))
-    sampler = make_sampler(spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)
-    study = open_study(plan.storage, spec.name, spec.score_mode, sampler, create=not resume)
+    sampler = functools.partial(make_sampler, spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)
+    study = open_study(plan.storage, spec.name, spec.score_mode, lambda held: sampler(resumed_after=held), create=not resume)
     searcher = StudySearcher(study, spec.space, total, spec.metric, spec.score_mode, plan.step_attr, spec.points_to_evaluate)
     todo = searcher.remaining()
     stopper = SearchStopper(spec.metric, spec.score_mode, spec.target, spec.time_budget_s,
@@ -292,9 +296,16 @@ def _finish(plan: _Plan, study, raw: dict | None) -> TuneResult:
                       rows, best, best_spec, plots, read_state(plan.run_dir).get("ended", "all trials finished"))
 
 
-def _storage(spec: SearchSpec, run_dir: str) -> str:
+def _storage(spec: SearchSpec, run_dir: str, resume: bool = False) -> str:
+    """The study's URL: a resumed search's from its search.json; a relative SQLite path is made
+    absolute here, once, so a search resumed from another folder finds its study."""
     os.makedirs(run_dir, exist_ok=True)
-    return spec.storage or f"sqlite:///{os.path.join(run_dir, 'study.db')}"
+    if resume:
+        return read_state(run_dir)["storage"]
+    url = spec.storage
+    if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = "sqlite:///" + os.path.abspath(url[len("sqlite:///"):])
+    return url or f"sqlite:///{os.path.join(run_dir, 'study.db')}"
 
 
 def _attempt(run_dir: str) -> int:
@@ -309,13 +320,29 @@ class SearchResourceError(RayloadError):
     pass
 
 
-def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None) -> None:
-    """A trial the cluster can never hold is refused before the search starts."""
+def _check_new_study(spec: SearchSpec) -> None:
+    """A new search on a storage that already holds a study of its name is refused before
+    anything is prepared or written (a default storage is the new run's own folder)."""
+    from ._study import StudyExistsError, study_exists
+
+    if spec.storage and study_exists(spec.storage, spec.name):
+        raise StudyExistsError(spec.name, spec.storage)
+
+
+def _preparing(resume: str | None) -> dict:
+    """A new run's first state: preparing (its data, before the study opens), by this driver."""
+    return {} if resume else {"state": "preparing", "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None, driver: dict[str, float] | None = None) -> None:
+    """A trial the cluster can never hold is refused before the search starts (`driver`: what
+    a multi-worker trial holds itself while its TorchTrainer's workers run)."""
     from .spec import ResourcesSpec
     from .train.resources import ResourceError, check_resources
 
     try:
-        check_resources(ResourcesSpec(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, accelerator_type=accelerator))
+        check_resources(ResourcesSpec(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, accelerator_type=accelerator),
+                        driver)
     except ResourceError as exc:
         raise SearchResourceError(f"trial_resources: one trial can never run here: {exc}") from None
 
@@ -364,11 +391,15 @@ def status(run: str) -> dict:
 
     run_dir = find_run(run)
     state = read_state(run_dir)
-    study = read_study(state["storage"], state["study"])
-    rows = trial_rows(study)
-    if state.get("state") == "running" and not _alive(state.get("pid"), state.get("host")):
+    try:
+        rows = trial_rows(read_study(state["storage"], state["study"]))
+    except RayloadError:
+        if state.get("state") != "preparing":
+            raise
+        rows = []  # its data is being prepared: the study opens after that
+    if state.get("state", "preparing") in ("running", "preparing") and not _alive(state.get("pid"), state.get("host")):
         state["state"] = "interrupted (driver gone; continue with --resume)"
-    return {"run_dir": run_dir, "state": state["state"], "total": state["total"], "metric": state["metric"],
+    return {"run_dir": run_dir, "state": state.get("state", "preparing"), "total": state["total"], "metric": state["metric"],
             "mode": state["mode"], "trials": rows, "best": best_row(rows), "ended": state.get("ended"),
             "spent_s": state.get("spent_s")}
 

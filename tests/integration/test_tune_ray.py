@@ -10,6 +10,7 @@ import yaml
 from helpers import movielens_subset
 
 import rayload
+from rayload.errors import RayloadError
 
 pytestmark = pytest.mark.integration
 PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -168,9 +169,31 @@ def test_study_in_postgresql(ray_local):
         study = optuna.load_study(study_name=name, storage=PG)
         assert len(study.trials) == 3 and study.best_value == pytest.approx(res.best_value)
         assert rayload.tuning.status(res.run_dir)["state"] == "finished"
+        with pytest.raises(RayloadError, match=f"a study named '{name}' already exists"):
+            rayload.tune_function(branin, BRANIN, strategy="random", num_samples=3, storage=PG, name=name)
+        assert len(optuna.load_study(study_name=name, storage=PG).trials) == 3  # refused before a trial ran
     finally:
         optuna.delete_study(study_name=name, storage=PG)
     assert name not in [s.study_name for s in optuna.get_all_study_summaries(storage=PG)]
+
+
+def test_a_two_worker_trial_that_leaves_no_room_for_its_own_driver_is_refused(base_job, tmp_path):
+    """2 workers x 1 CPU fill this 2-CPU Ray; the trial that drives them holds 0.01 CPU too, so
+    the group could never be placed: refused before the search, with the numbers."""
+    from rayload.tuning import SearchResourceError
+
+    with pytest.raises(SearchResourceError, match=r"2 worker\(s\) with CPU=1 each, plus CPU=0.01 for the process that drives them.*CPU=2"):
+        rayload.tune(search(base_job, tmp_path, strategy="random", num_samples=1, trial_resources={"workers": 2, "cpus_per_worker": 1.0}))
+
+
+def test_a_trial_keeps_the_checkpoint_of_its_best_epoch_by_the_searchs_metric(base_job, tmp_path):
+    """The job ranks its kept checkpoints by val_auc; a search by val_logloss records the best
+    epoch by logloss, which the trial must keep (keep_checkpoints 1: that one and the latest)."""
+    res = rayload.tune(search(base_job, tmp_path, strategy="random", num_samples=1, metric="val_logloss",
+                              fixed={"train.epochs": 4, "train.keep_checkpoints": 1, "train.lr": 0.05}))
+    (trial,) = res.trials
+    assert trial["value"] == pytest.approx(min(v for v in optuna.load_study(study_name="s", storage=res.storage).trials[0].intermediate_values.values()))
+    assert os.path.exists(os.path.join(res.best["checkpoint"], "model.pt"))
 
 
 def test_a_two_worker_trial_runs_a_torch_trainer(base_job, tmp_path):

@@ -117,3 +117,14 @@ def test_fixed_epochs_that_the_scheduler_would_override_are_refused(tmp_path):
     assert "fixed.train.epochs" in msg and "scheduler.max_epochs (12)" in msg
     assert load_search_spec(write(tmp_path, fixed={"train.epochs": 12}, scheduler=asha)).fixed == {"train.epochs": 12}
     assert load_search_spec(write(tmp_path, fixed={"train.epochs": 10}, scheduler={"kind": "asha"})).scheduler.max_epochs is None
+
+
+def test_a_grid_with_points_first_a_fractional_int_step_and_a_log_uniform(tmp_path):
+    from rayload._study import distribution
+
+    msg = problems(tmp_path, strategy="grid", space={"model.embedding_dim": [8, 16]}, points_to_evaluate=[{"model.embedding_dim": 8}])
+    assert "points_to_evaluate" in msg and "exactly once" in msg  # it would run twice and push a grid point out
+    msg = problems(tmp_path, space={"model.embedding_dim": {"int": [4, 16], "step": 0.5}})
+    assert "space.model.embedding_dim: an int range steps by a whole number (got step=0.5)" in msg
+    spec = load_search_spec(write(tmp_path, space={"train.lr": {"uniform": [1e-4, 1e-2], "log": True}}))
+    assert distribution(spec.space["train.lr"]).log  # sampled on the log scale it asks for

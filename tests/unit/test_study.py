@@ -1,5 +1,8 @@
 """The study searcher against a real SQLite Optuna study (no Ray cluster needed)."""
 
+import os
+import socket
+
 import optuna
 from optuna.trial import TrialState
 
@@ -12,7 +15,7 @@ def space():
 
 
 def searcher(storage, create=True, total=4):
-    study = open_study(storage, "s", "max", make_sampler("random", None, space(), 0, 3, False), create=create)
+    study = open_study(storage, "s", "max", lambda held: make_sampler("random", None, space(), 0, 3, False, held), create=create)
     return StudySearcher(study, space(), total, "val_auc", "max")
 
 
@@ -144,3 +147,81 @@ def test_search_stopper_sees_a_target_reached_in_an_earlier_attempt(tmp_path):
     stopper = SearchStopper("val_auc", "max", 0.82, None, 0.0)
     assert stopper.ended(s.study, budget=True) == "target val_auc >= 0.82 reached"
     assert SearchStopper("val_auc", "max", 0.9, None, 0.0).ended(s.study, budget=True) is None
+
+
+def test_a_resumed_search_does_not_propose_its_finished_trials_again(tmp_path):
+    """Random search, and TPE in its start-up trials, draw from the sampler's seeded sequence:
+    a resumed sampler seeded as the first run would hand out the same parameters again."""
+    storage = f"sqlite:///{tmp_path}/s.db"
+    for strategy in ("random", "bayes"):
+        name = f"s-{strategy}"
+
+        def open_(create):
+            study = open_study(storage, name, "max", lambda held: make_sampler(strategy, "tpe" if strategy == "bayes" else None,
+                                                                               space(), 0, 5, False, held), create=create)
+            return StudySearcher(study, space(), 6, "val_auc", "max")
+
+        first = open_(True)
+        for i in range(3):
+            first.suggest(f"a{i}")
+            first.on_trial_complete(f"a{i}", {"val_auc": 0.5 + i / 10, "epochs_done": 1})
+        again = open_(False)
+        proposed = [again.suggest(f"b{i}")["params"]["lr"] for i in range(3)]
+        done = [t.params["lr"] for t in again.study.get_trials()[:3]]
+        assert not set(proposed) & set(done), strategy
+
+
+def test_a_reattached_trial_keeps_the_best_epoch_it_reported_before_the_stop(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = searcher(storage, total=1)
+    first.suggest("a")
+    first.on_trial_result("a", {"val_auc": 0.90, "epochs_done": 1, "checkpoint": "trial_0000/epoch_0000"})
+    first.on_trial_result("a", {"val_auc": 0.80, "epochs_done": 2, "checkpoint": "trial_0000/epoch_0001"})
+    # the driver is killed; the resumed trial restores epoch 2 and trains epoch 3
+    again = searcher(storage, create=False, total=1)
+    again.suggest("b")
+    again.on_trial_result("b", {"val_auc": 0.80, "epochs_done": 2, "checkpoint": "trial_0000/epoch_0001"})  # re-reported
+    again.on_trial_complete("b", {"val_auc": 0.85, "epochs_done": 3, "checkpoint": "trial_0000/epoch_0002"})
+    (t,) = again.study.get_trials()
+    assert t.state == TrialState.COMPLETE and t.value == 0.90
+    assert t.intermediate_values == {1: 0.90, 2: 0.80, 3: 0.85}
+    assert t.user_attrs["rayload"]["checkpoint"] == "trial_0000/epoch_0000" and t.user_attrs["rayload"]["best_value"] == 0.90
+    # a trial killed after its last epoch re-reports only that epoch: still its best is kept
+    first = searcher(f"sqlite:///{tmp_path}/t.db", total=1)
+    first.suggest("a")
+    first.on_trial_result("a", {"val_auc": 0.7, "epochs_done": 1, "checkpoint": "c0"})
+    first.on_trial_result("a", {"val_auc": 0.6, "epochs_done": 2, "checkpoint": "c1"})
+    again = searcher(f"sqlite:///{tmp_path}/t.db", create=False, total=1)
+    again.suggest("b")
+    again.on_trial_complete("b", {"val_auc": 0.6, "epochs_done": 2, "checkpoint": "c1"})
+    (t,) = again.study.get_trials()
+    assert t.value == 0.7 and t.user_attrs["rayload"]["checkpoint"] == "c0"
+
+
+def test_a_new_search_on_a_storage_holding_its_study_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from rayload._study import StudyExistsError
+    from rayload.search_spec import SearchSpec
+    from rayload.tuning import _check_new_study, status
+
+    storage = f"sqlite:///{tmp_path}/shared.db"
+    searcher(storage)  # a study called "s"
+    spec = SearchSpec.model_validate({"name": "s", "base": "x.yaml", "space": {"train.lr": {"uniform": [0.001, 0.01]}}, "storage": storage})
+    with pytest.raises(StudyExistsError, match="a study named 's' already exists .* --resume RUN"):
+        _check_new_study(spec)
+    _check_new_study(spec.model_copy(update={"name": "other"}))  # another name: fine
+    _check_new_study(spec.model_copy(update={"storage": f"sqlite:///{tmp_path}/new.db"}))
+    assert not (tmp_path / "new.db").exists()  # looking never creates the database
+    with pytest.raises(StudyExistsError):  # and the race: created in between
+        open_study(storage, "s", "max", lambda held: make_sampler("random", None, space(), 0, 3, False, held), create=True)
+    # a search still preparing its data (no study yet) has a status
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "search.json").write_text(json.dumps({"state": "preparing", "pid": os.getpid(), "host": socket.gethostname(),
+                                                 "storage": f"sqlite:///{run}/study.db", "study": "s", "total": 4,
+                                                 "metric": "val_auc", "mode": "max"}))
+    got = status(str(run))
+    assert got["state"] == "preparing" and got["trials"] == []

@@ -37,29 +37,36 @@ def requested(resources) -> tuple[int, dict[str, float]]:
     return workers, per
 
 
-def check_resources(resources) -> None:
-    """With an autoscaler, compare with the cluster config's maximum; else with the live nodes."""
+def check_resources(resources, driver: dict[str, float] | None = None) -> None:
+    """With an autoscaler, compare with the cluster config's maximum; else with the live nodes.
+    `driver`: what the process that drives the workers holds besides them, on any node (a
+    search's trial that starts a TorchTrainer holds a hundredth of a CPU)."""
     from ray._private.state import state
 
     workers, per = requested(resources)
+    driver = {k: v for k, v in (driver or {}).items() if v}
     ceiling = state.get_max_resources_from_cluster_config()
     if not ceiling and _v1_autoscaler_running():
         # Autoscaler v1 (`ray up` default) does not publish its node types' limits: the
         # nodes may come, so leave the bound to resources.placement_timeout_s.
         log.info("an autoscaler runs but does not publish its limits; not checking %d x %s up front", workers, per)
         return
+    keys = [*per, *(k for k in driver if k not in per)]
     if ceiling:
-        nodes_can = {k: ceiling.get(k, 0) for k in per}
-        fits = all(per[k] * workers <= ceiling.get(k, 0) for k in per)
+        nodes_can = {k: ceiling.get(k, 0) for k in keys}
+        fits = all(per.get(k, 0) * workers + driver.get(k, 0) <= ceiling.get(k, 0) for k in keys)
     else:
         alive = [n["Resources"] for n in alive_nodes()]
-        fits = sum(min(int(n.get(k, 0) // v) for k, v in per.items()) for n in alive) >= workers
-        nodes_can = {k: sum(n.get(k, 0) for n in alive) for k in per}
+        nodes_can = {k: sum(n.get(k, 0) for n in alive) for k in keys}
+        fits = sum(min(int(n.get(k, 0) // v) for k, v in per.items()) for n in alive) >= workers and all(
+            per.get(k, 0) * workers + driver.get(k, 0) <= nodes_can[k] + 1e-9 for k in keys)
     if not fits:
-        asked = ", ".join(f"{k}={v:g}" for k, v in per.items())
+        asked = ", ".join(f"{k}={v:g}" for k, v in per.items()) + " each"
+        if driver:
+            asked += ", plus " + ", ".join(f"{k}={v:g}" for k, v in driver.items()) + " for the process that drives them"
         have = ", ".join(f"{k}={v:g}" for k, v in nodes_can.items())
         raise ResourceError(
-            f"resources ask for {workers} worker(s) with {asked} each, but the cluster "
+            f"resources ask for {workers} worker(s) with {asked}, but the cluster "
             f"{'can grow to' if ceiling else 'has'} {have} in total{'' if ceiling else ' (no autoscaler)'}; "
             "lower resources.workers / cpus_per_worker / gpus_per_worker or add nodes"
         )

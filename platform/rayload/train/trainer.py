@@ -118,9 +118,11 @@ def _git_commit() -> str | None:
 
 
 def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict,
-               session_cls=LocalSession, datasets: dict | None = None) -> TrainResult:
-    """The loop in this process (one worker); `session_cls` lets a tuning trial report to Tune."""
-    score, mode = score_metric(spec, pre.features.label.task)
+               session_cls=LocalSession, datasets: dict | None = None, score: tuple[str, str] | None = None) -> TrainResult:
+    """The loop in this process (one worker); `session_cls` lets a tuning trial report to Tune.
+    `score`: (metric, mode) the kept checkpoints are ranked by, when not the job's own (a
+    search's trial keeps the best epochs by the search's metric)."""
+    score, mode = score or score_metric(spec, pre.features.label.task)
     datasets = datasets or training_datasets(pre, spec.train.cache_dataset)
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
@@ -135,13 +137,13 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
 
 
 def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict, callbacks: list | None = None,
-             datasets: dict | None = None) -> TrainResult:
+             datasets: dict | None = None, score: tuple[str, str] | None = None) -> TrainResult:
     import ray.train
 
     from .shards import ingest
 
     res = spec.resources
-    score, mode = score_metric(spec, pre.features.label.task)
+    score, mode = score or score_metric(spec, pre.features.label.task)
     workers = res.workers if isinstance(res.workers, int) else (res.workers.min, res.workers.max)
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
     torch_config = None
