@@ -242,6 +242,10 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
         base = job_from(raw, {})
     except SpecError as exc:
         return issues + [SpecIssue("base", f"{where}: {i.render()}") for i in exc.issues]
+    reported = _reported_metrics(base.data.label.task)
+    if spec.metric not in reported:
+        issues.append(SpecIssue("metric", f"a {base.data.label.task} job's epochs report {', '.join(reported)}; "
+                                "pick one of them", spec.metric, True))
     known = known_paths(base)
     for path in list(spec.fixed) + list(spec.space):
         if path not in known:
@@ -257,6 +261,13 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
             except SpecError as exc:
                 issues += [SpecIssue(f"space.{path}", f"value {value!r} makes the job spec invalid: {i.render()}") for i in exc.issues]
     return issues
+
+
+def _reported_metrics(task: str) -> list[str]:
+    """What every epoch of the training loop reports that a search can rank trials by
+    (train/loop.py `run`: the training loss, and `val_` + the task's validation metrics)."""
+    names = ["auc", "logloss", "calibration", "ece", "mean_prediction", "observed_rate"] if task == "binary" else ["rmse", "mean_prediction", "observed_rate"]
+    return [f"val_{n}" for n in names] + ["train_loss"]
 
 
 def _preprocessing_issues(spec: SearchSpec) -> list[SpecIssue]:

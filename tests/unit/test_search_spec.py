@@ -128,3 +128,9 @@ def test_a_grid_with_points_first_a_fractional_int_step_and_a_log_uniform(tmp_pa
     assert "space.model.embedding_dim: an int range steps by a whole number (got step=0.5)" in msg
     spec = load_search_spec(write(tmp_path, space={"train.lr": {"uniform": [1e-4, 1e-2], "log": True}}))
     assert distribution(spec.space["train.lr"]).log  # sampled on the log scale it asks for
+
+
+def test_a_metric_the_epochs_do_not_report_is_refused_with_the_ones_they_do(tmp_path):
+    msg = problems(tmp_path, metric="val_aucc")
+    assert "metric: a binary job's epochs report val_auc, val_logloss" in msg and "train_loss" in msg
+    assert load_search_spec(write(tmp_path, metric="val_logloss")).score_mode == "min"
