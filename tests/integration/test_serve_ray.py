@@ -111,6 +111,13 @@ def test_bad_input_gets_4xx_naming_the_field_and_never_5xx(served):
         ("post", "/feedback", {"json": {"request_id": "x", "event": "purchase"}}, 422, "event"),
         ("post", "/assign", {"json": {"unit_ids": []}}, 422, "unit_ids"),
         ("post", "/assign", {"json": {"unit_ids": [{"a": 1}]}}, 422, "unit_ids"),
+        # Values no event store can keep: refused here, never a failed commit that takes a batch down
+        ("post", "/predict", {"content": b'{"unit_id": "\\ud800", "features": {}}', "headers": {"content-type": "application/json"}},
+         422, "unit_id"),
+        ("post", "/predict", {"json": {"unit_id": "u" * 257, "features": row}}, 422, "at most 256 characters"),
+        ("post", "/assign", {"content": b'{"unit_ids": ["ok", "\\udfff"]}', "headers": {"content-type": "application/json"}}, 422, "unit_ids"),
+        ("post", "/feedback", {"content": b'{"request_id": "x", "event": "click", "value": NaN}', "headers": {"content-type": "application/json"}},
+         422, "value"),
     ]
     with httpx.Client(timeout=30) as client:
         for method, path, kwargs, status, needle in cases:

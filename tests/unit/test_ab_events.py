@@ -280,3 +280,35 @@ def test_replicas_opening_a_new_store_at_once_all_start(url):
         reader = EventReader(target)
         assert reader.counts() == {"exposure": 0, "shadow": 0, "outcome": 0}
         reader.close()
+
+
+def test_a_bad_row_fails_only_its_own_waiter_in_a_group_commit(url):
+    """A row the database refuses (NaN as NULL in a NOT NULL column, a string the driver
+    cannot encode, one over a PostgreSQL column's length) fails its own write and nobody
+    else's in the same commit; a request's events (exposure and shadow) stay all or nothing."""
+    writer = EventWriter(url, flush_ms=100)  # everything below shares one group commit
+    good = [writer.submit("exposure", exposure(i)) for i in range(3)]
+    good.append(writer.submit("outcome", {"request_id": "r0", "event": "click", "value": 1.0, "ts": time.time()}))
+    null = float("nan") if url.startswith("sqlite") else None  # SQLite binds NaN as NULL; PostgreSQL keeps NaN
+    bad = [writer.submit("outcome", {"request_id": "r1", "event": "click", "value": null, "ts": time.time()}),
+           writer.submit("exposure", {**exposure(10), "unit_id": "\ud800"})]
+    if url.startswith("postgresql"):
+        bad.append(writer.submit("exposure", {**exposure(11), "unit_id": "u" * 257}))
+
+    async def together():  # a request's exposure with a bad shadow row: neither is kept
+        return await asyncio.gather(writer.write(("exposure", exposure(20)), ("shadow", {"request_id": "r20", "arm": "b",
+                                                                                          "model_version": None, "score": 0.5, "ts": 0.0})),
+                                    writer.write(("exposure", exposure(21))), return_exceptions=True)
+
+    pair, alone = asyncio.run(together())
+    for f in good:
+        f.result(timeout=30)
+    for f in bad:
+        with pytest.raises(Exception):
+            f.result(timeout=30)
+    assert isinstance(pair, Exception) and alone is None
+    writer.close()
+    reader = EventReader(url)
+    assert reader.counts() == {"exposure": 4, "shadow": 0, "outcome": 1}
+    assert not reader.exposure_exists("r20") and reader.exposure_exists("r21")
+    reader.close()

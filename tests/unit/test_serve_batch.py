@@ -3,6 +3,7 @@ transform of a mixed batch and score exactly what each model scores alone; a bad
 mixed batch is isolated; request IDs are unique, unguessable and time-ordered."""
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -179,4 +180,61 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
     reader = EventReader(url)
     frame = reader.frame("e")
     assert sorted(frame["request_id"]) == ["r1", "r2"]  # the refused write_now wrote nothing
+    reader.close()
+
+
+def _parse(raw: bytes, model):
+    """The router's body parsing (size limit, JSON, the model) on a raw body, as a request would reach it."""
+    from starlette.requests import Request
+
+    async def receive():
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    router = bare_router()
+    router.max_body, router.api_key_sha256 = 65_536, None
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", str(len(raw)).encode())]}, receive)
+    return asyncio.run(router._parse(request, model))
+
+
+@pytest.mark.parametrize("raw, field", [
+    (b'{"unit_id": "\\ud800", "features": {}}', "unit_id"),
+    (b'{"unit_id": "' + b"u" * 257 + b'", "features": {}}', "unit_id"),
+    (b'{"unit_id": ' + b"9" * 300 + b', "features": {}}', "unit_id"),
+    (b'{"request_id": "r", "event": "click", "value": NaN}', "value"),
+    (b'{"request_id": "r", "event": "click", "value": Infinity}', "value"),
+    (b'{"request_id": "\\udc00", "event": "click"}', "request_id"),
+    (b'{"unit_ids": ["fine", "\\udfff"]}', "unit_ids"),
+], ids=["surrogate-unit", "long-unit", "long-int-unit", "nan-value", "inf-value", "surrogate-request", "surrogate-assign"])
+def test_values_the_event_store_cannot_keep_are_refused_with_422_naming_the_field(raw, field):
+    from fastapi.responses import JSONResponse
+
+    from rayload.serve.app import AssignBody, FeedbackBody, PredictBody
+
+    model = PredictBody if b"unit_id\"" in raw else FeedbackBody if b"request_id" in raw else AssignBody
+    answer = _parse(raw, model)
+    assert isinstance(answer, JSONResponse) and answer.status_code == 422
+    detail = json.loads(answer.body)["detail"]
+    assert detail[0]["loc"][:2] == (["body", field] if field else ["body"]), detail
+    assert isinstance(_parse(b'{"unit_id": "' + "é".encode() * 256 + b'", "features": {}}', PredictBody), PredictBody)
+
+
+def test_one_unstorable_exposure_in_a_batch_fails_only_its_own_request(arms, tmp_path):
+    """A batch's inline commit fails on one row: the others are committed one by one and
+    answer as logged; only the request that brought the row gets EventStoreError (503)."""
+    from rayload.serve.app import EventStoreError
+    from rayload.serve.event_writer import EventWriter
+    from rayload.serve.events import EventReader
+
+    scorers, rows = arms
+    router = bare_router()
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    router.writer = EventWriter(url)
+    items = [("a", rows[0:1], ("r1", "alice", time.perf_counter())), ("b", rows[1:2], ("r2", "\ud800", time.perf_counter())),
+             ("a", rows[2:3], ("r3", "bob", time.perf_counter()))]
+    results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
+    out = asyncio.run(router._log_batch(items, results))
+    router.writer.close()
+    assert isinstance(out[1], EventStoreError) and out[0] == results[0] and out[2] == results[2]
+    reader = EventReader(url)
+    assert sorted(reader.frame("e")["request_id"]) == ["r1", "r3"]
     reader.close()

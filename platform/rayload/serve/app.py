@@ -19,38 +19,60 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from ray import serve
 
 from ..errors import DataError
 from .assign import Layout
 from .batch_scoring import ModelDeployment, Models, drift_flusher, monitor_args
+from .event_writer import is_row_error
+from .events import exposures
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="rayload A/B router")
 
 
+def _storable(limit: int):
+    """A validator: the value, as the string the event store keeps, fits its column (at most
+    `limit` characters, as PostgreSQL's VARCHAR counts them) and encodes as UTF-8 (JSON's
+    \\ud800 escape decodes to a lone surrogate, which no database driver can bind)."""
+    def check(value):
+        text = str(value)
+        if len(text) > limit:
+            raise ValueError(f"at most {limit} characters, got {len(text)}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"must be valid Unicode text: a lone surrogate {text[exc.start]!r} at position {exc.start}") from None
+        return value
+    return AfterValidator(check)
+
+
+UnitId = Annotated[str | int, _storable(exposures.c.unit_id.type.length)]
+RequestId = Annotated[str, _storable(exposures.c.request_id.type.length)]
+
+
 class PredictBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    unit_id: str | int = Field(description="the randomisation unit (user)")
+    unit_id: UnitId = Field(description="the randomisation unit (user)")
     features: dict[str, Any] | None = None
     candidates: list[dict[str, Any]] | None = Field(default=None, description="feature dicts to rank; the top one is shown")
 
 
 class AssignBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    unit_ids: list[str | int] = Field(min_length=1, description="units whose arm to look up (bounded by max_body_bytes)")
+    unit_ids: list[UnitId] = Field(min_length=1, description="units whose arm to look up (bounded by max_body_bytes)")
 
 
 class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    request_id: str
+    request_id: RequestId
     event: str = Field(pattern=r"^(click|conversion)$")
-    value: float = 1.0
+    value: float = Field(default=1.0, allow_inf_nan=False, description="finite: the store keeps a number")
 
 
 def _problem(status: int, detail) -> JSONResponse:
@@ -258,12 +280,17 @@ class ABRouter:
         try:
             if not self.writer.write_now(events):
                 await self.writer.write(*events)
+            return results
         except Exception as exc:
-            log.exception("committing a batch's exposures failed")
-            error = EventStoreError(f"event commit failed: {exc!r}")
-            results = list(results)
-            for i in logged:
-                results[i] = error
+            if not (is_row_error(exc) and len(events) > 1):
+                log.exception("committing a batch's exposures failed")
+                errors = [exc] * len(events)
+            else:  # one request's bad row failed the batch's transaction: each on its own, so only that one fails
+                errors = await asyncio.gather(*(self.writer.write(event) for event in events), return_exceptions=True)
+        results = list(results)
+        for i, error in zip(logged, errors):
+            if error is not None:
+                results[i] = EventStoreError(f"event commit failed: {error!r}")
         return results
 
     async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=(), features=None) -> None:
@@ -283,7 +310,11 @@ class ABRouter:
             return _problem(404, f"unknown request_id {body.request_id!r}")
         duplicate = await asyncio.to_thread(self.reader.outcome_exists, body.request_id, body.event)
         if not duplicate:
-            await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value, "ts": time.time()}))
+            try:
+                await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value, "ts": time.time()}))
+            except Exception:
+                log.exception("committing an outcome failed")
+                return _problem(503, "the outcome could not be recorded; retry")
         return {"request_id": body.request_id, "event": body.event, "duplicate": duplicate}
 
     @api.post("/assign")

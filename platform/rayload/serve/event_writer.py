@@ -23,6 +23,12 @@ exposures, separate mode, PostgreSQL, whose commit is a network round trip) goes
 writer thread's group commit: it commits everything that arrived within `flush_ms` of the
 group's first event (in transactions of at most `max_batch` rows), so the commit cost is
 shared; what arrives while a commit runs forms the next group.
+
+A shared commit must not let one request's bad row cost the others theirs. The router refuses
+values the store cannot keep (422), and as a second line: when a commit fails on a row
+(`is_row_error`), the writer thread commits the group's requests one by one and the router
+sends an inline batch that failed so through it, so only the request that brought the row
+fails; a request's own events (its exposure and shadow scores) stay one transaction.
 """
 
 from __future__ import annotations
@@ -81,6 +87,25 @@ def _by_kind(events) -> dict[str, list]:
     for kind, row in events:
         out.setdefault(kind, []).append(row)
     return out
+
+
+def is_row_error(exc: BaseException) -> bool:
+    """Whether a failed insert failed on the rows themselves (a value the driver cannot bind,
+    such as a string with a lone surrogate; a NULL in a NOT NULL column; a string over a
+    PostgreSQL column's length) rather than on the database (locked, gone, full). DB-API
+    modules each define their own IntegrityError and DataError, so they are matched by name."""
+    if isinstance(exc, (ValueError, TypeError, sqlite3.ProgrammingError)):  # UnicodeEncodeError; an unbindable type
+        return True
+    return any(cls.__name__ in ("IntegrityError", "DataError") for cls in type(exc).__mro__)
+
+
+def _by_waiter(batch: list) -> list[list]:
+    """A batch's items grouped by who waits for them (one request's exposure and shadow scores
+    together), in order."""
+    groups: dict[int, list] = {}
+    for item in batch:
+        groups.setdefault(id(item[2]), []).append(item)
+    return list(groups.values())
 
 
 def _wake_waiters(waiters: list[_Waiter]) -> None:
@@ -215,6 +240,13 @@ class EventWriter:
         try:
             self._insert(_by_kind((kind, row) for kind, row, _ in batch))
         except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
+            if is_row_error(exc) and len(_by_waiter(batch)) > 1:
+                # One bad row rolled back everyone's: each waiter's rows again in their own
+                # transaction, so only the request that brought the bad row fails.
+                log.warning("a group commit failed on a bad row (%r); committing its requests one by one", exc)
+                for part in _by_waiter(batch):
+                    self._commit(part)
+                return
             log.exception("event commit failed")
             error = exc
         self._settle(batch, error)
