@@ -118,6 +118,7 @@ def test_bad_input_gets_4xx_naming_the_field_and_never_5xx(served):
         ("post", "/assign", {"content": b'{"unit_ids": ["ok", "\\udfff"]}', "headers": {"content-type": "application/json"}}, 422, "unit_ids"),
         ("post", "/feedback", {"content": b'{"request_id": "x", "event": "click", "value": NaN}', "headers": {"content-type": "application/json"}},
          422, "value"),
+        ("post", "/predict", {"content": b"[" * 2000 + b"]" * 2000, "headers": {"content-type": "application/json"}}, 422, "nested"),
     ]
     with httpx.Client(timeout=30) as client:
         for method, path, kwargs, status, needle in cases:

@@ -204,7 +204,8 @@ def _parse(raw: bytes, model):
     (b'{"request_id": "r", "event": "click", "value": Infinity}', "value"),
     (b'{"request_id": "\\udc00", "event": "click"}', "request_id"),
     (b'{"unit_ids": ["fine", "\\udfff"]}', "unit_ids"),
-], ids=["surrogate-unit", "long-unit", "long-int-unit", "nan-value", "inf-value", "surrogate-request", "surrogate-assign"])
+    (b"[" * 30_000 + b"]" * 30_000, None),
+], ids=["surrogate-unit", "long-unit", "long-int-unit", "nan-value", "inf-value", "surrogate-request", "surrogate-assign", "deep-json"])
 def test_values_the_event_store_cannot_keep_are_refused_with_422_naming_the_field(raw, field):
     from fastapi.responses import JSONResponse
 

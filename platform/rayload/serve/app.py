@@ -175,6 +175,8 @@ class ABRouter:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             return _problem(422, [{"loc": ["body"], "msg": f"malformed JSON: {exc}", "type": "json_invalid"}])
+        except RecursionError:  # thousands of nested [ or { fit in the size limit
+            return _problem(422, [{"loc": ["body"], "msg": "JSON nested too deeply", "type": "json_invalid"}])
 
     async def _parse(self, request: Request, model: type[BaseModel]):
         """The request's body as `model`, or the 401/413/422 answer that refuses it."""
@@ -198,9 +200,11 @@ class ABRouter:
         if problem := self._rows_problem(rows, body.candidates is not None):
             return problem
         unit = str(body.unit_id)
-        arm = self.layout.assign(self.salt, unit)
+        # Shadow mode: the champion answers every request and the other arms score beside it
+        # (their weights are 0: ab_spec.weight_issues; a config written by hand cannot change that).
+        arm = self.champion if self.shadow else self.layout.assign(self.salt, unit)
         request_id = self.request_ids.next()
-        shadows = [a for a in self.order if a != arm and self.weights.get(a, 0) == 0] if self.shadow else []
+        shadows = [a for a in self.order if a != arm] if self.shadow else []
         # combined mode on SQLite without shadows: the batch commits this exposure before the call returns
         batch_logs = not shadows and self.models is not None and self.models.log is not None
         if shadows:
