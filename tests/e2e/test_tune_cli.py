@@ -81,6 +81,8 @@ def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_p
     done = finished(run_dir)
     study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
     assert len(study.trials) == 5 and len(done) == 5  # N in total: nothing re-run, nothing lost
+    # and no finished trial's configuration proposed again (a resumed sampler draws anew)
+    assert len({t.params["train.lr"] for t in study.trials}) == 5, [t.params for t in study.trials]
     for number, completed in before.items():
         assert done[number] == completed
         path = os.path.join(run_dir, "trials", f"trial_{number:04d}", "checkpoints.json")
