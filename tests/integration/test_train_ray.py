@@ -280,6 +280,10 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
     assert parts[0] + parts[1] <= rows(datasets["train"].iterator())  # disjoint: no row twice
     assert rows(given["train"].iterator()) == parts[0] + parts[1]  # the Trainer holds the parts, not a copy
     assert sum(rows(vals[1]["val"]).values()) == pre.counts["written"]["val"]  # val is not split
+    # every rank keeps every 2nd val batch of the same ordered stream: Ray Train's ingest
+    # defaults (preserve_order off) must not replace val's ordering
+    assert config._resolve_execution_options("val").preserve_order
+    assert not config._resolve_execution_options("train").preserve_order
     restarted = copy.deepcopy(config).configure({"train": given["train"]}, 2, None, None)  # a new group
     assert rows(restarted[1]["train"]) == parts[1]
 
@@ -289,7 +293,7 @@ def test_materialised_training_rows_are_split_once_for_a_fixed_group_on_one_node
     assert all(isinstance(r["train"], StreamSplitDataIterator) for r in other)
     ray.kill(other[0]["train"]._coord_actor)
     for plain, _ in (ingest(datasets, (1, 2)), ingest(training_datasets(pre, cache=False), 2)):
-        assert type(plain) is ray.train.DataConfig
+        assert type(plain) is ray.train.DataConfig and plain._resolve_execution_options("val").preserve_order
     # Every CPU held (here by a placement group): the split's 1-CPU tasks could not run, so stream.
     held = placement_group([{"CPU": ray.cluster_resources()["CPU"]}])
     ray.get(held.ready(), timeout=60)

@@ -35,8 +35,8 @@ class PresplitDataConfig(ray.train.DataConfig):
     leaves every other dataset to Ray's own rules (split names: streaming_split; others: the
     whole dataset per rank). Ray Train calls `configure` once per dataset name."""
 
-    def __init__(self, parts: dict[str, list[MaterializedDataset]], datasets_to_split: list[str]):
-        super().__init__(datasets_to_split=datasets_to_split)
+    def __init__(self, parts: dict[str, list[MaterializedDataset]], datasets_to_split: list[str], execution_options=None):
+        super().__init__(datasets_to_split=datasets_to_split, execution_options=execution_options)
         self._parts = parts
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
@@ -64,11 +64,26 @@ def ingest(datasets: dict, workers, split: str = "train") -> tuple[ray.train.Dat
     from .resources import alive_nodes
 
     ds = datasets.get(split)
+    options = ordered_options(datasets)
     # The split's tasks need a CPU; a cluster whose CPUs are all held (serving replicas, other
     # trials) would leave them waiting with no timeout, so stream instead.
     if not (isinstance(workers, int) and isinstance(ds, MaterializedDataset) and len(alive_nodes()) == 1
             and ray.available_resources().get("CPU", 0) >= 1):
-        return ray.train.DataConfig(datasets_to_split=[split]), datasets
+        return ray.train.DataConfig(datasets_to_split=[split], execution_options=options), datasets
     parts = ds.split(workers, equal=True)
     whole = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    return PresplitDataConfig({split: parts}, [split]), {**datasets, split: whole}
+    return PresplitDataConfig({split: parts}, [split], options), {**datasets, split: whole}
+
+
+def ordered_options(datasets: dict) -> dict:
+    """Ray Train replaces each dataset's execution options with its ingest defaults, which take
+    `preserve_order` from the global DataContext (off): a dataset that asked for its blocks in
+    order (validation: every rank reads it whole and keeps every world_size-th batch, so every
+    rank must see the same batches in the same order) keeps that through the DataConfig."""
+    out = {}
+    for name, ds in datasets.items():
+        if ds.context.execution_options.preserve_order:
+            options = ray.train.DataConfig.default_ingest_options()
+            options.preserve_order = True
+            out[name] = options
+    return out
