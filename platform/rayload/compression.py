@@ -83,11 +83,11 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     checkpoint = ckpt.localize(checkpoint)  # a URI fetched once into the cache; a folder (or file://) as it is
     # The folder written on this disk: the destination itself, or for a URI a staging copy
     # under runs/compressed/remote/<hash of the URI>/, uploaded once it is complete.
-    target = remote_scratch(destination, "compressed") if is_remote(destination) else destination
-    same = (destination.partition("?")[0].rstrip("/") == origin.partition("?")[0].rstrip("/") if is_remote(destination)
-            else os.path.abspath(target) == os.path.abspath(checkpoint))
-    if same:
-        raise RayloadError(f"--out {destination} is the checkpoint being compressed; write the compressed copy somewhere else")
+    target = remote_scratch(destination, "compressed") if is_remote(destination) else _normal(destination)
+    if is_remote(destination):
+        _check_remote_out(destination, origin)
+    else:
+        _check_out(target, checkpoint)
     source = ckpt.load(checkpoint)
     config = ckpt.read_model_json(checkpoint)
     if config.get("compression"):
@@ -127,6 +127,56 @@ def _beside(checkpoint: str, suffix: str) -> str:
         return f"{os.path.normpath(local_path(checkpoint))}-{suffix}"
     head, sep, query = checkpoint.partition("?")
     return f"{head.rstrip('/')}-{suffix}{sep}{query}"
+
+
+def _normal(path: str) -> str:
+    """An absolute path with symlinks resolved and no trailing slash: `dir/` and `dir` are one folder."""
+    return os.path.realpath(os.path.abspath(path))
+
+
+def _contains(folder: str, path: str) -> bool:
+    """`path` is `folder` itself or lies inside it (both normalised)."""
+    return os.path.commonpath([folder, path]) == folder
+
+
+def _check_out(target: str, checkpoint: str) -> None:
+    """--out may be a new folder or an earlier compressed copy (replaced whole); nothing else is
+    removed: not the checkpoint or a folder holding it, not a folder that is not a compressed
+    checkpoint (a run folder, a trained checkpoint, anything else)."""
+    target, checkpoint = _normal(target), _normal(checkpoint)
+    if _contains(target, checkpoint):
+        what = "is" if target == checkpoint else "contains"
+        raise RayloadError(f"--out {target} {what} the checkpoint being compressed ({checkpoint}); "
+                           "write the compressed copy somewhere else")
+    if not os.path.lexists(target):
+        return
+    if not os.path.isdir(target) or os.path.islink(target):
+        raise RayloadError(f"--out {target} exists and is not a folder; name a new folder or an earlier compressed copy")
+    if not os.listdir(target):
+        return
+    if not _is_compressed_checkpoint(target):
+        raise RayloadError(f"--out {target} exists and is not a compressed checkpoint (no model.json with a compression "
+                           "section); it would be replaced whole, so it is refused: name a new folder")
+
+
+def _is_compressed_checkpoint(folder: str) -> bool:
+    from .train import checkpoint as ckpt
+
+    try:
+        with open(os.path.join(folder, ckpt.MODEL_JSON)) as f:
+            return bool(json.load(f).get("compression")) and os.path.exists(os.path.join(folder, ckpt.MODEL))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_remote_out(destination: str, origin: str) -> None:
+    """On object storage the copy is uploaded beside what is there (nothing is deleted), but it
+    must not land on the checkpoint or in a folder holding it."""
+    out = destination.partition("?")[0].rstrip("/")
+    src = origin.partition("?")[0].rstrip("/")
+    if src == out or src.startswith(out + "/"):
+        raise RayloadError(f"--out {destination} {'is' if src == out else 'contains'} the checkpoint being compressed; "
+                           "write the compressed copy somewhere else")
 
 
 def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float) -> None:
@@ -248,6 +298,8 @@ def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: di
     """Write into a temporary folder, then move it into place: a reader never sees half a checkpoint."""
     from .train import checkpoint as ckpt
 
+    target = _normal(target)
+    _check_out(target, checkpoint)  # again just before anything is removed: the folder may have changed since
     tmp = f"{target}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -1,0 +1,82 @@
+"""`rayload compress --out`: what may be replaced. A new folder or an earlier compressed copy;
+never the checkpoint, a folder holding it, or a folder that is not a compressed checkpoint."""
+
+import json
+import os
+
+import pytest
+
+from rayload.compression import CompressResult, _check_remote_out, _write, compress
+from rayload.errors import RayloadError
+
+
+def _checkpoint(folder, compression=None):
+    os.makedirs(folder)
+    for name in ("model.pt", "features.json", "manifest.json"):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("{}")
+    with open(os.path.join(folder, "model.json"), "w") as f:
+        json.dump({"config": {}, **({"compression": compression} if compression else {})}, f)
+    return str(folder)
+
+
+def _result(checkpoint):
+    return CompressResult("int8", checkpoint, None, 0.8, 0.8, 0.002, 1, 0, {"plan": {}})
+
+
+def _write_to(checkpoint, target):
+    return _write(checkpoint, target, {}, {"config": {}}, {}, _result(checkpoint), checkpoint)
+
+
+@pytest.fixture()
+def run(tmp_path):
+    run = tmp_path / "run"
+    return run, _checkpoint(run / "epoch_0002")
+
+
+def test_an_out_folder_holding_the_checkpoint_is_refused_and_nothing_is_removed(run):
+    folder, ck = run
+    for out in (str(folder), f"{folder}/", ck, f"{ck}/", f"{folder}/../run"):
+        with pytest.raises(RayloadError, match=r"--out .* (contains|is) the checkpoint being compressed"):
+            _write_to(ck, out)
+        with pytest.raises(RayloadError, match=r"--out .* the checkpoint being compressed"):
+            compress(ck, "int8", out=out)  # refused before any work
+    assert sorted(os.listdir(ck)) == ["features.json", "manifest.json", "model.json", "model.pt"]
+
+
+def test_an_existing_folder_that_is_not_a_compressed_checkpoint_is_refused_with_a_trailing_slash_too(run, tmp_path):
+    _, ck = run
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "keep.csv").write_text("a,b\n")
+    trained = _checkpoint(tmp_path / "other" / "epoch_0001")
+    for out in (f"{data}/", str(data), trained):
+        with pytest.raises(RayloadError, match=r"--out .* is not a compressed checkpoint"):
+            _write_to(ck, out)
+    assert (data / "keep.csv").read_text() == "a,b\n"
+    assert os.path.exists(os.path.join(trained, "model.pt"))
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_a_new_folder_or_an_earlier_compressed_copy_is_written(run, tmp_path):
+    _, ck = run
+    out = tmp_path / "new"
+    _write_to(ck, f"{out}/")  # a trailing slash names the same folder
+    assert json.loads((out / "model.json").read_text())["compression"]["method"] == "int8"
+    (out / "stale.txt").write_text("from the earlier copy")
+    _write_to(ck, str(out))  # the same command again replaces the earlier copy whole
+    assert sorted(os.listdir(out)) == ["features.json", "manifest.json", "model.json", "model.pt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _write_to(ck, str(empty))
+    assert (empty / "model.pt").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_a_remote_out_holding_the_checkpoint_is_refused():
+    with pytest.raises(RayloadError, match="--out s3://b/run/ contains the checkpoint"):
+        _check_remote_out("s3://b/run/", "s3://b/run/epoch_0002?endpoint_override=h")
+    with pytest.raises(RayloadError, match="is the checkpoint"):
+        _check_remote_out("s3://b/run/epoch_0002?x=1", "s3://b/run/epoch_0002")
+    _check_remote_out("s3://b/run/epoch_0002-int8", "s3://b/run/epoch_0002")
+    _check_remote_out("s3://b/run/epoch_00021", "s3://b/run/epoch_0002")
