@@ -4,6 +4,7 @@ through the ramp schedule and the sequential test."""
 
 import os
 
+import httpx
 import pytest
 
 from rayload.ab_spec import ab_from_dict
@@ -75,5 +76,8 @@ def test_decision_follows_the_offline_winner(models, better):
     final = state["config"]["applications"][0]["deployments"][0]["user_config"]
     assert final["weights"]["challenger"] == (1.0 if better else 0.0)
     assert final["champion"] == ("challenger" if better else "champion")
+    # The router reports the final decision too, not what the statistics say of the swapped roles
+    body = httpx.get(f"{dep.url}/experiment", timeout=60).json()
+    assert (body["decision"], body["reasons"]) == (out.decision, control.analysis_for(dep.run_dir).reasons), body
     if better:  # it got there by the ramp: 10% -> 30% (or further) before the promotion
         assert any(d["decision"] == "ramp" for d in state["decisions"]), state["decisions"]

@@ -63,7 +63,12 @@ def test_after_a_rollback_by_hand_or_by_the_controller_later_looks_change_nothin
         assert decision == "rollback" and "automatic steps have stopped" in reasons[0]
     assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
     assert control.analysis_for(run_dir).decision == "rollback"
+    # The router learns of it through its user_config (GET /experiment reports the final decision)
+    final = run.box["deployed"][-1]["final"]
+    assert user(run_dir)["final"] == final and (final["decision"], final["reason"]) == ("rollback", "by hand")
+    assert control.analysis_for(run_dir).reasons == control.step(run_dir)[1]
     control.set_weights(run_dir, {"A": 0.95, "B": 0.05})  # a new ramp by hand starts the controller again
+    assert run.box["deployed"][-1]["final"] is None and user(run_dir)["final"] is None
     assert control.step(run_dir)[0] == "continue"
 
 
@@ -71,6 +76,7 @@ def test_an_automatic_promotion_is_final_and_not_undone_by_the_swapped_roles(run
     run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
     assert control.step(run_dir)[0] == "promote"
     assert user(run_dir)["champion"] == "B" and user(run_dir)["weights"] == {"A": 0.0, "B": 1.0}
+    assert user(run_dir)["final"]["decision"] == "promote"  # for the router's GET /experiment
     assert [control.step(run_dir)[0] for _ in range(3)] == ["promote"] * 3
     _, state = control.load_state(run_dir)
     assert [d["decision"] for d in state["decisions"]] == ["promote"] and user(run_dir)["champion"] == "B"

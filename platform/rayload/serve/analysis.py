@@ -217,5 +217,13 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
     return "continue", [f"no significant difference yet (sequential p={_fmt(result.sequential_p)}){more}"]
 
 
+def final_reasons(final: dict) -> list[str]:
+    """The reasons reported once a promote or rollback is final (`final`: its decision, reason
+    and time, as serve.json and the router's user_config keep it): the live statistics then
+    compare the arms in their new roles and no longer steer anything."""
+    return [f"decided: {final['decision']} ({final['reason']}); automatic steps have stopped, "
+            "`rayload ab set-weights` starts a new ramp"]
+
+
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3g}"

@@ -3,7 +3,8 @@
 `build_app(args)` is the Serve application builder (import path
 `rayload.serve.app:build_app`), so `rayload serve`, `serve deploy` of the config that
 `rayload serve build` writes, and tests all deploy the same thing. The router's
-`user_config` holds what changes at run time (weights, champion, shadow): Serve applies a new
+`user_config` holds what changes at run time (weights, champion, shadow, and a final promote or
+rollback, which `GET /experiment` then reports as its decision): Serve applies a new
 one to the running replicas through `reconfigure`, without restarting them.
 
 Serving mode (see benchmarks/bench_serve.py): `combined` keeps every arm's model inside the
@@ -149,6 +150,7 @@ class ABRouter:
     def reconfigure(self, config: dict) -> None:
         """Serve calls this with a new user_config: weights change without a restart."""
         self.weights, self.champion, self.shadow = dict(config["weights"]), config["champion"], bool(config.get("shadow", False))
+        self.final = config.get("final")  # a promote or rollback (decision, reason, time) that ended the automatic steps
         self.layout = Layout.build(self.weights, self.champion, self.order)
         self.layout_json = json.dumps(self.weights, sort_keys=True)
 
@@ -334,13 +336,15 @@ class ABRouter:
     @api.get("/experiment")
     async def experiment(self, request: Request):
         from ..ab_spec import ABSpec
-        from .analysis import analyze
+        from .analysis import analyze, final_reasons
 
         if denied := self._denied(request):
             return denied
         spec = ABSpec.model_validate(self.spec_raw)
         frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event)
         result = await asyncio.to_thread(analyze, frame, spec, self.weights, self.champion)
+        if final := self.final:  # as control.analysis_for: the statistics after it no longer steer anything
+            result.decision, result.reasons = final["decision"], final_reasons(final)
         if spec.drift.enabled:
             from .monitor import report_for
 

@@ -264,13 +264,15 @@ def _apply(run_dir: str, state: dict, weights: dict[str, float], champion: str |
     champion = champion or user["champion"]
     if issues := weight_issues(weights, args["arms"], champion, where="weights", shadow=bool(user.get("shadow"))):
         raise SpecError(issues)
-    user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion)
+    now = time.time()  # a final decision rides in the user_config too: the router's GET /experiment reports it
+    final = {"decision": decision, "reason": reason, "time": now} if decision in FINAL else None
+    user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion, final=final)
     _redeploy(config, state["address"])
     state["config"] = config
-    entry = {"time": time.time(), "decision": decision or "set-weights", "weights": user["weights"], "champion": champion,
+    entry = {"time": now, "decision": decision or "set-weights", "weights": user["weights"], "champion": champion,
              "reason": reason}
     state.setdefault("decisions", []).append(entry)
-    state["final"] = entry if decision in FINAL else None
+    state["final"] = entry if final else None
     state["ramp_step"] = {"weights": user["weights"], "units": step_units}
     save_state(run_dir, state)
     return user
@@ -321,10 +323,12 @@ def analysis_for(run: str):
     """The live analysis from the event store (no Ray needed). After a promote or rollback
     its decision is that one: the statistics that follow compare the arms in their new roles
     and no longer steer anything."""
+    from .analysis import final_reasons
+
     _, state = load_state(run)
     result, _ = _analysis_of(state)
     if final := state.get("final"):
-        result.decision, result.reasons = final["decision"], _final_reasons(final)
+        result.decision, result.reasons = final["decision"], final_reasons(final)
     return result
 
 
@@ -351,11 +355,6 @@ def _events_frame(args: dict, spec: ABSpec):
         reader.close()
 
 
-def _final_reasons(final: dict) -> list[str]:
-    return [f"decided: {final['decision']} ({final['reason']}); automatic steps have stopped, "
-            "`rayload ab set-weights` starts a new ramp"]
-
-
 def stop(run: str) -> None:
     """Delete this experiment's Serve application (others on the cluster keep running)."""
     from ray import serve as ray_serve
@@ -374,7 +373,9 @@ def step(run: str) -> tuple[str, list[str]]:
     with _locked(run_dir):
         _, state = load_state(run_dir)
         if final := state.get("final"):
-            return final["decision"], _final_reasons(final)
+            from .analysis import final_reasons
+
+            return final["decision"], final_reasons(final)
         result, spec = _analysis_of(state)
         if result.decision in FINAL:
             _apply(run_dir, state, *_final_weights(state, result.decision), "; ".join(result.reasons), result.decision)
