@@ -9,6 +9,8 @@ its checkpoint's `features.json`:
 - categorical (vocabulary): the most frequent training values (`stats.top_values`), the rest
   of the vocabulary, out-of-vocabulary, missing; without `top_values`: in-vocabulary, OOV,
   missing. Hash-encoded columns have no vocabulary: only their missing rate is tracked.
+  A value is read as the model's transform reads it (JSON true is "true", 5.0 is "5"), so a
+  value the model finds in its vocabulary is never counted out of vocabulary.
 
 The counts (a few dozen integers per feature, whatever the traffic) are flushed to the event
 store per replica and summed over replicas when read, so the statistics cover all of them.
@@ -23,10 +25,14 @@ usual "significant shift") and after `min_rows` rows, which keeps false alarms r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 EPS = 1e-4
+SMALL_LOOKUP = 256  # rows up to which a dict lookup beats pyarrow's index_in (which hashes the vocabulary per call)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class Bins:
         if self.kind == "numeric":
             return self._numeric(values)
         if self.kind == "missing-only":
-            return np.array([0 if _missing(v) else 1 for v in values], dtype=np.int64)
+            return np.where(_text(values, self.feature).is_null().to_numpy(zero_copy_only=False), 0, 1).astype(np.int64)
         return self._categorical(values)
 
     def _numeric(self, values: list) -> np.ndarray:
@@ -56,15 +62,38 @@ class Bins:
         return out
 
     def _categorical(self, values: list) -> np.ndarray:
-        tokens = []
-        for v in values:
-            if self.multi:
-                tokens += [t.strip() for t in ("" if _missing(v) else str(v)).split(self.separator) if t.strip()]
-            else:
-                tokens.append(None if _missing(v) else str(v))
-        top = {v: i + 1 for i, v in enumerate(self.top)}
-        other, oov = len(self.top) + 1, len(self.top) + 2
-        return np.array([0 if t is None else top.get(t) or (other if t in self.vocab else oov) for t in tokens], dtype=np.int64)
+        tokens = _text(values, self.feature)
+        if self.multi:
+            from ..features import split_bag
+
+            tokens = split_bag(self, tokens).values  # the model's own tokens: trimmed, empty ones dropped
+        oov = len(self.top) + 2
+        bin_of, known, bins = self._lookup
+        if len(tokens) <= SMALL_LOOKUP:  # a request's worth: a dict beats hashing the vocabulary again
+            return np.fromiter((0 if t is None else bin_of.get(t, oov) for t in tokens.to_pylist()), dtype=np.int64, count=len(tokens))
+        position = pc.index_in(tokens, value_set=known).to_numpy(zero_copy_only=False)  # NaN: not in the vocabulary
+        found = ~np.isnan(position)
+        out = np.full(len(tokens), oov, dtype=np.int64)
+        out[found] = bins[position[found].astype(np.int64)]
+        out[tokens.is_null().to_numpy(zero_copy_only=False)] = 0
+        return out
+
+    @cached_property
+    def _lookup(self) -> tuple[dict[str, int], pa.Array, np.ndarray]:
+        """The bin of every vocabulary value, as a dict and as an Arrow set with each entry's bin;
+        built once per model, not per batch."""
+        rest = sorted(self.vocab.difference(self.top))
+        bin_of = {v: len(self.top) + 1 for v in rest} | {v: i + 1 for i, v in enumerate(self.top)}
+        bins = np.concatenate([np.arange(1, len(self.top) + 1), np.full(len(rest), len(self.top) + 1)]).astype(np.int64)
+        return bin_of, pa.array([*self.top, *rest], pa.string()), bins
+
+
+def _text(values: list, name: str) -> pa.Array:
+    """Raw request values as the model's transform reads a categorical column (serving's
+    validate_request): JSON true -> "true", 5.0 -> "5", "" -> missing, mixed types as text."""
+    from ..data.validate import _as_string, _python_array
+
+    return _as_string(_python_array(values), name)
 
 
 def _missing(v) -> bool:
