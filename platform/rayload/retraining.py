@@ -3,7 +3,8 @@
 1. Training rows: the run's exposures (the raw features of the row each user was shown,
    logged by the router) in a sliding `window` of recent time, labelled 1 when an outcome of
    the experiment's event arrived within `attribution` of the exposure. An exposure younger
-   than `attribution` with no outcome yet is left out: its label is not known yet.
+   than `attribution` is left out, with or without an outcome yet: its label is not final, and
+   keeping only the young ones already clicked would bias the labels toward positives.
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion
    checkpoint (`train.init_from`, which also reuses the champion's fitted features, so IDs keep
    their meaning), split at random by request_id into train and validation.
@@ -120,18 +121,25 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
                                       event=spec.analysis.event)
     finally:
         reader.close()
-    waited = now - frame["ts"]
-    delay = frame["outcome_ts"] - frame["ts"]
-    within = delay.notna() & ((delay <= attribution_s) if attribution_s is not None else True)
-    known = within | (waited >= (attribution_s or 0.0))  # no outcome yet and still inside the window: unknown
-    frame = frame[known]
+    frame, labels = _labelled(frame, attribution_s, now)
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     names = [c["name"] for c in _input_columns(features)]
     rows = [json.loads(text) for text in frame["features"]]
     columns = {n: [r.get(n) for r in rows] for n in names}
-    columns[features.label.column] = [1.0 if v else 0.0 for v in within[known]]
-    columns["request_id"] = list(frame["request_id"])
+    columns[features.label.column] = pa.array(labels, pa.float64())
+    columns["request_id"] = pa.array(list(frame["request_id"]), pa.string())
     return pa.table(columns)
+
+
+def _labelled(frame, attribution_s: float | None, now: float):
+    """(the exposures whose attribution window has fully elapsed, their labels: 1.0 when an
+    outcome came within the window). A younger exposure is left out even when its outcome has
+    already arrived: keeping those and dropping the ones still waiting would make the recent
+    rows all positive. With no attribution limit ('all') every exposure counts."""
+    delay = frame["outcome_ts"] - frame["ts"]
+    within = delay.notna() & ((delay <= attribution_s) if attribution_s is not None else True)
+    known = (now - frame["ts"]) >= (attribution_s or 0.0)
+    return frame[known], within[known].astype("float64").to_numpy()
 
 
 def _input_columns(features) -> list[dict]:

@@ -4,11 +4,13 @@ attribution window, labels still unknown, and the schema migration that added fe
 import dataclasses
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 import sqlalchemy as sa
 
 from rayload.errors import DataError, RayloadError
-from rayload.retraining import _check_rows, parse_duration, training_rows
+from rayload.retraining import _check_rows, _labelled, parse_duration, training_rows
 from rayload.serve import event_writer, events
 from test_train_loop import features
 
@@ -28,7 +30,7 @@ def store(tmp_path):
     def exposure(rid, age, outcome_after=None, feats=True, experiment="exp"):
         row = {"request_id": rid, "experiment": experiment, "unit_id": "u", "arm": "a", "model_version": "v", "score": 0.5,
                "status": "ok", "latency_ms": 1.0, "layout": "{}", "ts": NOW - age,
-               "features": json.dumps({"x": 1.5, "c": "3", "b": "p|q"}) if feats else None}
+               "features": None if not feats else json.dumps(feats if isinstance(feats, dict) else {"x": 1.5, "c": "3", "b": "p|q"})}
         writer.submit("exposure", row).result()
         if outcome_after is not None:
             writer.submit("outcome", {"request_id": rid, "event": "click", "value": 1.0, "ts": NOW - age + outcome_after}).result()
@@ -48,15 +50,29 @@ def test_labels_follow_the_attribution_window_and_unknown_labels_are_left_out(st
     e("clicked-late", age=7200, outcome_after=3000)        # outcome after the 30 min window: negative
     e("no-click-old", age=3600)                            # window passed without an outcome: negative
     e("no-click-young", age=60)                            # still inside the window: unknown, left out
-    e("clicked-young", age=60, outcome_after=30)           # young but already clicked: positive
+    e("clicked-young", age=60, outcome_after=30)           # young: left out too, or young rows would all be positive
     e("too-old", age=9 * 86400, outcome_after=5)           # outside the 7-day sliding window
     e("no-features", age=3600, outcome_after=5, feats=False)
     e("other-experiment", age=3600, outcome_after=5, experiment="other")
     table = training_rows(_args(store["url"]), store["champion"], parse_duration("7d", "w"), parse_duration("30m", "a"), NOW)
     labels = dict(zip(table.column("request_id").to_pylist(), table.column("y").to_pylist()))
-    assert labels == {"clicked-fast": 1.0, "clicked-late": 0.0, "no-click-old": 0.0, "clicked-young": 1.0}
+    assert labels == {"clicked-fast": 1.0, "clicked-late": 0.0, "no-click-old": 0.0}
     assert set(table.column_names) == {"x", "c", "b", "y", "request_id"}
-    assert table.column("c").to_pylist() == ["3"] * 4
+    assert table.column("c").to_pylist() == ["3"] * 3
+
+
+def test_recent_exposures_do_not_bias_the_labels_toward_positives():
+    rng = np.random.default_rng(0)
+    n, ctr, attribution = 100_000, 0.10, 1800.0
+    ts = NOW - rng.uniform(0, 3600, n)  # an hour of even traffic, half of it inside the attribution window
+    click = rng.random(n) < ctr
+    frame = pd.DataFrame({"ts": ts, "outcome_ts": np.where(click, ts + 5, np.nan)})
+    kept, labels = _labelled(frame, attribution, NOW)
+    assert len(kept) == len(labels) == int((NOW - ts >= attribution).sum())
+    assert abs(labels.mean() - click[NOW - ts >= attribution].mean()) < 1e-12
+    assert abs(labels.mean() - ctr) < 0.005  # before: 0.18, every young row kept was a click
+    _, every = _labelled(frame, None, NOW)  # --attribution all: any outcome, every exposure
+    assert len(every) == n and every.sum() == click.sum()
 
 
 def test_durations_parse_and_bad_ones_name_the_option():
