@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
+from rayload.data.validate import validate_request
 from rayload.errors import DataError, RayloadError
 from rayload.retraining import _check_rows, _labelled, parse_duration, training_rows
 from rayload.serve import event_writer, events
@@ -73,6 +74,17 @@ def test_recent_exposures_do_not_bias_the_labels_toward_positives():
     assert abs(labels.mean() - ctr) < 0.005  # before: 0.18, every young row kept was a click
     _, every = _labelled(frame, None, NOW)  # --attribution all: any outcome, every exposure
     assert len(every) == n and every.sum() == click.sum()
+
+
+def test_mixed_value_types_that_serving_accepts_become_text_rows(store):
+    e = store["exposure"]
+    for i, value in enumerate([5, "6", 7.0, None, True]):
+        e(f"r{i}", age=3600, outcome_after=10 if i % 2 else None, feats={"x": 1.5, "c": value, "b": "p"})
+    table = training_rows(_args(store["url"]), store["champion"], None, parse_duration("30m", "a"), NOW)
+    values = dict(zip(table.column("request_id").to_pylist(), table.column("c").to_pylist()))
+    assert values == {"r0": "5", "r1": "6", "r2": "7.0", "r3": None, "r4": "True"}
+    served = validate_request([{"c": v} for v in [5, "6", 7.0, None, True]], [{"name": "c", "role": "categorical"}])
+    assert served.column("c").to_pylist() == list(values.values())  # the text serving reads for the same values
 
 
 def test_durations_parse_and_bad_ones_name_the_option():
