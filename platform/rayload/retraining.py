@@ -7,9 +7,11 @@
    keeping only the young ones already clicked would bias the labels toward positives.
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion
    checkpoint (`train.init_from`, which also reuses the champion's fitted features, so IDs keep
-   their meaning), split at random by request_id into train and validation.
-3. Offline gate: the new model and the champion are scored on the same held-out recent rows;
-   the new model must beat the champion's AUC by at least `min_auc_gain`.
+   their meaning), split at random by request_id into train, validation
+   (which picks the best epoch) and test.
+3. Offline gate: the new model and the champion are scored on the same held-out test rows,
+   which neither trained on nor chose an epoch; the new model must beat the champion's AUC by
+   at least `min_auc_gain`.
 4. Registration: a new A/B spec (`ab.yaml` in the retrain folder) with the champion as control
    and the new model as challenger, under a new experiment name (so a new salt reshuffles units),
    ready for `rayload serve`.
@@ -34,6 +36,8 @@ from .paths import is_remote, localize, runs_root
 
 log = logging.getLogger(__name__)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+GATE_SPLIT = "test"  # the rows the gate scores: not trained on, not used to pick the best epoch
+SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class RetrainResult:
     auc_new: float
     min_auc_gain: float
     ab_spec: str | None  # the new experiment's spec, written when the gate passed
+    gate_split: str = GATE_SPLIT  # the held-out split of the events both AUCs were scored on
 
     @property
     def passed(self) -> bool:
@@ -166,7 +171,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     raw["data"] = {"source": {"kind": "parquet", "path": events_path},
                    "columns": [*columns, {"name": label, "role": "label"}, {"name": "request_id", "role": "id"}],
                    "label": {"column": label, "task": "binary"}}
-    raw["split"] = {"kind": "random", "train": 0.8, "val": 0.2, "test": 0.0, "seed": job.split.seed, "key": ["request_id"]}
+    raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": ["request_id"]}
     raw["rebalance"] = {"method": "none"}
     raw["train"] = {**raw["train"], "init_from": _where(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
@@ -183,17 +188,27 @@ def _model_section(champion: str) -> dict:
 
 
 def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:
-    """(new AUC, champion AUC, new checkpoint), both scored on the held-out recent events."""
-    from .evaluate import evaluate_checkpoint
+    """(new AUC, champion AUC, new checkpoint), both scored on the held-out test events."""
     from .train.trainer import fit
 
     result = fit(job, address=address, evaluate_test=False)
-    val = result.preprocessed.batches("val")  # read twice: local shards straight from Parquet
-    new = evaluate_checkpoint(result.checkpoint, val, job.eval).auc
-    old = evaluate_checkpoint(champion, val, job.eval).auc
-    if new is None or old is None:
-        raise DataError("the held-out events have one class only: no AUC to gate on; retrain with a wider --window")
+    new, old = gate_aucs(result.preprocessed, result.checkpoint, champion, job.eval)
     return new, old, result.checkpoint
+
+
+def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> tuple[float, float]:
+    """(new AUC, champion AUC) on the GATE_SPLIT rows: neither trained on them nor picked its
+    epoch with them (validation picks the retrained model's best epoch, so it flatters it)."""
+    from .evaluate import evaluate_checkpoint
+
+    if not pre.files.get(GATE_SPLIT):
+        raise DataError(f"the retrain rows gave no held-out {GATE_SPLIT} split to gate on; retrain with a wider --window")
+    new = evaluate_checkpoint(checkpoint, pre.batches(GATE_SPLIT), eval_spec).auc  # read twice: local shards from Parquet
+    old = evaluate_checkpoint(champion, pre.batches(GATE_SPLIT), eval_spec).auc
+    if new is None or old is None:
+        raise DataError(f"the held-out {GATE_SPLIT} events have one class only: no AUC to gate on; retrain with a wider --window")
+    log.info("gate on the held-out %s split: champion AUC %.5f, retrained %.5f", GATE_SPLIT, old, new)
+    return new, old
 
 
 def _where(checkpoint: str) -> str:
