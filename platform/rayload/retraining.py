@@ -7,7 +7,8 @@
    keeping only the young ones already clicked would bias the labels toward positives.
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion
    checkpoint (`train.init_from`, which also reuses the champion's fitted features, so IDs keep
-   their meaning), split at random by request_id into train, validation
+   their meaning; a compressed champion is served, not trained: the retrain starts from the
+   checkpoint it was compressed from), split at random by request_id into train, validation
    (which picks the best epoch) and test.
 3. Offline gate: the new model and the champion are scored on the same held-out test rows,
    which neither trained on nor chose an epoch; the new model must beat the champion's AUC by
@@ -53,6 +54,7 @@ class RetrainResult:
     min_auc_gain: float
     ab_spec: str | None  # the new experiment's spec, written when the gate passed
     gate_split: str = GATE_SPLIT  # the held-out split of the events both AUCs were scored on
+    warm_start: str | None = None  # the checkpoint the retrain started from (a compressed champion's source)
 
     @property
     def passed(self) -> bool:
@@ -97,7 +99,8 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     result = _fit_and_gate(retrain_job, champion, address)
     ab_path = None
     new_auc, old_auc, checkpoint = result
-    outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, old_auc, new_auc, min_auc_gain, None)
+    outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, old_auc, new_auc, min_auc_gain, None,
+                            warm_start=retrain_job.train.init_from)
     if outcome.passed:
         ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name or f"{args['experiment']}-r{stamp}", challenger_weight)
         outcome = RetrainResult(**{**asdict(outcome), "ab_spec": ab_path})
@@ -173,7 +176,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
                    "label": {"column": label, "task": "binary"}}
     raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": ["request_id"]}
     raw["rebalance"] = {"method": "none"}
-    raw["train"] = {**raw["train"], "init_from": _where(champion), "run_name": run_name}
+    raw["train"] = {**raw["train"], "init_from": warm_start(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
     return JobSpec.model_validate(raw)
 
@@ -185,6 +188,38 @@ def _model_section(champion: str) -> dict:
     from .spec import ModelSpec
 
     return {k: v for k, v in config.items() if k in ModelSpec.model_fields}
+
+
+def warm_start(champion: str) -> str:
+    """The checkpoint a retrain starts from: the champion, or for a compressed champion (served,
+    not trained) the original it was compressed from (model.json `compression.source`)."""
+    from .train.checkpoint import read_model_json
+
+    compression = read_model_json(champion).get("compression")
+    if not compression:
+        return _where(champion)
+    source = compression.get("source")
+    if not source or not _has_checkpoint(source):
+        raise RayloadError(f"the champion {champion} is a {compression.get('method')} checkpoint, and the checkpoint it was compressed "
+                           f"from (model.json compression.source: {source!r}), which a retrain warm-starts from, is gone; restore it, "
+                           "or make an uncompressed checkpoint the champion")
+    if _features_json(source) != _features_json(champion):
+        raise RayloadError(f"the champion {champion} was compressed from {source}, whose features.json has changed since; "
+                           "a warm start from it would give IDs another meaning: restore the original checkpoint")
+    log.info("the champion %s is %s-compressed: warm-starting from its source %s", champion, compression.get("method"), source)
+    return source
+
+
+def _has_checkpoint(path: str) -> bool:
+    try:
+        return os.path.isfile(os.path.join(localize(path), "model.json"))
+    except (OSError, ValueError):  # a URI that cannot be fetched
+        return False
+
+
+def _features_json(checkpoint: str) -> dict:
+    with open(os.path.join(localize(checkpoint), "features.json")) as f:
+        return json.load(f)
 
 
 def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:

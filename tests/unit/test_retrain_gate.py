@@ -1,16 +1,18 @@
 """`rayload retrain`'s job and gate: the gate scores champion and retrained model on a held-out
-test split of the events (not the validation split that picked the best epoch)."""
+test split of the events (not the validation split that picked the best epoch), and a
+compressed champion warm-starts the retrain from the checkpoint it was compressed from."""
 
 import dataclasses
 import json
 import os
+import shutil
 import types
 
 import pytest
 
 from rayload import evaluate
 from rayload.errors import DataError, RayloadError
-from rayload.retraining import GATE_SPLIT, RetrainResult, gate_aucs, job_for
+from rayload.retraining import GATE_SPLIT, RetrainResult, gate_aucs, job_for, warm_start
 from rayload.spec import JobSpec
 from test_train_loop import features
 
@@ -59,3 +61,24 @@ def test_the_retrain_job_holds_out_a_test_split_and_warm_starts_from_the_champio
     job = job_for(spec, source, str(tmp_path / "events.parquet"), "y", "retrain-x")
     assert job.split.test > 0 and job.split.val > 0 and job.split.key == ["request_id"]
     assert job.train.init_from == os.path.abspath(source)
+
+
+def test_a_compressed_champion_warm_starts_from_its_source(champions, tmp_path):
+    source, int8 = champions
+    assert warm_start(source) == os.path.abspath(source)
+    assert warm_start(int8) == source
+    spec = JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}})
+    assert job_for(spec, int8, str(tmp_path / "events.parquet"), "y", "retrain-x").train.init_from == source
+
+
+def test_a_compressed_champion_whose_source_is_gone_or_changed_is_refused_naming_it(champions):
+    source, int8 = champions
+    with open(os.path.join(source, "features.json")) as f:
+        fitted = json.load(f)
+    with open(os.path.join(source, "features.json"), "w") as f:
+        json.dump({**fitted, "columns": COLUMNS[1:]}, f)
+    with pytest.raises(RayloadError, match="features.json has changed"):
+        warm_start(int8)
+    shutil.rmtree(source)
+    with pytest.raises(RayloadError, match=f"compression.source: '{source}'.*is gone"):
+        warm_start(int8)
