@@ -74,17 +74,19 @@ class DriftFlusher:
                 log.exception("drift flush failed")
 
     def flush(self) -> None:
-        rows = []
+        rows, versions = [], {}
         for arm, scorer in self.scorers.items():
             counter = scorer.drift
-            if counter.version == self.written[arm]:
+            version = counter.version  # read before the snapshot: counts observed meanwhile are written next time
+            if version == self.written[arm]:
                 continue
-            self.written[arm] = counter.version
             snap = counter.snapshot()
+            versions[arm] = version
             rows.append({"experiment": self.experiment, "arm": arm, "replica": self.replica, "model_version": scorer.version,
                          "rows": snap["rows"], "counts": json.dumps(snap["counts"]), "ts": time.time()})
         if rows:
             upsert_drift(self.engine, rows)
+            self.written.update(versions)  # only once stored: a failed write is retried on the next tick and at close()
         if self.written and any(v >= 0 for v in self.written.values()):
             self._export()  # every tick: other replicas' counts move the merged figures too
 
