@@ -249,6 +249,9 @@ class TrainSpec(_Spec):
     grad_clip: float | None = Field(default=None, gt=0.0)
     warmup_steps: int = Field(default=0, ge=0)
     lr_decay: Literal["none", "cosine", "linear"] = "none"
+    # Whether the sparse embedding optimizer's lr follows the warmup and decay too (it does by
+    # default) or stays at sparse_lr for the whole run.
+    sparse_lr_schedule: Literal["follow", "constant"] = "follow"
     sync_bn: bool = False
     seed: int = 0
     early_stopping: EarlyStopping | None = None
@@ -265,7 +268,8 @@ class TrainSpec(_Spec):
     # when they fit in this many MiB: later epochs read nothing (no Ray Data execution, no
     # collation) and only reshuffle the order of the batches, seeded per rank and epoch. 0
     # streams every epoch from Ray Data; so does shuffle_buffer > 0, whose row-level shuffle
-    # needs the stream. A worker restarted after a failure streams its first epoch again.
+    # needs the stream. A worker restarted after a failure reads the cache again before its
+    # first epoch and trains in that epoch's seeded order, as the run would have uninterrupted.
     worker_cache_mb: int = Field(default=1024, ge=0, description="per-worker in-memory batch cache after epoch 1 (0: stream every epoch)")
     # Transfer learning: start from this checkpoint's weights and fitted features (its IDs and
     # scales keep their meaning); `freeze` names the parts that stay fixed (feature extraction).

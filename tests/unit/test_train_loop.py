@@ -606,3 +606,106 @@ def test_embedding_prior_trains_and_needs_the_id_counts(tmp_path):
     assert session.reports[-1][0]["val_auc"] > 0.75
     with pytest.raises(RayloadError, match="embedding_prior is set but the loop got no ID counts"):
         run(spec, features(), MemorySession(train, table(64, 1), str(tmp_path / "b")), {"train_rows": 4096, "manifest": {}})
+
+
+def test_a_resumed_worker_trains_its_first_epoch_in_the_order_the_run_would_have_had():
+    """From epoch 1 on, batches come from the cache in a seeded order per rank and epoch; a
+    worker restarted at epoch 2 (no cache in its new process) must not stream epoch 0's order."""
+    t = table(2048, 0)
+    whole = StreamSession(t, cache_bytes=2**20)
+    orders = [_labels(whole.train_batches(epoch, 128)) for epoch in range(3)]
+    assert whole.cached is True
+    resumed = StreamSession(t, cache_bytes=2**20)
+    resumed.cached_before = True  # what the checkpoint says (TrainState.cached)
+    assert _labels(resumed.train_batches(2, 128)) == orders[2] != orders[0]
+    assert _labels(resumed.train_batches(3, 128)) == _labels(whole.train_batches(3, 128)) and resumed.reads == 1
+    streamed = StreamSession(t, cache_bytes=1000)  # over the budget: every epoch streams, resumed or not
+    list(streamed.train_batches(0, 128))
+    assert streamed.cached is False
+    list(streamed.train_batches(1, 128))
+    assert streamed.reads == 2
+
+
+def test_the_cache_state_travels_in_the_checkpoint(tmp_path):
+    session = MemorySession(table(512, 0), table(256, 1), str(tmp_path))
+    session._train_cache = (256, [])  # Session.cached is True: this rank kept its batches
+    run(job(epochs=1), features(), session, {"train_rows": 512, "manifest": {}})
+    assert ckpt.load_train_state(session.reports[-1][1])["state"].cached is True
+
+
+@pytest.mark.parametrize("rows,world,batch,k", [(1000, 1, 300, 1), (7800, 2, 400, 4), (4096, 1, 256, 1), (1001, 2, 250, 2),
+                                                (400, 1, 256, 2)])
+def test_the_schedule_counts_the_steps_the_loop_takes(tmp_path, rows, world, batch, k):
+    """With linear or cosine decay, steps past the schedule's end would run at lr 0."""
+    from rayload.train.loop import steps_per_epoch
+
+    micro = max(1, batch // k)
+    per_rank = rows // world
+    batches = per_rank // micro if world > 1 else -(-per_rank // micro)  # ranks > 1 drop a short last batch
+    assert steps_per_epoch(rows, world, batch, k) == -(-batches // k)
+    if world == 1:  # and the loop itself takes exactly that many
+        session = MemorySession(table(rows, 0), table(128, 1), str(tmp_path))
+        out = run(job(epochs=2, batch_size=batch, accumulation=k, lr_decay="linear"), features(), session, {"train_rows": rows, "manifest": {}})
+        assert out["history"][-1]["step"] == 2 * steps_per_epoch(rows, world, batch, k)
+
+
+def test_a_short_last_micro_batch_weighs_by_its_rows():
+    """400 rows, batch 256, k=2: micro-batches 128+128 and 128+16; the second group must step
+    as one 144-row batch would."""
+    t = table(144, 5)
+    layout = Layout(("x",), ("c",), ("b",))
+    big = Trainer(job(batch_size=256, accumulation=1), features(), MemorySession(t, t, "."), 1)
+    small = Trainer(job(batch_size=256, accumulation=2), features(), MemorySession(t, t, "."), 1)
+    big.step([collate(t, layout)])
+    small.step([collate(t.slice(0, 128), layout), collate(t.slice(128, 16), layout)])
+    for (name, a), b in zip(big.model.named_parameters(), small.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+def test_warmup_and_decay_reach_the_sparse_tables_unless_held_constant():
+    spec = JobSpec.model_validate({**job(epochs=1, lr=0.01, sparse_lr=0.02, warmup_steps=2, lr_decay="linear").model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "sparse_embeddings": True}})
+    t = table(64, 0)
+    layout = Layout(("x",), ("c",), ("b",))
+    for schedule, expect in (("follow", [0.01, 0.02]), ("constant", [0.02, 0.02])):
+        s = JobSpec.model_validate({**spec.model_dump(), "train": {**spec.train.model_dump(), "sparse_lr_schedule": schedule}})
+        trainer = Trainer(s, features(), MemorySession(t, t, "."), 4)
+        sparse = []
+        for _ in range(2):
+            sparse.append(trainer.optimizers[1].param_groups[0]["lr"])
+            trainer.step([collate(t, layout)])
+        assert sparse == pytest.approx(expect), schedule
+        assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.01 * (1 - 0 / 2))  # dense: warmed up, decay starting
+
+
+def _norm_stats_after_ddp(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    spec = JobSpec.model_validate({**job(epochs=1).model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "batch_norm": True}})
+
+    class Ranked(MemorySession):
+        def prepare(self, model):
+            return DistributedDataParallel(model)
+
+    session = Ranked(table(256, rank), table(64, 9), ".")
+    session.rank, session.world_size = rank, 2
+    trainer = Trainer(spec, features(), session, 1)
+    trainer.step([collate(table(256, rank), session.loader["layout"])])
+    module = ckpt.unwrap(trainer.model)
+
+    def stats():
+        return torch.cat([b.flatten().float() for m in module.modules() if isinstance(m, torch.nn.BatchNorm1d) for b in m.buffers()]).tolist()
+
+    before = stats()
+    trainer._share_norm_statistics(module)  # what validate() does first
+    out.put((rank, (before, stats())))
+    dist.destroy_process_group()
+
+
+def test_validation_uses_rank_0s_batch_norm_statistics_on_every_rank():
+    (before0, after0), (before1, after1) = _spawn_two(_norm_stats_after_ddp)
+    assert before0 != before1  # each rank updated the running statistics with its own batch
+    assert len(after0) > 0 and after0 == after1 == before0

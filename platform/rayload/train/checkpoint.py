@@ -38,6 +38,7 @@ class TrainState:
     bad_epochs: int = 0
     history: list[dict] = field(default_factory=list)
     restarts: int = 0  # times this run resumed from a checkpoint (worker or driver failures)
+    cached: bool | None = None  # whether the ranks trained from their batch cache (Session.cached)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -74,10 +75,11 @@ def save(path: str, model, features: FittedFeatures, model_config: dict, train: 
     ts: TrainState = train["state"]
     torch.save({
         "optimizers": [o.state_dict() for o in train["optimizers"]],
-        "scheduler": train["scheduler"].state_dict() if train.get("scheduler") else None,
+        # one per optimizer that follows the schedule (a dict alone in checkpoints from before)
+        "scheduler": [sch.state_dict() for sch in train["schedulers"]] if train.get("schedulers") else None,
         "scaler": train["scaler"].state_dict() if train.get("scaler") else None,
         "rng": rng_state(),
-        "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs, "restarts": ts.restarts,
+        "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs, "restarts": ts.restarts, "cached": ts.cached,
         "history": json.dumps(ts.history),
     }, os.path.join(path, STATE))
     features.save(os.path.join(path, FEATURES))
@@ -95,7 +97,8 @@ def _write_json(path: str, obj) -> None:
 def load_train_state(path: str) -> dict:
     path = localize(path)
     raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
-    raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"])
+    raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"],
+                              raw.get("cached"))
     return raw
 
 

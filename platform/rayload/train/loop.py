@@ -103,6 +103,17 @@ def make_optimizers(model: nn.Module, spec: JobSpec, fused: bool | None = None) 
     return opts
 
 
+def steps_per_epoch(train_rows: int, world_size: int, batch_size: int, accumulation: int) -> int:
+    """The optimizer steps each rank takes per epoch (the schedule's unit): ranks get equal
+    shares of the rows (the remainder is dropped); with more than one rank a short last
+    micro-batch is dropped (every rank must step alike), with one it is kept; a short last
+    group of micro-batches still steps."""
+    micro = max(1, batch_size // accumulation)
+    rows = train_rows // max(1, world_size)
+    batches = rows // micro if world_size > 1 else -(-rows // micro)
+    return max(1, -(-batches // accumulation))
+
+
 def lr_lambda(spec: JobSpec, total_steps: int):
     t = spec.train
 
@@ -133,7 +144,11 @@ class Trainer:
         self.optimizers = make_optimizers(self.model, spec)
         tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
         self.sparse_sync = SparseGradSync(tables, session.world_size) if tables and session.world_size > 1 else None
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizers[0], lr_lambda(spec, steps_per_epoch * spec.train.epochs))
+        # The dense optimizer follows the warmup and decay; so do the sparse tables' unless
+        # train.sparse_lr_schedule is constant.
+        scheduled = self.optimizers if spec.train.sparse_lr_schedule == "follow" else self.optimizers[:1]
+        factor = lr_lambda(spec, steps_per_epoch * spec.train.epochs)
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in scheduled]
         self.scaler = torch.amp.GradScaler(session.device.type) if self.precision == "fp16" else None
         self.state = ckpt.TrainState()
         self.binary = features.label.task == "binary"
@@ -166,12 +181,14 @@ class Trainer:
         return loss
 
     def step(self, micro_batches: list[Batch]) -> float:
-        """One optimizer step over k micro-batches; gradients sync only on the last one."""
-        k, total = len(micro_batches), 0.0
+        """One optimizer step over k micro-batches; gradients sync only on the last one. Each
+        micro-batch's mean loss is weighted by its share of the group's rows, so a group with a
+        short micro-batch steps as one batch of all its rows would."""
+        k, total, rows = len(micro_batches), 0.0, sum(len(b) for b in micro_batches)
         for i, batch in enumerate(micro_batches):
             sync = i == k - 1 or not hasattr(self.model, "no_sync")
             with contextlib.nullcontext() if sync else self.model.no_sync():
-                loss = self.loss(batch.to(self.session.device)) / k
+                loss = self.loss(batch.to(self.session.device)) * (len(batch) / rows)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
         self._apply()
@@ -190,7 +207,8 @@ class Trainer:
             self.scaler.step(opt) if self.scaler else opt.step()
         if self.scaler:
             self.scaler.update()
-        self.scheduler.step()
+        for scheduler in self.schedulers:
+            scheduler.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         self.state.step += 1
@@ -222,6 +240,7 @@ class Trainer:
         # The unwrapped module: DDP's forward broadcasts buffers from rank 0, and ranks run
         # different numbers of validation batches, so the wrapped forward could deadlock.
         model = ckpt.unwrap(self.model)
+        self._share_norm_statistics(model)
         model.eval()
         outs, labels = [], []
         for batch in self.session.val_batches(self.spec.eval.batch_size):
@@ -234,6 +253,18 @@ class Trainer:
         m = metrics_for(self.features.label.task, y, p, self.spec.eval.calibration_bins)
         return {f"val_{k}": v for k, v in m.to_dict().items() if v is not None}
 
+    def _share_norm_statistics(self, model: nn.Module) -> None:
+        """Batch norm's running statistics from rank 0 on every rank: DDP broadcasts them
+        before each training forward, after which each rank updates them with its own batch,
+        so after the last step they differ by rank; validation (and the checkpoint, rank 0's)
+        use rank 0's. SyncBatchNorm's are equal already."""
+        if self.session.world_size < 2:
+            return
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, nn.SyncBatchNorm):
+                for buffer in module.buffers():
+                    torch.distributed.broadcast(buffer.data, src=0)
+
     # ------------------------------------------------------------ checkpoints
 
     def restore(self, path: str) -> None:
@@ -245,8 +276,10 @@ class Trainer:
             opt.load_state_dict(sd)
             for group, keep in zip(opt.param_groups, kernel):
                 group.update(keep)  # the kernel choice follows this device, not the one that saved it
-        if raw["scheduler"] is not None:
-            self.scheduler.load_state_dict(raw["scheduler"])
+        saved = raw["scheduler"]
+        if saved is not None:  # a list per scheduled optimizer; one dict (the dense one's) before
+            for scheduler, sd in zip(self.schedulers, saved if isinstance(saved, list) else [saved]):
+                scheduler.load_state_dict(sd)
         if self.scaler and raw["scaler"] is not None:
             self.scaler.load_state_dict(raw["scaler"])
         self.state = raw["state"]
@@ -257,7 +290,7 @@ class Trainer:
             return None
         path = scratch_dir()
         ckpt.save(path, self.model, self.features, self.spec.model.model_dump(),
-                  {"optimizers": self.optimizers, "scheduler": self.scheduler, "scaler": self.scaler, "state": self.state},
+                  {"optimizers": self.optimizers, "schedulers": self.schedulers, "scaler": self.scaler, "state": self.state},
                   manifest)
         return path
 
@@ -309,12 +342,13 @@ class Fault:
 
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
-    steps = max(1, context["train_rows"] // max(1, session.world_size * spec.train.batch_size))
+    steps = steps_per_epoch(context["train_rows"], session.world_size, spec.train.batch_size, spec.train.accumulation)
     trainer = Trainer(spec, features, session, steps, context.get("id_counts"))
     with session.latest_checkpoint() as path:
         if path:
             trainer.restore(path)
             trainer.state.restarts += 1
+            session.cached_before = trainer.state.cached
             log.info("rank %d resumed from %s at epoch %d, step %d", session.rank, path, trainer.state.epoch + 1, trainer.state.step)
     history = trainer.state.history
     if history and (history[-1].get("early_stopped") or trainer.state.epoch + 1 >= spec.train.epochs):
@@ -326,6 +360,7 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
     fault = Fault.from_context(context)
     for epoch in range(trainer.state.epoch + 1, spec.train.epochs):
         metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}
+        trainer.state.cached = session.cached
         metrics.update(trainer.validate())
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch

@@ -67,11 +67,34 @@ class Session:
         seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
         cached = getattr(self, "_train_cache", None)
         if cached is not None and cached[0] == batch_size:
-            batches = cached[1]
-            return (batches[i] for i in np.random.default_rng(seed).permutation(len(batches)))
+            return self._shuffled(cached[1], seed)
         stream = self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
         budget = self.loader.get("cache_bytes", 0)
-        return self._keeping(stream, batch_size, budget) if budget else stream
+        if not budget or self.cached is False:
+            return stream
+        if epoch > 0 and self.cached is None and self.cached_before:
+            # A run resumed in this process (after a restart): the cache it had is gone. Read it
+            # again before training on it (it fit in the budget before: the same rows), then
+            # train in this epoch's seeded order, the one the run would have had uninterrupted.
+            self._train_cache = (batch_size, list(stream))
+            return self._shuffled(self._train_cache[1], seed)
+        return self._keeping(stream, batch_size, budget)
+
+    # Set by the loop from a restored checkpoint: whether the run kept its training batches in
+    # the cache before it stopped (None: not known, a checkpoint written before this was kept).
+    cached_before: bool | None = None
+
+    @property
+    def cached(self) -> bool | None:
+        """Whether this rank trains from its batch cache: True once kept, False once the rows
+        were found over the budget (every epoch then streams), None before the first epoch."""
+        if getattr(self, "_train_cache", None) is not None:
+            return True
+        return False if getattr(self, "_streaming", False) else None
+
+    @staticmethod
+    def _shuffled(batches: list, seed: int):
+        return (batches[i] for i in np.random.default_rng(seed).permutation(len(batches)))
 
     def _keeping(self, stream, batch_size: int, budget: int):
         """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
@@ -84,7 +107,6 @@ class Session:
                     kept.append(batch)
                 else:
                     kept = None
-                    log.info("rank %d: training batches exceed train.worker_cache_mb; streaming every epoch", self.rank)
             yield batch
         whole = bool(kept)
         if self.world_size > 1:
@@ -95,6 +117,9 @@ class Session:
             whole = bool(flag.item())
         if whole:
             self._train_cache = (batch_size, kept)
+        else:
+            self._streaming = True  # every later epoch streams, without trying to keep it again
+            log.info("rank %d: training batches exceed train.worker_cache_mb (here or on another rank); streaming every epoch", self.rank)
 
     VAL_CACHE_ROWS = 2_000_000
 
