@@ -120,7 +120,7 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
     """The labelled rows: one per exposure in the window whose label is known."""
     from .ab_spec import ABSpec
     from .features import FittedFeatures
-    from .data.validate import _python_array
+    from .data.validate import python_array
     from .serve.events import EventReader
 
     spec = ABSpec.model_validate(args["spec"])
@@ -134,7 +134,7 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     names = [c["name"] for c in _input_columns(features)]
     rows = [json.loads(text) for text in frame["features"]]
-    columns = {n: _python_array([r.get(n) for r in rows]) for n in names}  # mixed types as serving reads them
+    columns = {n: python_array([r.get(n) for r in rows]) for n in names}  # mixed types as serving reads them
     columns[features.label.column] = pa.array(labels, pa.float64())
     columns["request_id"] = pa.array(list(frame["request_id"]), pa.string())
     return pa.table(columns)

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..hashing import combine, hash_strings, seed_key, to_unit
-from .validate import _as_string
+from .validate import as_string
 
 TRAIN, VAL, TEST = 0, 1, 2
 SPLITS = ("train", "val", "test")
@@ -78,7 +78,7 @@ def row_hash(table: pa.Table, columns: tuple[str, ...], seed: int, salt: str) ->
     key = seed_key(seed, salt)
     h = None
     for name in columns:
-        part = hash_strings(_as_string(table.column(name), name), key)
+        part = hash_strings(as_string(table.column(name), name), key)
         h = part if h is None else combine(h, part)
     return h if h is not None else np.zeros(table.num_rows, np.uint64)
 

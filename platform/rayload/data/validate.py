@@ -81,7 +81,7 @@ def _require_columns(table: pa.Table, schema: Schema, source: str) -> None:
 def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
     name, role = col["name"], col["role"]
     if role in _STRING_ROLES:
-        values = _as_string(column, name)
+        values = as_string(column, name)
     else:  # numeric, timestamp
         values = _as_float(column, name, reasons, timestamp=role == "timestamp")
         values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)  # NaN = missing
@@ -92,7 +92,9 @@ def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
     return values
 
 
-def _as_string(column, name: str) -> pa.Array:
+def as_string(column, name: str) -> pa.Array:
+    """A categorical column as text, the way fitting, serving, drift and retraining all read it
+    (booleans as "true"/"false", whole-number floats without ".0")."""
     arr = as_array(column)
     t = arr.type
     if pa.types.is_dictionary(t):
@@ -189,7 +191,7 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
     raw = {}
     for col in feature_cols:
         values = [r.get(col["name"]) for r in rows]
-        raw[col["name"]] = _python_array(values)
+        raw[col["name"]] = python_array(values)
     reasons = _Reasons(len(rows))
     out = {c["name"]: _validate_column(raw[c["name"]], dict(c, required=c.get("required", False)), reasons) for c in feature_cols}
     if reasons.bad.any():
@@ -198,7 +200,8 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
     return pa.table(out) if out else pa.table({"__rows__": pa.nulls(len(rows))})
 
 
-def _python_array(values: list) -> pa.Array:
+def python_array(values: list) -> pa.Array:
+    """Raw request values (JSON) as one Arrow column; mixed types fall back to text."""
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

@@ -91,9 +91,9 @@ class Bins:
 def _text(values: list, name: str) -> pa.Array:
     """Raw request values as the model's transform reads a categorical column (serving's
     validate_request): JSON true -> "true", 5.0 -> "5", "" -> missing, mixed types as text."""
-    from ..data.validate import _as_string, _python_array
+    from ..data.validate import as_string, python_array
 
-    return _as_string(_python_array(values), name)
+    return as_string(python_array(values), name)
 
 
 def _missing(v) -> bool:
