@@ -117,9 +117,12 @@ MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("path", pa.string()), ("ro
 
 
 def _shard_name(good: pa.Table, bad: pa.Table, plan: BatchPlan) -> str:
-    """Named by content, so a retried task overwrites its own file instead of adding one."""
+    """Named by content, so a retried task overwrites its own file instead of adding one. The
+    content is every declared column, not the split key alone: with a group split (or a key that
+    does not identify a row) two input blocks with the same keys in the same order, such as two
+    daily snapshots of the same users, would share a name and one would overwrite the other."""
     h = hashlib.blake2b(digest_size=10)
-    h.update(row_hash(good, plan.split.key, 0, "shard-name").tobytes())
+    h.update(row_hash(good, plan.split.columns or plan.split.key, 0, "shard-name").tobytes())
     h.update(str((good.num_rows, bad.num_rows)).encode())
     h.update("\n".join(bad.column("row").to_pylist()).encode())
     return f"part-{h.hexdigest()}.parquet"

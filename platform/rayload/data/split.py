@@ -33,6 +33,7 @@ class SplitPlan:
     k: int = 5
     fold: int = 0
     cutoffs: tuple = ()  # stratified: ((label, c1, c2), ...); temporal: (t1, t2)
+    columns: tuple[str, ...] = ()  # every declared column: what tells one row from another
 
     @classmethod
     def from_spec(cls, split, schema) -> "SplitPlan":
@@ -46,7 +47,7 @@ class SplitPlan:
         return cls(
             kind=split.kind, train=split.train, val=split.val, test=split.test, seed=split.seed,
             key=key, label=schema.label["column"], time_column=time_cols[0] if time_cols else None,
-            k=split.k, fold=split.fold,
+            k=split.k, fold=split.fold, columns=tuple(schema.names),
         )
 
     @property

@@ -205,5 +205,16 @@ def python_array(values: list) -> pa.Array:
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Mixed types in one column (3 and "x"): compare as text, as a CSV would be.
-        return pa.array([None if v is None else str(v) for v in values], pa.string())
+        # Mixed types in one column (3 and "x"): compare as text, as a CSV would be, each value
+        # spelled as Arrow casts it alone (True -> "true", 3.0 -> "3"), so a row's text does not
+        # depend on the other rows of its request.
+        return pa.array([_text(v) for v in values], pa.string())
+
+
+def _text(value) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return pa.array([value]).cast(pa.string())[0].as_py()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return str(value)

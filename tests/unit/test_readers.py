@@ -1,0 +1,64 @@
+"""Text shards and raw values that used to lose good rows or spell a value two ways."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from rayload.data.readers import parse_csv, parse_jsonl
+from rayload.data.validate import python_array
+
+
+def test_a_stray_quote_quarantines_its_line_and_keeps_every_line_after_it():
+    lines = [b"r%d,%d,1" % (i, i) for i in range(1000)]
+    lines[950] = b'"r950,950,1'
+    lines[970] = b'"r970,970,1'  # a second one in the lines parsed again
+    table, bad = parse_csv(b"c,n,y\n" + b"\n".join(lines) + b"\n", ["c", "n", "y"], "f.csv")
+    assert table.num_rows == 998 and len(bad) == 2
+    assert [b[0] for b in bad] == ['"r950,950,1', '"r970,970,1'] and all("unterminated quote" in b[1] for b in bad)
+    assert "malformed CSV line 952" in bad[0][1]  # the file's own line number (the header is line 1)
+    assert set(table.column("c").to_pylist()) == {f"r{i}" for i in range(1000)} - {"r950", "r970"}
+    # one stray quote alone: pyarrow reads it to the end of the file as one bad row
+    table, bad = parse_csv(b"c,n,y\n" + b"\n".join(lines[:960]) + b"\n", ["c", "n", "y"], "f.csv")
+    assert table.num_rows == 959 and len(bad) == 1
+    # quoted commas still parse, and a clean file takes the fast path unchanged
+    table, bad = parse_csv(b'c,n,y\n"a,b",1,0\nc,2,1\n', ["c", "n", "y"], "f.csv")
+    assert table.column("c").to_pylist() == ["a,b", "c"] and not bad
+
+
+def test_a_line_that_is_not_utf8_is_quarantined_and_the_others_kept():
+    table, bad = parse_csv(b"c,y\na,1\nb\xff,0\nc,1\n", ["c", "y"], "f.csv")
+    assert table.column("c").to_pylist() == ["a", "c"] and len(bad) == 1 and "line 3 is not UTF-8" in bad[0][1]
+    table, bad = parse_jsonl(b'{"c": "a", "y": 1}\n{"c": "b\xff", "y": 0}\n{"c": "c", "y": 1}\n', ["c", "y"], "f.jsonl")
+    assert table.column("c").to_pylist() == ["a", "c"] and len(bad) == 1 and "line 2 is not UTF-8" in bad[0][1]
+
+
+def test_mixed_values_are_spelled_as_each_would_be_alone():
+    assert python_array([True, "x"]).to_pylist() == ["true", "x"]
+    assert python_array([3.0, "x", 2]).to_pylist() == ["3", "x", "2"]
+    assert python_array([True]).cast("string").to_pylist() == ["true"]
+
+
+def test_two_snapshots_of_the_same_users_keep_both_under_a_group_split(tmp_path, monkeypatch):
+    """Shard files were named by the split key alone: two input files with the same users in the
+    same order wrote the same names, and one day overwrote the other."""
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for day in range(2):
+        pd.DataFrame({"user": [f"u{i}" for i in range(50)], "x": rng.normal(size=50) + 10 * day,
+                      "y": rng.integers(0, 2, 50)}).to_parquet(src / f"day{day}.parquet")
+    spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "parquet", "path": str(src)},
+                                   "columns": [{"name": "user", "role": "categorical"}, {"name": "x", "role": "numeric"}],
+                                   "label": {"column": "y"}}, "split": {"kind": "group", "group": "user", "seed": 1},
+                                   "features": {"numeric": {"x": {"scale": "none", "impute": "mean"}}}})
+    result = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    xs = np.concatenate([pq.read_table(f).column("x").to_numpy() for files in result.files.values() for f in files])
+    assert len(xs) == 100 and int((xs > 5).sum()) == 50  # each day's 50 rows once
+    assert all(len(set(files)) == len(files) for files in result.files.values())
+    assert os.path.exists(tmp_path / "out")
