@@ -239,3 +239,16 @@ def test_one_unstorable_exposure_in_a_batch_fails_only_its_own_request(arms, tmp
     reader = EventReader(url)
     assert sorted(reader.frame("e")["request_id"]) == ["r1", "r3"]
     reader.close()
+
+
+def test_a_rows_score_does_not_depend_on_the_types_its_batch_neighbours_send(arms):
+    """"item" is categorical: 7.0 from one client (a pandas row) and "12" from another in the
+    same batch used to turn the whole column into Python's text ("7.0"), so the first row's ID
+    went out of vocabulary only when batched. An integer past int64 failed the whole batch."""
+    scorers, rows = arms
+    row = dict(rows[0], item=7)
+    alone = scorers["a"].score([row])[0]
+    items = [("a", [dict(row, item=7.0)]), ("a", [dict(rows[1], item="12")]), ("a", [dict(rows[2], age=10**22)])]
+    out = score_grouped(scorers, items)
+    assert out[0][0][0] == pytest.approx(alone, abs=1e-6)
+    assert not any(isinstance(o, Exception) for o in out)  # the huge age is a number like any other (then clipped)

@@ -204,8 +204,8 @@ def python_array(values: list) -> pa.Array:
     """Raw request values (JSON) as one Arrow column; mixed types fall back to text."""
     try:
         return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Mixed types in one column (3 and "x"): compare as text, as a CSV would be, each value
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        # An integer past int64 (10**22), or mixed types in one column (3 and "x"): compare as text, as a CSV would be, each value
         # spelled as Arrow casts it alone (True -> "true", 3.0 -> "3"), so a row's text does not
         # depend on the other rows of its request.
         return pa.array([_text(v) for v in values], pa.string())
@@ -216,5 +216,5 @@ def _text(value) -> str | None:
         return value
     try:
         return pa.array([value]).cast(pa.string())[0].as_py()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
         return str(value)
