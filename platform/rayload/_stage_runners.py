@@ -32,7 +32,10 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
         return {"search": search.model_dump(mode="json"), "base": raw}, search.seed, _data_hash(job_from(raw, {}))
     if stage.kind == "ab":
         ab = _ab_template(spec, stage)
-        return ab, ab.get("simulate", {}).get("seed"), None
+        # Arms the pipeline does not fill from earlier stages (whose fingerprints cover them)
+        # are read here: a job arm's resolved spec and data, a checkpoint arm's files.
+        arms = [] if stage.champion else [_arm_identity(arm) for arm in ab["arms"]]
+        return {**ab, "arm_inputs": arms}, ab.get("simulate", {}).get("seed"), None
     return stage.model_dump(mode="json"), None, None
 
 
@@ -73,6 +76,26 @@ def _data_hash(job) -> str:
     from .paths import cache_root
 
     return cache_key(job, resolve_inputs(job.data, cache_root()))
+
+
+def _arm_identity(arm: dict) -> dict:
+    """What an A/B arm trains or serves: a job arm's resolved spec and its data's content hash;
+    a checkpoint arm's model.pt size and modification time (a URI as named)."""
+    from .paths import is_remote
+
+    if arm.get("job"):
+        from .spec import load_spec
+
+        job = load_spec(arm["job"], arm.get("set") or [])
+        return {"job": job.model_dump(mode="json"), "data": _data_hash(job)}
+    path = arm["checkpoint"]
+    if is_remote(path):
+        return {"checkpoint": path}
+    try:
+        st = os.stat(os.path.join(path, "model.pt"))
+        return {"checkpoint": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    except OSError:
+        return {"checkpoint": os.path.abspath(path), "missing": True}
 
 
 def _ab_template(spec, stage) -> dict:
@@ -149,9 +172,12 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
     template = _ab_template(spec, stage)
     arms = template["arms"]
     if stage.champion:
-        template["arms"] = [{"name": arms[0]["name"], "weight": arms[0]["weight"], "checkpoint": _checkpoint_of(outputs, stage.champion)},
-                            {"name": arms[1]["name"], "weight": arms[1]["weight"], "checkpoint": _checkpoint_of(outputs, stage.challenger)}]
-        template["champion"] = arms[0]["name"]
+        # The A/B spec's champion arm serves the pipeline's champion, the other arm its challenger.
+        champion = template.get("champion") or arms[0]["name"]
+        template["arms"] = [{"name": a["name"], "weight": a["weight"],
+                             "checkpoint": _checkpoint_of(outputs, stage.champion if a["name"] == champion else stage.challenger)}
+                            for a in arms]
+        template["champion"] = champion
     experiment = ab_from_dict(template)
     dep = control.start(experiment, address=address, run_dir=folder)
     try:

@@ -109,6 +109,8 @@ def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
                 issues += _spec_file_issues(stage.kind, path, stage.set, f"{where}.{field}")
         if stage.kind == "ab" and (stage.champion is None) != (stage.challenger is None):
             issues.append(SpecIssue(f"{where}.champion", "give both champion and challenger, or neither (the A/B spec's arms)"))
+        elif stage.kind == "ab" and stage.champion and os.path.exists(spec.path(stage.spec)):
+            issues += _two_arms(spec.path(stage.spec), stage.set, f"{where}.spec")
         for field, kinds in _REFS.get(stage.kind, {}).items():
             ref = getattr(stage, field)
             if ref is None:
@@ -122,6 +124,21 @@ def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
                 issues.append(SpecIssue(f"{where}.{field}", f"must name a {' or '.join(kinds)} stage, not a {seen[ref]} stage", ref, True))
         seen.setdefault(stage.name, stage.kind)
     return issues
+
+
+def _two_arms(path: str, overrides: list[str], where: str) -> list[SpecIssue]:
+    """Champion and challenger from earlier stages fill an A/B spec of exactly two arms."""
+    from .ab_spec import load_ab_spec
+    from .errors import SpecError
+
+    try:
+        arms = load_ab_spec(path, overrides).arms
+    except SpecError:
+        return []  # reported by _spec_file_issues
+    if len(arms) != 2:
+        return [SpecIssue(where, f"champion and challenger fill the A/B spec's arms, which must then be two; it has "
+                          f"{len(arms)}: {[a.name for a in arms]}", os.path.basename(path), True)]
+    return []
 
 
 def _spec_file_issues(kind: str, path: str, overrides: list[str], where: str) -> list[SpecIssue]:

@@ -98,3 +98,54 @@ def test_a_pipeline_whose_ab_stage_asks_for_direct_ingress_starts_ray_with_it_fi
     assert calls == []  # the shipped A/B spec answers through the proxy: Ray starts when a stage needs it
     stages._ray_for_direct_ingress(load_pipeline(PIPELINE, ["ab.serving.ingress=direct"]), "ray://head:10001")
     assert calls == [("ray://head:10001", {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"})]
+
+
+def test_an_ab_stage_filled_from_earlier_stages_needs_an_ab_spec_of_two_arms(tmp_path):
+    def edit(raw):
+        ab = yaml.safe_load((tmp_path / "ab_movielens.yaml").read_text())
+        ab["arms"].append({"name": "third", "weight": 0.0, "checkpoint": str(tmp_path)})
+        ab.setdefault("ramp", {})["auto"] = False  # (automatic decisions refuse three arms themselves)
+        (tmp_path / "ab_movielens.yaml").write_text(yaml.safe_dump(ab))
+
+    with pytest.raises(SpecError, match=r"stages\[3\].spec: champion and challenger fill the A/B spec's arms, which must then be two; it has 3"):
+        load_pipeline_spec(_copy(tmp_path, edit))
+
+
+def test_the_ab_specs_champion_arm_serves_the_pipelines_champion(monkeypatch, tmp_path):
+    """The champion stage's checkpoint went to the first arm whatever the A/B spec's `champion`
+    said: a spec listing the challenger first gave the new model the champion's traffic."""
+    from rayload import _stage_runners as runners
+    from rayload.pipeline_spec import ABStage
+
+    template = {"arms": [{"name": "new", "weight": 0.05, "checkpoint": "x"}, {"name": "base", "weight": 0.95, "checkpoint": "y"}],
+                "champion": "base"}
+    seen = {}
+    monkeypatch.setattr(runners, "_ab_template", lambda spec, stage: dict(template))
+    monkeypatch.setattr(runners, "_checkpoint_of", lambda outputs, name: f"ckpt-of-{name}")
+
+    def stop(d):
+        seen.update(d)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("rayload.ab_spec.ab_from_dict", stop)
+    stage = ABStage(name="ab", kind="ab", spec="ab.yaml", champion="baseline", challenger="search")
+    with pytest.raises(RuntimeError, match="stop here"):
+        runners.ab(None, stage, str(tmp_path), {}, None, lambda f: None)
+    arms = {a["name"]: (a["weight"], a["checkpoint"]) for a in seen["arms"]}
+    assert arms == {"new": (0.05, "ckpt-of-search"), "base": (0.95, "ckpt-of-baseline")} and seen["champion"] == "base"
+
+
+def test_an_ab_stage_fingerprint_reads_its_arms_job_specs_and_checkpoints(tmp_path):
+    from rayload import _stage_runners as runners
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(b"one")
+    before = runners._arm_identity({"checkpoint": str(ckpt)})
+    os.utime(ckpt / "model.pt", ns=(1, 1))
+    (ckpt / "model.pt").write_bytes(b"other weights")
+    assert runners._arm_identity({"checkpoint": str(ckpt)}) != before  # retrained in place: a new fingerprint
+    job = tmp_path / "job.yaml"
+    shutil.copy(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), job)
+    one = runners._arm_identity({"job": str(job), "set": []})
+    assert runners._arm_identity({"job": str(job), "set": ["train.epochs=3"]}) != one
