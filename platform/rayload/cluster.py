@@ -49,9 +49,28 @@ def lint(path: str, constraints: str | None = None) -> list[SpecIssue]:
     config = read_cluster(path)
     issues = schema_issues(config)
     issues += security_issues(config)
+    issues += gpu_option_issues(config)
     constraints = constraints or os.path.join(os.path.dirname(os.path.abspath(path)), "constraints.txt")
     if os.path.exists(constraints):
         issues += version_issues(config, constraints)
+    return issues
+
+
+def gpu_option_issues(config: dict) -> list[SpecIssue]:
+    """`docker run --gpus all` fails on a host without GPUs: the option belongs to the node
+    types that have them, never to the global docker options every worker gets."""
+    def gpus(options) -> bool:
+        return any(str(o).startswith("--gpus") for o in options or [])
+
+    docker = config.get("docker") or {}
+    issues = [SpecIssue(f"docker.{key}", "--gpus would reach every worker, and `docker run --gpus` fails on a node without "
+                        "GPUs: put it under available_node_types.<gpu type>.docker.worker_run_options", docker[key], True)
+              for key in ("run_options", "worker_run_options") if gpus(docker.get(key))]
+    for name, node in (config.get("available_node_types") or {}).items():
+        options = (node.get("docker") or {}).get("worker_run_options")
+        if gpus(options) and not (node.get("resources") or {}).get("GPU"):
+            issues.append(SpecIssue(f"available_node_types.{name}.docker.worker_run_options",
+                                    "--gpus on a node type without GPU resources", options, True))
     return issues
 
 

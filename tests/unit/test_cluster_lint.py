@@ -105,3 +105,13 @@ def test_local_config_is_a_fake_multinode_config_with_the_same_types(config):
     assert set(local["available_node_types"]) == {"ray.head.default", "cpu_worker", "gpu_worker"}
     assert local["available_node_types"]["gpu_worker"]["resources"]["GPU"] == 1
     assert schema_issues(local) == []
+
+
+def test_gpu_docker_options_only_on_gpu_node_types(config):
+    from rayload.cluster import gpu_option_issues
+
+    assert gpu_option_issues(config) == []
+    assert config["available_node_types"]["gpu_worker"]["docker"]["worker_run_options"] == ["--gpus all"]
+    config["docker"]["worker_run_options"] = ["--gpus all"]  # global: the CPU workers would never start
+    config["available_node_types"]["cpu_worker"]["docker"] = {"worker_run_options": ["--gpus all"]}
+    assert _paths(gpu_option_issues(config)) == {"docker.worker_run_options", "available_node_types.cpu_worker.docker.worker_run_options"}
