@@ -55,7 +55,24 @@ def two_nodes(bucket):
 
 @pytest.fixture(scope="module")
 def subset(two_nodes, tmp_path_factory):
-    return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
+    """The data and the shard cache, declared as a mount every node reaches (the two raylets
+    share this machine's disk)."""
+    from rayload.paths import cache_root
+
+    folder = tmp_path_factory.mktemp("ml")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAYLOAD_SHARED_PATHS", os.pathsep.join([str(folder), cache_root()]))
+        yield helpers.movielens_subset(folder, 20_000)
+
+
+def test_data_on_this_machines_disk_only_is_refused_before_anything_runs(subset, tmp_path, monkeypatch):
+    from rayload.data.pipeline import preprocess
+    from rayload.errors import DataError
+
+    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))  # neither the data nor the cache
+    with pytest.raises(DataError, match=r"the cluster has 2 nodes, but .*subset.parquet.* are on this machine's disk only.*RAYLOAD_CACHE"):
+        preprocess(job(subset), out=str(tmp_path / "shards"))
+    assert not os.path.exists(tmp_path / "shards")
 
 
 def job(path: str, epochs: int = 1, **train) -> JobSpec:
@@ -82,6 +99,9 @@ def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_acc
     monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))  # a mount every node reaches, declared
     check_storage(str(tmp_path / "ckpts"))
     check_storage(f"file://{tmp_path / 'ckpts'}")
+    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", "")  # and nothing declared: the data itself is refused first
+    with pytest.raises(RayloadError, match="on this machine's disk only"):
+        fit(job(subset, storage_path=str(tmp_path / "ckpts")))
 
 
 def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):

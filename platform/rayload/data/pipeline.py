@@ -139,10 +139,40 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     fixed = fixed_features(spec)
     key = cache_key(spec, inputs, fixed)
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
+    if engine == "ray":
+        check_reachable(inputs, out_dir)
     # A cache entry has one writer: a second process that wants it waits, then reuses it. An
     # explicit `out` folder belongs to its caller (a pipeline stage, a user) and is not locked.
     with cache_lock(out_dir) if out is None else contextlib.nullcontext():
         return _preprocess(spec, inputs, schema, key, out_dir, fixed, address, engine, on_stage)
+
+
+def check_reachable(inputs: Inputs, out_dir: str) -> None:
+    """On a cluster of several nodes, Ray Data's read and write tasks run on any of them: input
+    files and the shard folder on this machine's own disk are refused before anything runs,
+    with the fix (the embedded Ray, and a driver not connected yet, have one node)."""
+    import ray
+    import pyarrow.fs as pafs
+
+    from ..paths import local_path
+    from ..train.resources import alive_nodes, is_shared
+
+    if not ray.is_initialized():
+        return
+    nodes = len(alive_nodes())
+    if nodes < 2:
+        return
+    local = list(inputs.paths) if isinstance(inputs.filesystem, pafs.LocalFileSystem) else []
+    if "://" not in out_dir or out_dir.startswith("file://"):
+        local.append(local_path(out_dir))
+    unshared = [p for p in local if not is_shared(p)]
+    if unshared:
+        more = f" (and {len(unshared) - 2} more)" if len(unshared) > 2 else ""
+        raise DataError(
+            f"the cluster has {nodes} nodes, but {', '.join(unshared[:2])}{more} are on this machine's disk only: Ray Data "
+            "tasks on the other nodes could not read the data or write the shards. Put RAYLOAD_CACHE (built-in sources, "
+            "preprocessed shards) on a folder every node mounts (NFS, EFS; RAYLOAD_SHARED_PATHS declares mounts "
+            "/proc/mounts cannot tell), and data.source on object storage (s3://...) or that mount.")
 
 
 def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fixed: FittedFeatures | None, address: str | None,
