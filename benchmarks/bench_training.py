@@ -430,7 +430,7 @@ def bench_ingest(args, pre, work: str) -> dict:
     from rayload._ray import ensure_ray
     from rayload.train.batch import Layout
     from rayload.train.loop import Trainer, loader_options
-    from rayload.train.session import LocalSession
+    from rayload.train.local_session import LocalSession
     from rayload.train.trainer import score_metric
 
     # The stream side streams every epoch (train.worker_cache_mb=0): with the default cache,

@@ -92,10 +92,11 @@ def _stop_on_signals() -> None:
 
 def _build(ab, spec: str, out: str, address) -> None:
     from .serve import control
+    from .serve.serve_config import app_args, resolve_checkpoints, serve_config
 
     run_dir = control.run_dir_for(ab)
     os.makedirs(run_dir, exist_ok=True)
-    config = control.serve_config(control.app_args(ab, control.resolve_checkpoints(ab, address), run_dir))
+    config = serve_config(app_args(ab, resolve_checkpoints(ab, address), run_dir))
     with open(out, "w") as f:
         f.write(f"# serve deploy {out}   (written by rayload serve build {spec})\n")
         if ab.serving.ingress == "direct":

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .train.session import LocalSession
+from .train.local_session import LocalSession
 
 
 @dataclass(frozen=True)

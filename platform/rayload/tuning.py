@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import itertools
-import json
 import logging
 import os
 import socket
@@ -23,6 +22,7 @@ from typing import Any, Callable
 from ._ray import ensure_ray
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
+from ._tune_runs import find_run, now, preparing, read_state, status, write_state  # status: public here (__all__)
 from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def tune(search: str | SearchSpec, resume: str | None = None, address: str | Non
                     (spec.metric, spec.score_mode))
     need = {k: v * tr.workers for k, v in per_worker.items()}
     plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
-    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, **_preparing(resume),
+    write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, **preparing(resume),
                 trial_root=trial_root if is_remote(trial_root) else None,
                 study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
     study = _run(plan, job_trial, {"search": job}, resume=bool(resume))
@@ -200,7 +200,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     max_t = spec.scheduler.max_epochs if spec.scheduler else None
     plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
                  step_attr="training_iteration", max_t=max_t)
-    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **_preparing(resume),
+    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **preparing(resume),
                 total=trials_wanted(spec), metric=metric, mode=mode)
     study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
     return _finish(plan, study, None)
@@ -273,7 +273,7 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     if ended:
         cut = searcher.cut_off(ended)  # Tune stopped them without telling the searcher
         log.info("search %s ended: %s (%d running trial(s) stopped)", spec.name, ended, cut)
-    write_state(plan.run_dir, state="finished", finished=_now(), ended=ended or "all trials finished", spent_s=stopper.spent())
+    write_state(plan.run_dir, state="finished", finished=now(), ended=ended or "all trials finished", spent_s=stopper.spent())
     return study
 
 
@@ -329,11 +329,6 @@ def _check_new_study(spec: SearchSpec) -> None:
         raise StudyExistsError(spec.name, spec.storage)
 
 
-def _preparing(resume: str | None) -> dict:
-    """A new run's first state: preparing (its data, before the study opens), by this driver."""
-    return {} if resume else {"state": "preparing", "pid": os.getpid(), "host": socket.gethostname()}
-
-
 def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None, driver: dict[str, float] | None = None) -> None:
     """A trial the cluster can never hold is refused before the search starts (`driver`: what
     a multi-worker trial holds itself while its TorchTrainer's workers run)."""
@@ -356,66 +351,6 @@ def _concurrency(requested: int | None, need: dict[str, float], total: int) -> i
     free = ray.available_resources()
     fits = [int(free.get(k, 0) // v) for k, v in need.items() if v > 0]
     return max(1, min([total, *fits]))
-
-
-# ---------------------------------------------------------------- run folders and status
-
-
-def find_run(run: str) -> str:
-    candidates = [run, os.path.join(runs_root(), "tune", run)]
-    for path in candidates:
-        if os.path.exists(os.path.join(path, "search.json")):
-            return os.path.abspath(path)
-    raise RayloadError(f"no search run {run!r}: looked for search.json in {', '.join(candidates)}")
-
-
-def read_state(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "search.json")) as f:
-        return json.load(f)
-
-
-def write_state(run_dir: str, **updates) -> None:
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "search.json")
-    state = read_state(run_dir) if os.path.exists(path) else {"started": _now()}
-    state.update(updates, updated=_now())
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f, indent=1, default=str)
-    os.replace(path + ".tmp", path)
-
-
-def status(run: str) -> dict:
-    """State of a running, finished or interrupted search: its trials, counts and best trial."""
-    from ._study import read_study
-    from ._tune_report import best_row, trial_rows
-
-    run_dir = find_run(run)
-    state = read_state(run_dir)
-    try:
-        rows = trial_rows(read_study(state["storage"], state["study"]))
-    except RayloadError:
-        if state.get("state") != "preparing":
-            raise
-        rows = []  # its data is being prepared: the study opens after that
-    if state.get("state", "preparing") in ("running", "preparing") and not _alive(state.get("pid"), state.get("host")):
-        state["state"] = "interrupted (driver gone; continue with --resume)"
-    return {"run_dir": run_dir, "state": state.get("state", "preparing"), "total": state["total"], "metric": state["metric"],
-            "mode": state["mode"], "trials": rows, "best": best_row(rows), "ended": state.get("ended"),
-            "spent_s": state.get("spent_s")}
-
-
-def _alive(pid: int | None, host: str | None) -> bool:
-    if not pid or host != socket.gethostname():
-        return host != socket.gethostname() and pid is not None  # another machine's driver: assume it runs
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
-def _now() -> str:
-    return _dt.datetime.now().isoformat(timespec="seconds")
 
 
 __all__ = ["tune", "tune_function", "status", "TuneResult"]

@@ -203,7 +203,7 @@ def test_validation_batches_are_the_same_from_local_shards_and_from_ray_data(mov
 
     from rayload.data.pipeline import LocalShards, preprocess
     from rayload.train.loop import loader_options
-    from rayload.train.session import LocalSession
+    from rayload.train.local_session import LocalSession
     from rayload.train.trainer import training_datasets
 
     import pyarrow.parquet as pq

@@ -12,6 +12,7 @@ import pytest
 from rayload.ab_spec import ab_from_dict
 from rayload.errors import SpecError
 from rayload.serve import control
+from rayload.serve.serve_config import serve_config
 from rayload.serve.assign import Layout
 
 
@@ -39,7 +40,7 @@ def run(tmp_path, monkeypatch):
         args = {"experiment": spec.name, "arms": ["A", "B"], "serving": spec.serving.model_dump(), "weights": spec.weights,
                 "champion": "A", "shadow": spec.shadow, "spec": spec.model_dump(mode="json"), "events_url": "sqlite:///unused",
                 "checkpoints": {}}
-        control.save_state(str(tmp_path), {"config": control.serve_config(args), "address": None, "decisions": []})
+        control.save_state(str(tmp_path), {"config": serve_config(args), "address": None, "decisions": []})
         box["frame"] = frame
         return str(tmp_path)
 

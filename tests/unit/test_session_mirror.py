@@ -13,8 +13,8 @@ import os
 import pytest
 
 from rayload import paths
-from rayload.train import session as session_mod
-from rayload.train.session import INDEX, LocalSession
+from rayload.train import local_session as session_mod
+from rayload.train.local_session import INDEX, LocalSession
 
 
 def session(folder, remote: str, keep: int = 2) -> LocalSession:

@@ -27,8 +27,12 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     newlines here, but its chunker still follows the quote): to the end of the file as one bad
     row, or up to the next stray quote as one "good" row holding many lines. Either shows
     (a bad row, or a value, holding a newline); such a file is parsed again line by line."""
-    data, malformed = _utf8_lines(data)
-    table, bad, spanned = _read_csv(data, names, source)
+    try:
+        table, bad, spanned = _read_csv(data, names, source)
+        malformed = []
+    except _NotUtf8:  # rare: only then is every line decoded, to set the bad ones aside
+        data, malformed = _utf8_lines(data)
+        table, bad, spanned = _read_csv(data, names, source)
     if spanned or any(pc.any(pc.match_substring(table.column(n), "\n")).as_py() for n in names):
         table, bad = _read_csv_by_line(data, names, source)
     return table, malformed + bad
@@ -59,6 +63,8 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
         msg = str(exc)
         if "include_columns" in msg or "No such column" in msg or "does not exist" in msg:
             _missing_columns(data, names, source)
+        if "invalid UTF8" in msg:
+            raise _NotUtf8() from None
         raise DataError(f"{source}: cannot read as CSV: {msg}") from None
     return table, malformed, any(spanned)
 
@@ -91,14 +97,13 @@ def _read_csv_by_line(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
     return pa.table({n: pa.array(v, pa.string()) for n, v in columns.items()}), malformed
 
 
+class _NotUtf8(Exception):
+    pass
+
+
 def _utf8_lines(data: bytes) -> tuple[bytes, list[tuple[str, str]]]:
     """The lines that are UTF-8, and a quarantine row for each line that is not (the header,
     line 1, must be)."""
-    try:
-        data.decode("utf-8")
-        return data, []
-    except UnicodeDecodeError:
-        pass
     kept, malformed = [], []
     for number, line in enumerate(data.split(b"\n"), start=1):
         try:

@@ -366,7 +366,7 @@ class ABRouter:
 
 
 def build_app(args: dict):
-    """Serve application builder. `args` comes from `serve.control.app_args` (JSON-able)."""
+    """Serve application builder. `args` comes from `serve.serve_config.app_args` (JSON-able)."""
     serving = args["serving"]
     options = dict(num_replicas=serving["replicas"], max_ongoing_requests=serving["max_ongoing_requests"],
                    max_queued_requests=serving["max_queued_requests"], ray_actor_options={"num_cpus": serving["cpus_per_replica"]},

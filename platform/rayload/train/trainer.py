@@ -19,7 +19,7 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
 from .resources import alive_nodes, check_resources, check_storage, requested
-from .session import LocalSession, best_of
+from .local_session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
 
