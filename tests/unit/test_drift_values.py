@@ -61,3 +61,32 @@ def test_missing_only_bins_count_blank_and_null_as_missing():
     st.buckets, st.stats = 16, {"null_rate": 0.1}
     b = drift._categorical_bins(st)
     assert b.index([None, "", "x", 0, False]).tolist() == [0, 0, 1, 1, 1]
+
+
+
+@pytest.mark.parametrize("encode, max_bag", [("vocab", 16), ("vocab", 2), ("hash", 16), ("onehot", 16)])
+def test_counts_read_off_the_model_ids_equal_counts_of_the_raw_values(encode, max_bag):
+    """A scorer hands drift the rows' transform too (serve/scorer.py): bins read off the IDs
+    must count exactly what the raw values count: in and out of vocabulary, missing, mixed
+    types, bags cut at max_bag (whose tokens past the cut still count), and a slice of a larger
+    table (the A/B batch gives each arm its slice)."""
+    from helpers import frame
+    from test_features import fit
+
+    df = frame(800, seed=2)
+    features, _ = fit(df, {"categorical": {c: {"encode": encode, "max_bag": max_bag, "top_k": 20} for c in ("user", "item", "tags")}})
+    rows = [{k: r[k] for k in ("user", "item", "tags", "price", "age")} for r in frame(60, seed=9).to_dict("records")]
+    rows[0].update(user=None, item="zz-unseen", tags="")  # missing, out of vocabulary, an empty bag
+    rows[1].update(user="", item=True, tags=" a | b |c|d|e|a ")  # blank, a boolean, a bag past any max_bag
+    rows[2].update(item=7.0, tags=None)  # a whole-number float reads as "7"
+    for r in rows:
+        r["price"] = None if r["price"] != r["price"] else r["price"]  # JSON has no NaN
+        r["age"] = None if r["age"] != r["age"] else r["age"]
+    table = features.transform_rows(rows)
+    for start, n in [(0, 60), (0, 3), (5, 20), (59, 1)]:
+        by_ids, by_raw = drift.DriftCounter(features), drift.DriftCounter(features)
+        by_ids.observe(rows[start:start + n], table.slice(start, n))
+        by_raw.observe(rows[start:start + n])
+        assert by_ids.snapshot() == by_raw.snapshot(), (start, n)
+    used = [b for b in drift.DriftCounter(features).bins.values() if b.ids]
+    assert bool(used) == (encode == "vocab")  # the ID path ran where it applies

@@ -10,7 +10,10 @@ its checkpoint's `features.json`:
   of the vocabulary, out-of-vocabulary, missing; without `top_values`: in-vocabulary, OOV,
   missing. Hash-encoded columns have no vocabulary: only their missing rate is tracked.
   A value is read as the model's transform reads it (JSON true is "true", 5.0 is "5"), so a
-  value the model finds in its vocabulary is never counted out of vocabulary.
+  value the model finds in its vocabulary is never counted out of vocabulary. A scorer hands
+  over the rows' transformed table too: a vocabulary-encoded column's bins are then read off
+  the IDs the model got (one array lookup) instead of converting the raw values a second
+  time; the two ways count the same (tests/unit/test_drift_values.py).
 
 The counts (a few dozen integers per feature, whatever the traffic) are flushed to the event
 store per replica and summed over replicas when read, so the statistics cover all of them.
@@ -31,6 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..features import MISSING_ID
+
 EPS = 1e-4
 SMALL_LOOKUP = 256  # rows up to which a dict lookup beats pyarrow's index_in (which hashes the vocabulary per call)
 
@@ -46,13 +51,15 @@ class Bins:
     vocab: frozenset = frozenset()
     multi: bool = False
     separator: str = "|"
+    ids: tuple[str, ...] = ()  # vocabulary-encoded (not one-hot, not hashed): the vocabulary in ID order
+    max_bag: int = 0  # bags: IDs the model keeps per row; a row at the limit may have had more tokens
 
     def index(self, values: list) -> np.ndarray:
         """Bin of every raw value (bags: of every token)."""
         if self.kind == "numeric":
             return self._numeric(values)
-        if self.kind == "missing-only":
-            return np.where(_text(values, self.feature).is_null().to_numpy(zero_copy_only=False), 0, 1).astype(np.int64)
+        if self.kind == "missing-only":  # as _text reads them: only null and "" are missing
+            return np.fromiter((0 if v is None or v == "" else 1 for v in values), dtype=np.int64, count=len(values))
         return self._categorical(values)
 
     def _numeric(self, values: list) -> np.ndarray:
@@ -77,6 +84,27 @@ class Bins:
         out[found] = bins[position[found].astype(np.int64)]
         out[tokens.is_null().to_numpy(zero_copy_only=False)] = 0
         return out
+
+    def index_ids(self, column) -> np.ndarray | None:
+        """Bin of every value, read off the model's IDs for it (`features.transform_categorical`'s
+        output for this column), or None where they cannot tell: a bag at `max_bag` IDs may
+        have been cut short, and the raw tokens past the cut still count."""
+        arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if self.multi:
+            if len(arr) and pc.max(pc.list_value_length(arr)).as_py() >= self.max_bag:
+                return None
+            ids = arr.flatten().to_numpy()
+            ids = ids[ids != MISSING_ID]  # an empty bag holds the missing ID; no token is missing
+        else:
+            ids = arr.to_numpy()
+        return self._id_bins[ids]
+
+    @cached_property
+    def _id_bins(self) -> np.ndarray:
+        """The bin of every ID: missing, out of vocabulary, then the vocabulary's values."""
+        bin_of = self._lookup[0]
+        oov = len(self.top) + 2
+        return np.array([0, oov, *(bin_of.get(v, oov) for v in self.ids)], dtype=np.int64)
 
     @cached_property
     def _lookup(self) -> tuple[dict[str, int], pa.Array, np.ndarray]:
@@ -137,7 +165,8 @@ def _categorical_bins(state) -> Bins:
     expected = (null, *[(1 - null) * s for s in shares], (1 - null) * rest, (1 - null) * (1 - coverage))
     labels = ("missing", *top, "other (in vocabulary)", "out of vocabulary")
     return Bins(state.name, "categorical", labels, expected, top=tuple(top), vocab=frozenset(state.vocab),
-                multi=state.multi, separator=state.separator)
+                multi=state.multi, separator=state.separator, ids=tuple(state.vocab) if state.encode == "vocab" else (),
+                max_bag=state.max_bag)
 
 
 class DriftCounter:
@@ -149,9 +178,16 @@ class DriftCounter:
         self.rows = 0
         self.version = 0  # bumps on every observe: the flusher writes only what changed
 
-    def observe(self, rows: list[dict]) -> None:
+    def observe(self, rows: list[dict], table: pa.Table | None = None) -> None:
+        """Count raw request rows; `table`, when given, is their transform by this model's
+        features (`FittedFeatures.transform_rows`), whose IDs stand in for the raw values of
+        vocabulary-encoded columns."""
         for name, b in self.bins.items():
-            idx = b.index([r.get(name) for r in rows])
+            idx = None
+            if table is not None and b.ids and name in table.column_names:
+                idx = b.index_ids(table.column(name))
+            if idx is None:
+                idx = b.index([r.get(name) for r in rows])
             if len(idx):
                 self.counts[name] += np.bincount(idx, minlength=len(b.labels))
         self.rows += len(rows)

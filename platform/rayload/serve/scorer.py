@@ -60,7 +60,7 @@ class Scorer:
         from ..train.batch import collate
 
         if self.drift is not None:  # rows that passed the transform are the traffic this model saw
-            self.drift.observe(rows)
+            self.drift.observe(rows, table)
         batch = collate(table, self.layout)
         with torch.no_grad():
             out = self.model(*batch.inputs()).float()
