@@ -23,7 +23,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from ray import serve
 
@@ -78,6 +78,13 @@ class FeedbackBody(BaseModel):
 
 def _problem(status: int, detail) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _ok(body: dict) -> Response:
+    """A 200 answer serialised here, as JSONResponse would (UTF-8, no NaN): a dict returned to
+    FastAPI goes through jsonable_encoder first, which walks it in Python (about 8 us per
+    /predict answer, on the replica's busiest thread)."""
+    return Response(json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(), media_type="application/json")
 
 
 def _validation_detail(exc: ValidationError) -> list[dict]:
@@ -228,11 +235,11 @@ class ABRouter:
         if not batch_logs:
             await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
                             shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)],
-                            features=json.dumps(rows[top], default=str) if self.log_features else None)
+                            features=json.dumps(rows[top]) if self.log_features else None)
         out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
         if body.candidates is not None:
             out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
-        return out
+        return _ok(out)
 
     def _rows_problem(self, rows, ranking: bool) -> JSONResponse | None:
         field = "candidates" if ranking else "features"
@@ -279,7 +286,7 @@ class ABRouter:
             request_id, unit, start = exposure
             scores, version = result
             top = _top(scores)
-            features = json.dumps(rows[top], default=str) if self.log_features else None
+            features = json.dumps(rows[top]) if self.log_features else None
             events.append(("exposure", self._exposure_row(request_id, unit, arm, version, scores[top], "ok", (perf - start) * 1000,
                                                           now, features)))
             logged.append(i)

@@ -68,7 +68,7 @@ class _DriverInsert:
             if not row.keys() <= self.known:
                 raise ValueError(f"unknown column(s) {sorted(row.keys() - self.known)} for {self.table}")
         if self.positional:
-            return [tuple(row.get(c) for c in self.columns) for row in rows]
+            return [tuple(map(row.get, self.columns)) for row in rows]
         return [{c: row.get(c) for c in self.columns} for row in rows]
 
 
