@@ -242,7 +242,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {k: [] for k in urls}
     try:
         for rnd in range(args.rounds):
-            for side, url in urls.items():
+            # The sides run back to back; every other round in reverse order, so that no side
+            # always runs right after the same other one (a side inherits the machine's state).
+            for side, url in (list(urls.items()) if rnd % 2 == 0 else list(urls.items())[::-1]):
                 results[side].append(measure(url, args.clients, args.seconds, rows_file, args.client))
                 print(f"round {rnd} {side:13s} {json.dumps({k: round(v, 2) for k, v in results[side][-1].items()})}", flush=True)
     finally:
