@@ -128,8 +128,10 @@ def print_analysis(result) -> None:
                       "ok" if a.guardrail_ok else "; ".join(a.guardrail_reasons))
     console.print(table)
     if result.diff is not None:
-        console.print(f"difference {result.diff:+.4f} [{_g(result.diff_ci[0])}, {_g(result.diff_ci[1])}], lift {result.lift:+.2%} "
-                      f"[{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; fixed-horizon p={_g(result.z_p_value)}, "
+        from .serve.report import lift_text
+
+        console.print(f"difference {result.diff:+.4f} [{_g(result.diff_ci[0])}, {_g(result.diff_ci[1])}], {lift_text(result)}; "
+                      f"fixed-horizon p={_g(result.z_p_value)}, "
                       f"sequential (always valid) p={_g(result.sequential_p)}")
     console.print(f"sample ratio check p={_g(result.srm_p)}{' [red]MISMATCH: results invalid[/]' if result.srm_flagged else ''}")
     if result.mde_now is not None:

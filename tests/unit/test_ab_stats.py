@@ -203,3 +203,28 @@ def test_to_dict_nulls_non_finite_numbers_and_leaves_strings_alone():
     assert out["experiment"] == "NaN-BaNaNa" and [a["arm"] for a in out["arms"]] == ["BaNaNa", "NaN"]
     assert out["arms"][1]["ctr"] is None and out["arms"][1]["p99_ms"] is None and out["arms"][0]["ctr"] is not None
     json.dumps(out, allow_nan=False)  # no NaN or infinity left anywhere
+
+
+def test_a_champion_without_clicks_still_gives_the_difference_and_a_clear_winner_is_promoted():
+    # Control CTR 0 (a broken champion, a rare conversion): only the relative lift is undefined.
+    rng = np.random.default_rng(4)
+    control, treatment = stats.ArmSums.from_units(np.zeros(2000), np.ones(2000)), stats.ArmSums.from_units(rng.random(2000) < 0.04, np.ones(2000))
+    cmp = stats.compare(control, treatment)
+    assert cmp.diff == pytest.approx(treatment.ctr) and cmp.diff_ci[0] > 0 and cmp.p_value < 1e-10
+    assert cmp.lift is None and cmp.lift_ci is None
+    result = analyze(frame({"control": 0.0, "challenger": 0.04}, n=4000), ab_from_dict(SPEC))
+    assert result.decision == "promote" and result.diff > 0 and result.lift is None, result.reasons
+    assert result.to_dict()["lift"] is None
+    from rayload.serve.report import render
+
+    assert "lift n/a" in render(result)
+
+
+def test_a_significant_test_without_a_finite_difference_decides_nothing():
+    from rayload.serve.analysis import decide
+
+    result = analyze(frame({"control": 0.10, "challenger": 0.30}), ab_from_dict(SPEC))
+    assert result.decision == "promote"
+    result.diff = float("nan")
+    decision, reasons = decide(result, ab_from_dict(SPEC))
+    assert decision == "continue" and "not defined" in reasons[0]

@@ -40,7 +40,7 @@ class Analysis:
     arms: list[ArmReport]
     diff: float | None = None
     diff_ci: tuple[float, float] | None = None
-    lift: float | None = None
+    lift: float | None = None  # None where the champion's CTR is 0 (no relative change is defined)
     lift_ci: tuple[float, float] | None = None
     z_p_value: float | None = None
     sequential_p: float | None = None
@@ -210,7 +210,11 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
     need = spec.analysis.min_units
     if min(arms[result.champion].units, bad.units) < need:
         return "continue", [f"each arm needs {need} exposed units first (have {arms[result.champion].units} and {bad.units})"]
-    if result.sequential_significant and result.diff is not None:
+    if result.sequential_significant:
+        # The test says which way only through the difference: without a finite one there is
+        # nothing to act on (NaN > 0 is False, which once rolled back a clear winner).
+        if result.diff is None or not math.isfinite(result.diff) or result.diff == 0:
+            return "continue", [f"sequential test p={result.sequential_p:.3g} but the CTR difference is not defined ({result.diff}): no decision"]
         word = "promote" if result.diff > 0 else "rollback"
         return word, [f"sequential test p={result.sequential_p:.3g} <= {spec.analysis.alpha}: CTR difference {result.diff:+.4f}"]
     more = f"; about {result.units_needed} more units for {spec.analysis.power:.0%} power at an effect of {spec.analysis.mde}" if result.units_needed else ""

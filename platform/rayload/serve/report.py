@@ -60,8 +60,8 @@ def render(result: Analysis) -> str:
     images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result).items())
     lift = ""
     if result.diff is not None:
-        lift = (f"<p>difference {result.diff:+.4f} [{result.diff_ci[0]:+.4f}, {result.diff_ci[1]:+.4f}], lift {result.lift:+.2%} "
-                f"[{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; fixed-horizon p = {result.z_p_value:.4g}; "
+        lift = (f"<p>difference {result.diff:+.4f} [{result.diff_ci[0]:+.4f}, {result.diff_ci[1]:+.4f}], {html.escape(lift_text(result))}; "
+                f"fixed-horizon p = {result.z_p_value:.4g}; "
                 f"sequential (always valid) p = {result.sequential_p:.4g}</p>")
     srm = "MISMATCH: results invalid" if result.srm_flagged else "ok"
     drift = drift_table(result.drift)
@@ -71,6 +71,14 @@ def render(result: Analysis) -> str:
 <p>champion <b>{html.escape(result.champion)}</b>; decision <b id="decision">{html.escape(result.decision)}</b>: {html.escape('; '.join(result.reasons))}</p>
 <table><tr><th>arm</th><th>weight</th><th>units</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th><th>errors</th><th>p99 ms</th><th>guardrails</th></tr>{rows}</table>
 {lift}<p>sample ratio check p = {result.srm_p:.4g} ({srm})</p>{drift}{images}</body></html>"""
+
+
+def lift_text(result: Analysis) -> str:
+    """The relative lift with its interval; n/a where it is not defined (a champion CTR of 0)."""
+    if result.lift is None:
+        return "lift n/a"
+    ci = f" [{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]" if result.lift_ci is not None else " [n/a]"
+    return f"lift {result.lift:+.2%}{ci}"
 
 
 def drift_table(rows: list[dict]) -> str:

@@ -84,30 +84,59 @@ def ctr_interval(a: ArmSums, alpha: float = 0.05) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A CTR difference (treatment - control) with its variance, and the two CTR levels it is
+    made of with the variance of the log of their ratio (the relative lift's delta method)."""
+
+    diff: float
+    var: float
+    control: float
+    treatment: float
+    log_ratio_var: float
+
+
+@dataclass(frozen=True)
 class Comparison:
     diff: float
     diff_ci: tuple[float, float]
-    lift: float
-    lift_ci: tuple[float, float]
+    lift: float | None  # None where the control's CTR is 0: no relative change is defined
+    lift_ci: tuple[float, float] | None  # None also where the challenger's CTR is 0 (lift -100%, no log ratio)
     z: float
     p_value: float  # fixed-horizon two-sided test: valid only when looked at once
 
 
 def compare(control: ArmSums, treatment: ArmSums, alpha: float = 0.05) -> Comparison:
     """Difference (treatment - control), relative lift (delta method on the log ratio) and a
-    two-sided z-test of equal CTRs."""
+    two-sided z-test of equal CTRs. A control CTR of 0 leaves only the lift undefined: the
+    difference, its interval and the test hold at any CTR (a broken champion or a rare event)."""
+    c, t = control.ctr, treatment.ctr
+    log_var = control.var / c**2 + treatment.var / t**2 if c > 0 and t > 0 else float("nan")
+    return comparison(Estimate(t - c, control.var + treatment.var, c, t, log_var), alpha)
+
+
+def comparison(est: Estimate, alpha: float = 0.05) -> Comparison:
+    """Interval and z-test of an estimated difference; NaN where its variance is not defined."""
     nan = float("nan")
-    v = control.var + treatment.var
-    if not (math.isfinite(v) and v > 0 and control.ctr > 0):
-        return Comparison(nan, (nan, nan), nan, (nan, nan), nan, nan)
-    z_c = z_crit(alpha)
-    diff = treatment.ctr - control.ctr
-    z = diff / math.sqrt(v)
-    log_ratio = math.log(treatment.ctr / control.ctr) if treatment.ctr > 0 else -math.inf
-    se_log = math.sqrt(control.var / control.ctr**2 + treatment.var / max(treatment.ctr, 1e-12) ** 2)
-    lift_ci = (math.exp(log_ratio - z_c * se_log) - 1, math.exp(log_ratio + z_c * se_log) - 1) if math.isfinite(log_ratio) else (nan, nan)
-    return Comparison(diff, (diff - z_c * math.sqrt(v), diff + z_c * math.sqrt(v)), treatment.ctr / control.ctr - 1, lift_ci,
-                      z, float(2 * stats.norm.sf(abs(z))))
+    if not (math.isfinite(est.diff) and math.isfinite(est.var)):
+        return Comparison(nan, (nan, nan), None, None, nan, nan)
+    z_c, se = z_crit(alpha), math.sqrt(max(est.var, 0.0))
+    if se > 0:
+        z = est.diff / se
+        p = float(2 * stats.norm.sf(abs(z)))
+    else:  # no variation within either arm (every unit alike): no test, unless there is nothing to test
+        z, p = (0.0, 1.0) if est.diff == 0 else (nan, nan)
+    lift, lift_ci = _lift(est, z_c)
+    return Comparison(est.diff, (est.diff - z_c * se, est.diff + z_c * se), lift, lift_ci, z, p)
+
+
+def _lift(est: Estimate, z_c: float) -> tuple[float | None, tuple[float, float] | None]:
+    if not (math.isfinite(est.control) and est.control > 0 and math.isfinite(est.treatment)):
+        return None, None
+    lift = est.treatment / est.control - 1
+    if not (est.treatment > 0 and math.isfinite(est.log_ratio_var)):
+        return lift, None
+    log_ratio, se = math.log(est.treatment / est.control), math.sqrt(max(est.log_ratio_var, 0.0))
+    return lift, (math.exp(log_ratio - z_c * se) - 1, math.exp(log_ratio + z_c * se) - 1)
 
 
 def msprt_lambda(diff: float, var: float, tau: float) -> float:
