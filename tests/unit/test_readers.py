@@ -1,5 +1,6 @@
 """Text shards and raw values that used to lose good rows or spell a value two ways."""
 
+import json
 import os
 
 import numpy as np
@@ -62,3 +63,36 @@ def test_two_snapshots_of_the_same_users_keep_both_under_a_group_split(tmp_path,
     assert len(xs) == 100 and int((xs > 5).sum()) == 50  # each day's 50 rows once
     assert all(len(set(files)) == len(files) for files in result.files.values())
     assert os.path.exists(tmp_path / "out")
+
+
+def test_jsonl_values_are_read_as_serving_reads_them():
+    """A JSONL column of mixed types fell back to str(): True -> "True", 3.0 -> "3.0", while a
+    request (and a typed column) gives "true", "3": the served row missed the vocabulary."""
+    from rayload.data.validate import validate_request
+
+    rows = [{"c": 3.0, "y": 0}, {"c": True, "y": 1}, {"c": "x", "y": 0}, {"c": 7, "y": 1}, {"c": None, "y": 0},
+            {"c": [1, "a"], "y": 1}, {"c": {"k": False}, "y": 0}]
+    table, bad = parse_jsonl("\n".join(json.dumps(r) for r in rows).encode(), ["c", "y"], "f.jsonl")
+    assert not bad
+    assert table.column("c").to_pylist() == ["3", "true", "x", "7", None, '[1, "a"]', '{"k": false}']
+    served = validate_request([{"c": r["c"]} for r in rows], [{"name": "c", "role": "categorical"}])
+    assert served.column("c").to_pylist() == table.column("c").to_pylist()
+    # each value is spelled as it is alone, whatever its neighbours
+    assert [python_array([r["c"]]).cast("string")[0].as_py() for r in rows[:5]] == ["3", "true", "x", "7", None]
+
+
+def test_jsonl_integer_past_int64_is_read_as_serving_reads_it():
+    """OverflowError from pyarrow stopped the whole job; the request path reads it as a number."""
+    from rayload.data.validate import Schema, validate_request, validate_table
+
+    big = 10**22
+    table, bad = parse_jsonl(b'{"x": 1, "y": 0}\n{"x": %d, "y": 1}\n' % big, ["x", "y"], "f.jsonl")
+    assert not bad and table.column("x").to_pylist() == ["1", str(big)]
+    schema = Schema(({"name": "x", "role": "numeric", "separator": "|", "required": False},),
+                    {"column": "y", "task": "binary", "threshold": None, "domain": None})
+    good, quarantined = validate_table(table, schema)
+    assert quarantined.num_rows == 0 and good.column("x").to_pylist() == [1.0, 1e22]
+    served = validate_request([{"x": 1}, {"x": big}], [{"name": "x", "role": "numeric"}])
+    assert served.column("x").to_pylist() == good.column("x").to_pylist()
+    table, bad = parse_jsonl(b'{"x": %d, "y": 1}\n' % big, ["x", "y"], "f.jsonl")  # alone in its file
+    assert not bad and table.column("x").to_pylist() == [str(big)]

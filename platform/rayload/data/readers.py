@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ..errors import DataError
+from .validate import json_texts, python_array
 
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -139,10 +140,9 @@ def parse_jsonl(data: bytes, names: list[str], source: str) -> tuple[pa.Table, l
 
 
 def _column(values: list) -> pa.Array:
-    """Typed when the JSON values agree; text otherwise, so validation can name the bad row."""
+    """Typed when the JSON values agree; text otherwise, so validation can name the bad row.
+    Read exactly as serving reads a request's values (validate.python_array): the same raw value
+    must get the same text offline and online, whatever the other lines of its file hold."""
     if any(isinstance(v, (list, dict)) for v in values):
-        return pa.array([None if v is None else json.dumps(v) if isinstance(v, (list, dict)) else str(v) for v in values], pa.string())
-    try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([None if v is None else str(v) for v in values], pa.string())
+        return json_texts(values)
+    return python_array(values)

@@ -201,19 +201,40 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
 
 
 def python_array(values: list) -> pa.Array:
-    """Raw request values (JSON) as one Arrow column; mixed types fall back to text."""
+    """Raw JSON values (a request's, a JSONL file's) as one Arrow column: typed when Arrow reads
+    them as one type, text otherwise (`json_texts`)."""
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        # An integer past int64 (10**22), or mixed types in one column (3 and "x"): compare as text, as a CSV would be, each value
-        # spelled as Arrow casts it alone (True -> "true", 3.0 -> "3"), so a row's text does not
-        # depend on the other rows of its request.
-        return pa.array([_text(v) for v in values], pa.string())
+        # An integer past int64 (10**22), or mixed types in one column (3 and "x"): compare as text, as a CSV would be.
+        return json_texts(values)
+
+
+def json_texts(values: list) -> pa.Array:
+    """Raw JSON values as text, each spelled as Arrow casts it alone (True -> "true", 3.0 -> "3",
+    10**22 -> "10000000000000000000000"; lists and objects as JSON), so a value's text does not
+    depend on the values beside it (the other rows of a request, the other lines of a file).
+
+    Values of one Python type are cast together: a cast is per element, and one cast per type
+    instead of one per value keeps a large mixed JSONL column fast."""
+    out = list(values)
+    by_type: dict[type, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, (list, dict)):
+            out[i] = json.dumps(v)
+        elif v is not None and not isinstance(v, str):
+            by_type.setdefault(type(v), []).append(i)
+    for where in by_type.values():
+        try:
+            texts = pa.array([values[i] for i in where]).cast(pa.string()).to_pylist()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            texts = [_text(values[i]) for i in where]  # e.g. ints past int64 beside smaller ones
+        for i, t in zip(where, texts):
+            out[i] = t
+    return pa.array(out, pa.string())
 
 
 def _text(value) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
     try:
         return pa.array([value]).cast(pa.string())[0].as_py()
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
