@@ -14,7 +14,7 @@ each sending one request after another; rows drawn from the data):
               events group-committed to SQLite before the answer);
 - ab_unbatched: the same router with max_batch_size 1.
 
-Rounds alternate the sides (A B C D A B C D) so drift on this shared machine hits all alike;
+Rounds alternate the sides (A B C D, then D C B A, ...) so drift on this shared machine hits all alike;
 the ratios use the median over rounds. Split accuracy assigns 10,000 unit IDs.
 
 `--ingress direct` runs the three Serve sides with Ray Serve's direct ingress (each ingress
