@@ -228,3 +228,76 @@ def test_a_significant_test_without_a_finite_difference_decides_nothing():
     result.diff = float("nan")
     decision, reasons = decide(result, ab_from_dict(SPEC))
     assert decision == "continue" and "not defined" in reasons[0]
+
+
+def _ramp_frame(periods: list[tuple[int, float, dict]], seed: int = 0, returning: bool = False) -> pd.DataFrame:
+    """One exposure per unit and period, each period at its own challenger share and CTRs;
+    `returning`: the same units come back in every period (their arm follows the period's share)."""
+    rng = np.random.default_rng(seed)
+    buckets = rng.random(max(n for n, _, _ in periods) if returning else sum(n for n, _, _ in periods))
+    parts, first = [], 0
+    for n, share, rates in periods:
+        ids = np.arange(n) if returning else np.arange(first, first + n)
+        arm = np.where(buckets[ids] < share, "challenger", "control")
+        layout = json.dumps({"challenger": share, "control": round(1 - share, 4)}, sort_keys=True)
+        parts.append(pd.DataFrame({"request_id": [f"r{first + i}" for i in range(n)], "unit_id": [f"u{i}" for i in ids], "arm": arm,
+                                   "model_version": "v", "score": 0.5, "status": "ok", "latency_ms": 5.0, "layout": layout,
+                                   "ts": np.arange(first, first + n, dtype=float),
+                                   "outcome": (rng.random(n) < np.where(arm == "challenger", rates["challenger"], rates["control"])).astype(float)}))
+        first += n
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_a_ctr_trend_across_ramp_steps_is_not_taken_for_a_treatment_effect():
+    # A/A: the CTR rises from 10% (challenger at 5%) to 14% (challenger at 50%). Pooled rows made
+    # the challenger, mostly seen in the later period, look 2 points better (z ~ 6: promoted).
+    data = _ramp_frame([(20_000, 0.05, {"control": 0.10, "challenger": 0.10}), (20_000, 0.5, {"control": 0.14, "challenger": 0.14})])
+    spec = ab_from_dict({**SPEC, "arms": [{**SPEC["arms"][0], "weight": 0.95}, {**SPEC["arms"][1], "weight": 0.05}]})
+    result = analyze(data, spec, {"control": 0.5, "challenger": 0.5})
+    arms = {a.arm: a for a in result.arms}
+    assert arms["challenger"].ctr - arms["control"].ctr > 0.015  # the pooled descriptive CTRs still differ
+    assert result.diff_ci[0] < 0 < result.diff_ci[1] and result.z_p_value > 0.01 and result.sequential_p > 0.05
+    assert result.decision == "continue", result.reasons
+
+
+def test_the_stratified_estimate_of_one_period_is_the_plain_comparison():
+    data = _units_frame(3000, 3, 0.1, seed=2)
+    data.loc[data["arm"] == "challenger", "outcome"] = (np.random.default_rng(3).random(int((data["arm"] == "challenger").sum())) < 0.13).astype(float)
+    result = analyze(data, ab_from_dict(SPEC))
+    ok = data.assign(clicked=(data["outcome"] > 0).astype(float))
+    from rayload.serve.analysis import unit_sums
+
+    cmp = stats.compare(unit_sums(ok[ok["arm"] == "control"]), unit_sums(ok[ok["arm"] == "challenger"]))
+    np.testing.assert_allclose([result.diff, *result.diff_ci, result.lift, *result.lift_ci, result.z_p_value],
+                               [cmp.diff, *cmp.diff_ci, cmp.lift, *cmp.lift_ci, cmp.p_value], rtol=1e-9)
+
+
+def test_the_stratified_variance_adds_up_a_returning_units_periods_before_squaring():
+    # unit 0 is control then challenger (moved by a ramp step), unit 1 control in both, ...
+    unit = np.array([0, 1, 2, 3, 0, 1, 2, 3, 4])
+    period = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1])
+    treated = np.array([0, 0, 1, 1, 1, 0, 1, 1, 0], bool)
+    x, y = np.array([1, 0, 2, 1, 1, 1, 0, 2, 1.0]), np.array([2, 1, 3, 2, 1, 2, 1, 3, 2.0])
+    est = stats.stratified(unit, period, treated, x, y)
+    cells = {(k, t): np.flatnonzero((period == k) & (treated == t)) for k in (0, 1) for t in (False, True)}
+    w = np.array([2 * 2 / 4, 2 * 3 / 5]) / (1 + 6 / 5)
+    ratio = {c: x[i].sum() / y[i].sum() for c, i in cells.items()}
+    assert est.diff == pytest.approx(sum(w[k] * (ratio[k, True] - ratio[k, False]) for k in (0, 1)))
+    psi = np.zeros(5)
+    for (k, t), i in cells.items():
+        psi += np.bincount(unit[i], weights=(1 if t else -1) * w[k] * np.sqrt(len(i) / (len(i) - 1)) * (x[i] - ratio[k, t] * y[i]) / y[i].sum(), minlength=5)
+    assert est.var == pytest.approx((psi**2).sum()) and est.units == (3, 3)  # control {0, 1, 4}, challenger {0, 2, 3}
+
+
+def test_units_are_counted_for_the_decision_only_where_both_arms_were_served():
+    # 5,000 units while the challenger had 0%, then 300 at 50/50: the champion's earlier units
+    # compare with nothing; the returning ones a step moved to the challenger count in both arms.
+    data = _ramp_frame([(5000, 0.0, {"control": 0.1, "challenger": 0.1}), (300, 0.5, {"control": 0.1, "challenger": 0.1})])
+    result = analyze(data, ab_from_dict(SPEC), {"control": 0.5, "challenger": 0.5})
+    arms = {a.arm: a for a in result.arms}
+    assert arms["control"].units > 5000 and sum(result.compared_units.values()) == 300
+    assert result.decision == "continue" and "units in the comparison" in result.reasons[0]
+    back = _ramp_frame([(2000, 0.05, {"control": 0.1, "challenger": 0.1}), (2000, 0.5, {"control": 0.1, "challenger": 0.1})], returning=True)
+    result = analyze(back, ab_from_dict(SPEC), {"control": 0.5, "challenger": 0.5})
+    moved = back.groupby("unit_id")["arm"].nunique().eq(2).sum()
+    assert sum(result.compared_units.values()) == 2000 + moved

@@ -18,6 +18,12 @@ LOOKS = 40  # points of the timeline the sequential p-value is taken at (any loo
 
 @dataclass
 class ArmReport:
+    """One arm's descriptive figures, pooled over its whole history: units (distinct units with
+    an ok exposure in this arm; a unit a ramp step moved from the champion counts in both
+    arms), exposures, clicks, and the CTR with its interval. Pooled figures mix weight periods,
+    so the comparison (Analysis.diff, lift, the tests) does not use them: it compares the arms
+    within each period (stats.stratified)."""
+
     arm: str
     units: int
     exposures: int
@@ -45,6 +51,7 @@ class Analysis:
     z_p_value: float | None = None
     sequential_p: float | None = None
     sequential_significant: bool = False
+    compared_units: dict[str, int] = field(default_factory=dict)  # per arm: units in the periods the comparison uses
     srm_p: float = 1.0
     srm_flagged: bool = False
     valid: bool = True
@@ -122,15 +129,55 @@ def _periods(ok) -> list[tuple[dict[str, int], dict[str, float]]]:
 
 
 def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec) -> None:
+    """Difference, lift and tests from the arms compared within each weight period."""
     a = spec.analysis
-    control, treatment = unit_sums(ok[ok["arm"] == champion]), unit_sums(ok[ok["arm"] == challenger])
-    if control.n < 2 or treatment.n < 2:
+    pairs = Pairs.of(ok, champion, challenger)
+    est = pairs.estimate()
+    if est is None:
+        result.compared_units = {champion: 0, challenger: 0}
         return
-    cmp = stats.compare(control, treatment, a.alpha)
+    result.compared_units = {champion: est.units[0], challenger: est.units[1]}
+    cmp = stats.comparison(est, a.alpha)
     result.diff, result.diff_ci, result.lift, result.lift_ci, result.z_p_value = cmp.diff, cmp.diff_ci, cmp.lift, cmp.lift_ci, cmp.p_value
-    result.sequential_p = sequential_p(ok, champion, challenger, a.tau)
+    result.sequential_p = _sequential_p(pairs, a.tau)
     result.sequential_significant = result.sequential_p <= a.alpha
-    _power(result, control, treatment, a)
+    _power(result, unit_sums(ok[ok["arm"] == champion]), unit_sums(ok[ok["arm"] == challenger]), a)
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The compared arms' ok rows in time order, each coded by its (unit, weight period, arm)
+    cell member: what stats.stratified compares. The period is the row's `layout` (the weights
+    in force when it was served)."""
+
+    row_pair: np.ndarray  # per row: its pair, numbered in order of first appearance
+    clicked: np.ndarray  # per row
+    unit: np.ndarray  # per pair: unit code
+    period: np.ndarray  # per pair: period code
+    treated: np.ndarray  # per pair: challenger?
+    ts: np.ndarray  # per row, ascending
+
+    @classmethod
+    def of(cls, ok, champion: str, challenger: str) -> "Pairs":
+        rows = ok[ok["arm"].isin([champion, challenger])]
+        order = np.argsort(rows["ts"].to_numpy(), kind="stable")
+        unit = pd.factorize(rows["unit_id"].to_numpy()[order])[0].astype(np.int64)
+        period, layouts = pd.factorize(rows["layout"].to_numpy()[order])
+        treated = rows["arm"].to_numpy()[order] == challenger
+        row_pair, keys = pd.factorize((unit * max(len(layouts), 1) + period) * 2 + treated)
+        keys = keys.astype(np.int64)
+        return cls(row_pair, rows["clicked"].to_numpy(dtype=float)[order], keys // 2 // max(len(layouts), 1),
+                   keys // 2 % max(len(layouts), 1), keys % 2 == 1, rows["ts"].to_numpy()[order])
+
+    def estimate(self, rows: int | None = None) -> "stats.Estimate | None":
+        """The stratified estimate from the first `rows` rows (all by default)."""
+        end = len(self.row_pair) if rows is None else rows
+        if end == 0:
+            return None
+        seen = int(self.row_pair[:end].max()) + 1
+        x = np.bincount(self.row_pair[:end], weights=self.clicked[:end], minlength=seen)
+        y = np.bincount(self.row_pair[:end], minlength=seen).astype(float)
+        return stats.stratified(self.unit[:seen], self.period[:seen], self.treated[:seen], x, y)
 
 
 def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums", a) -> None:
@@ -140,20 +187,27 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     share = result.weights.get(result.challenger, 0.0)
     base = control.ctr if math.isfinite(control.ctr) and 0 < control.ctr < 1 else 0.5
     unit_var = (control.unit_variance(base), treatment.unit_variance(base))
-    n = control.n + treatment.n
+    n = sum(result.compared_units.values())
     needed = stats.sample_size(base, a.mde, a.alpha, a.power, share, unit_var)
     result.units_needed = None if needed is None else max(0, needed - n)
     result.mde_now = stats.minimum_detectable_effect(n, base, a.alpha, a.power, share, unit_var)
 
 
 def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
-    """Always-valid p-value: the mSPRT at LOOKS points in time, running minimum of 1/Lambda."""
-    times = np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, LOOKS + 1)[1:])
+    """Always-valid p-value: the mSPRT on the stratified difference at LOOKS points in time,
+    running minimum of 1/Lambda."""
+    return _sequential_p(Pairs.of(ok, champion, challenger), tau)
+
+
+def _sequential_p(pairs: Pairs, tau: float) -> float:
+    if not len(pairs.ts):
+        return 1.0
+    times = np.quantile(pairs.ts, np.linspace(0, 1, LOOKS + 1)[1:])
     lambdas = []
-    for c, tr in zip(cumulative_unit_sums(ok[ok["arm"] == champion], times), cumulative_unit_sums(ok[ok["arm"] == challenger], times)):
-        if c.n < 2 or tr.n < 2:
-            continue
-        lambdas.append(stats.msprt_lambda(tr.ctr - c.ctr, c.var + tr.var, tau))
+    for end in np.searchsorted(pairs.ts, times, side="right"):
+        est = pairs.estimate(int(end))
+        if est is not None:
+            lambdas.append(stats.msprt_lambda(est.diff, est.var, tau))
     return stats.always_valid_p(lambdas)
 
 
@@ -208,8 +262,10 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
     if result.srm_flagged:
         return "continue", [f"sample ratio mismatch (p={result.srm_p:.2g} < {spec.analysis.srm_p}): results invalid until it is explained"]
     need = spec.analysis.min_units
-    if min(arms[result.champion].units, bad.units) < need:
-        return "continue", [f"each arm needs {need} exposed units first (have {arms[result.champion].units} and {bad.units})"]
+    have = [result.compared_units.get(a, 0) for a in (result.champion, result.challenger)]
+    if min(have) < need:
+        return "continue", [f"each arm needs {need} units in the comparison (served while both arms had traffic) first "
+                            f"(have {have[0]} and {have[1]})"]
     if result.sequential_significant:
         # The test says which way only through the difference: without a finite one there is
         # nothing to act on (NaN > 0 is False, which once rolled back a clear winner).

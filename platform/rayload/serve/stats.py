@@ -93,6 +93,7 @@ class Estimate:
     control: float
     treatment: float
     log_ratio_var: float
+    units: tuple[int, int] = (0, 0)  # units of (control, treatment) the estimate is made of
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def compare(control: ArmSums, treatment: ArmSums, alpha: float = 0.05) -> Compar
     difference, its interval and the test hold at any CTR (a broken champion or a rare event)."""
     c, t = control.ctr, treatment.ctr
     log_var = control.var / c**2 + treatment.var / t**2 if c > 0 and t > 0 else float("nan")
-    return comparison(Estimate(t - c, control.var + treatment.var, c, t, log_var), alpha)
+    return comparison(Estimate(t - c, control.var + treatment.var, c, t, log_var, (control.n, treatment.n)), alpha)
 
 
 def comparison(est: Estimate, alpha: float = 0.05) -> Comparison:
@@ -137,6 +138,56 @@ def _lift(est: Estimate, z_c: float) -> tuple[float | None, tuple[float, float] 
         return lift, None
     log_ratio, se = math.log(est.treatment / est.control), math.sqrt(max(est.log_ratio_var, 0.0))
     return lift, (math.exp(log_ratio - z_c * se) - 1, math.exp(log_ratio + z_c * se) - 1)
+
+
+def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.ndarray, y: np.ndarray) -> Estimate | None:
+    """The CTR difference within each weight period, combined over the periods; None while no
+    period has 2 units in each arm.
+
+    One element per (unit, period, arm) cell member: that unit's clicks `x` and exposures `y`
+    (> 0) there; `unit` and `period` are codes 0..k-1, `treated` is True for the challenger.
+    Within a period the weights were fixed, so which arm a unit is in is random and the arms
+    are comparable; across periods they are not (a CTR that drifts while the challenger's share
+    grows would look like a treatment effect, Simpson's paradox), so rows are never pooled.
+
+    Weights: each period's difference of ratio estimates counts n_c n_t / (n_c + n_t) of its
+    units (the Mantel-Haenszel weights for a risk difference). For a per-unit variance alike in
+    all periods they are the inverse-variance (fixed-effect) weights; unlike weights from each
+    period's estimated variance they do not depend on the outcomes, so a short period whose few
+    units happened not to click (estimated variance 0) cannot take all the weight, and the
+    estimate stays unbiased for an effect common to the periods. The CTR levels (for the
+    relative lift) are combined with the same weights.
+
+    Variance: units, not rows or periods, are independent. A unit seen in several periods (a
+    returning user, or one a ramp step moved from the champion to the challenger) adds up its
+    linearised contributions to the estimate before they are squared, so its correlated
+    behaviour across periods is neither ignored nor double counted. With one period this is
+    ArmSums.var of each arm summed, and the levels are the arms' CTRs."""
+    treated = np.asarray(treated, bool)
+    cells = 2 * (int(period.max()) + 1) if len(period) else 0
+    cell = 2 * period + treated
+    n = np.bincount(cell, minlength=cells).astype(float)
+    ratio = np.bincount(cell, weights=x, minlength=cells) / np.maximum(np.bincount(cell, weights=y, minlength=cells), 1e-300)
+    n_c, n_t = n[0::2], n[1::2]
+    w = np.where((n_c >= 2) & (n_t >= 2), n_c * n_t / np.maximum(n_c + n_t, 1.0), 0.0)
+    if not w.sum():
+        return None
+    w = w / w.sum()
+    levels = float(w @ ratio[0::2]), float(w @ ratio[1::2])
+    # d(ratio_c) = sum over the cell's units of (x - ratio_c y) / Y_c; sqrt(n/(n-1)): ArmSums.var's n - 1
+    exposures = np.bincount(cell, weights=y, minlength=cells)
+    scale = np.repeat(w, 2) * np.sqrt(n / np.maximum(n - 1, 1.0)) / np.maximum(exposures, 1e-300)
+    resid = (x - ratio[cell] * y) * scale[cell]
+    sign = np.where(treated, 1.0, -1.0)
+    var = _squared_unit_sums(unit, sign * resid)
+    log_var = _squared_unit_sums(unit, resid * np.where(treated, 1 / levels[1], -1 / levels[0])) if min(levels) > 0 else float("nan")
+    used = w[period] > 0
+    units = tuple(int(np.count_nonzero(np.bincount(unit[used & (treated == arm)]))) for arm in (False, True))
+    return Estimate(levels[1] - levels[0], var, levels[0], levels[1], log_var, units)
+
+
+def _squared_unit_sums(unit: np.ndarray, values: np.ndarray) -> float:
+    return float((np.bincount(unit, weights=values) ** 2).sum())
 
 
 def msprt_lambda(diff: float, var: float, tau: float) -> float:
