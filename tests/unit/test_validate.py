@@ -82,3 +82,32 @@ def test_jsonl_bad_lines_and_mixed_types():
     good, bad = validate_table(table, BINARY)
     assert good.column("c").to_pylist() == ["a"]
     assert bad.column("reason").to_pylist() == ["x: cannot parse as a number"]
+
+
+def test_integers_past_2_53_and_fine_timestamps_become_the_nearest_float():
+    """Arrow's safe casts raised ArrowInvalid (the whole job stopped; a request got a 500) on an
+    int64 past 2**53, a uint64, nanoseconds finer than a microsecond, and dates or second
+    timestamps past int64 microseconds (an unsafe cast would silently wrap those)."""
+    from rayload.data.validate import validate_request
+
+    ns = [1_600_000_000_123_456_789, -1_500, 7_000]
+    raw = pa.table({
+        "x": pa.array([2**60, -(2**63), 3], pa.int64()), "c": ["a", "b", "c"],
+        "t": pa.array(ns, pa.timestamp("ns", "UTC")),
+        "y": pa.array([2**64 - 1, 1, 0], pa.uint64()),
+    })
+    regression = Schema(COLS, {"column": "y", "task": "regression", "threshold": None, "domain": None})
+    good, bad = validate_table(raw, regression)
+    assert bad.num_rows == 0
+    assert good.column("x").to_pylist() == [float(2**60), -float(2**63), 3.0]
+    assert good.column("y").to_pylist() == [float(2**64 - 1), 1.0, 0.0]
+    # sub-microsecond digits dropped (floored), as the same instants written as text are read
+    assert good.column("t").to_pylist() == [1_600_000_000.123456, -0.000002, 0.000007]
+    text = pa.table({"x": ["1", "2"], "c": ["a", "b"], "t": ["2020-09-13T12:26:40.123456789Z", "1969-12-31T23:59:59.9999985Z"], "y": ["1", "0"]})
+    assert validate_table(text, BINARY)[0].column("t").to_pylist() == good.column("t").to_pylist()[:2]
+    for kind, ticks in (("date32", 2**31 - 1), ("s", 10**17)):
+        t = pa.array([ticks], pa.int32() if kind == "date32" else pa.int64()).cast(pa.date32() if kind == "date32" else pa.timestamp("s"))
+        one = pa.table({"x": [1.0], "c": ["a"], "t": t, "y": [1]})
+        assert validate_table(one, BINARY)[0].column("t").to_pylist() == [ticks * 86400.0 if kind == "date32" else 1e17]
+    served = validate_request([{"x": 2**60}, {"x": 2**63 - 1}], [{"name": "x", "role": "numeric"}])
+    assert served.column("x").to_pylist() == [float(2**60), float(2**63 - 1)]

@@ -113,9 +113,11 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
     if pa.types.is_dictionary(t):
         arr, t = arr.cast(t.value_type), t.value_type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
-        return pc.divide(pc.cast(pc.cast(arr, pa.timestamp("us")), pa.int64()).cast(pa.float64()), 1e6)
+        return _seconds(arr)
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
-        return pc.cast(arr, pa.float64())
+        # A numeric feature is a float64: an integer past 2**53 becomes the nearest float (Arrow's
+        # safe cast refuses it and stopped the whole job, or answered a request with a 500).
+        return arr.cast(pa.float64(), safe=False)
     if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
         raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
     text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
@@ -127,6 +129,26 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
     return pa.array(parsed.to_numpy(dtype=np.float64, na_value=np.nan), pa.float64(), mask=(blank.to_numpy() | failed))
 
 
+_TICKS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _seconds(arr: pa.Array) -> pa.Array:
+    """Timestamps and dates as float seconds since the epoch, sub-microsecond digits dropped.
+
+    Computed from each type's own integer ticks: Arrow's cast to timestamp[us] refuses
+    nanoseconds it would truncate, refuses (safe) or silently wraps (unsafe) dates and
+    second timestamps past int64 microseconds."""
+    t = arr.type
+    if pa.types.is_date32(t):  # days
+        return pc.multiply(arr.cast(pa.int32()).cast(pa.float64()), 86_400.0)
+    if pa.types.is_date64(t):  # milliseconds
+        return pc.divide(arr.cast(pa.int64()).cast(pa.float64(), safe=False), 1e3)
+    per_second = _TICKS_PER_SECOND[t.unit]
+    if t.unit == "ns":  # floored to whole microseconds, as text timestamps are (_parse_numbers)
+        arr, per_second = pc.floor_temporal(arr, unit="microsecond").cast(pa.timestamp("us", t.tz)), 1_000_000
+    return pc.divide(arr.cast(pa.int64()).cast(pa.float64(), safe=False), float(per_second))
+
+
 def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
     lowered = text.str.strip().str.lower()
     parsed = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64")
@@ -134,9 +156,19 @@ def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
         needs = parsed.isna() & lowered.notna()
         if needs.any():
             dates = pd.to_datetime(text[needs], errors="coerce", utc=True, format="ISO8601")
-            parsed[needs] = (dates - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+            parsed[needs] = _micro_seconds(dates.dt.tz_convert(None).to_numpy())
     # "nan" parses to NaN: the same as a missing value, which imputation handles.
     return parsed
+
+
+def _micro_seconds(dates: np.ndarray) -> np.ndarray:
+    """datetime64 to float seconds as a typed timestamp column is read (`_seconds`): floored to
+    whole microseconds, then divided, so text and typed timestamps give the same float."""
+    micros = dates.astype("datetime64[us]")  # numpy truncates toward zero: floor it
+    micros[micros > dates] -= np.timedelta64(1, "us")
+    seconds = micros.astype(np.int64).astype(np.float64) / 1e6
+    seconds[np.isnat(dates)] = np.nan
+    return seconds
 
 
 def _validate_label(column, label: dict, reasons: _Reasons) -> tuple[pa.Array, pa.Array]:
