@@ -250,7 +250,7 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
         state.boundaries = _boundaries(cfg, sketch, weights, low, high)
     elif cfg.scale == "zscore":
         std = float(np.sqrt(max(moments[2] / max(moments[0], 1.0), 0.0)))
-        state.offset, state.divisor = moments[1], std if std > 0 else 1.0
+        state.offset, state.divisor = moments[1], std if not _negligible(std, moments[1]) else 1.0
     elif cfg.scale == "minmax":
         lo, hi = min(g_ends[0], gv) if nulls else g_ends[0], max(g_ends[1], gv) if nulls else g_ends[1]
         state.offset, state.divisor = float(lo), float(hi - lo) if hi > lo else 1.0
@@ -263,6 +263,19 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
     if n:
         state.stats["histogram"] = _histogram(sketch, weights, state.stats["quantiles"])
     return state
+
+
+# A constant column's computed std is not 0 but rounding noise: the mean of n copies of c is
+# off by up to about (16 + log2 n) ulps of c (numpy's pairwise sum, then Chan's merges, which
+# stay within the blocks' means), about 1e-14 * |c|, and so is every deviation from it. Dividing
+# by that noise blew a constant's values up to +-1 (7e15 for a served value off by 0.1), different
+# for every block layout. A std below 1e-12 of the mean's magnitude (75x that bound; 12 bits of
+# the mantissa) is such noise: no real feature varies that little relative to its size.
+_CONSTANT_RTOL = 1e-12
+
+
+def _negligible(std: float, mean: float) -> bool:
+    return std <= _CONSTANT_RTOL * abs(mean)
 
 
 def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) -> dict:

@@ -212,3 +212,21 @@ def test_raw_integer_ids_get_the_ids_of_their_text_on_both_lookup_paths(df, rows
     got = feats.transform_table(raw)
     for name in ("item", "item__te", "item__logcount"):
         assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+
+
+@pytest.mark.parametrize("impute", ["mean", "median"])
+def test_zscore_of_a_constant_column_divides_by_one_whatever_the_blocks(impute):
+    """The std of 1000 copies of 0.1 came out as rounding noise (1e-17): training values became
+    +-1 depending on the block layout, and a served 0.2 became 7e15."""
+    df = frame(1000, seed=2)
+    df["price"] = 0.1
+    df.loc[::7, "price"] = np.nan  # imputed with the constant itself
+    for chunks in (1, 3, 7, 10):
+        feats, good = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": impute}}}, chunks=chunks)
+        assert feats.numeric[0].divisor == 1.0
+        assert np.abs(feats.transform_table(good).column("price").to_numpy()).max() < 1e-12
+        assert feats.transform_rows([{"price": 0.2}]).column("price")[0].as_py() == pytest.approx(0.1)
+    # a real spread, however small next to the mean, is still divided by
+    df["price"] = 1e6 + np.arange(1000) % 2 * 1e-3
+    feats, _ = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": impute}}}, chunks=3)
+    assert feats.numeric[0].divisor == pytest.approx(5e-4, rel=1e-6)
