@@ -97,10 +97,20 @@ def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[st
         sums = sums - look["fold_sums"][f, idx]
         counts = counts - look["fold_counts"][f, idx]
     sums, counts = np.where(known, sums, 0.0), np.where(known, counts, 0.0)
-    mean = (sums + state.prior * state.smoothing) / (counts + state.smoothing)
+    mean = _smoothed_mean(sums, counts, state.prior, state.smoothing)
     # Centred on the prior and scaled to about [-1, 1] so they enter the model like z-scores.
     if state.source == "raw":
         return {state.outputs[0]: pa.array((mean - state.prior).astype(np.float32))}
     scale = look["log_scale"]
     return {state.outputs[0]: pa.array((2 * (mean - state.prior)).astype(np.float32)),
             state.outputs[1]: pa.array((np.log1p(counts) / scale).astype(np.float32))}
+
+
+def _smoothed_mean(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float) -> np.ndarray:
+    """The label mean pulled towards the prior by `smoothing` rows; the prior itself where no
+    row is left to average (an unseen or missing value, or a value seen only in the row's own
+    fold), which smoothing: 0 would otherwise turn into 0/0 = NaN."""
+    weight = counts + smoothing
+    mean = np.full(len(sums), prior, dtype=np.float64)
+    np.divide(sums + prior * smoothing, weight, out=mean, where=weight > 0)
+    return mean

@@ -230,3 +230,23 @@ def test_zscore_of_a_constant_column_divides_by_one_whatever_the_blocks(impute):
     df["price"] = 1e6 + np.arange(1000) % 2 * 1e-3
     feats, _ = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": impute}}}, chunks=3)
     assert feats.numeric[0].divisor == pytest.approx(5e-4, rel=1e-6)
+
+
+def test_target_statistics_without_smoothing_fall_back_to_the_prior_where_no_row_is_left(df):
+    """smoothing: 0 (allowed) gave 0/0 = NaN for unseen and missing values at serving, and for
+    training rows whose value occurs only in their own fold."""
+    from rayload.spec import SplitSpec
+
+    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    good, _ = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
+    plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"user": {"target_stats": True, "smoothing": 0}}}),
+                             schema, SplitSpec(key=["user", "item", "ts"]))
+    feats = finalize(merge_stats([partial_stats(good, plan)]), plan)
+    state = feats.target[0]
+    train = feats.transform_table(good, training=True).column("user__te").to_numpy()
+    assert not np.isnan(train).any()
+    once = df.user.map(df.user.value_counts()) == 1  # a value seen once is only in its own fold
+    assert once.any() and (train[once.to_numpy()] == 0).all()  # the prior, centred
+    served = feats.transform_rows([{"user": "never-seen"}, {"user": None}, {"user": state.values[0]}]).column("user__te").to_numpy()
+    ys = df.y[df.user == state.values[0]]
+    np.testing.assert_allclose(served, [0.0, 0.0, 2 * (ys.mean() - state.prior)], rtol=1e-6, atol=1e-7)
