@@ -62,8 +62,10 @@ def retrain(
         result = run(spec, from_events, window=window, attribution=attribution, min_auc_gain=min_auc_gain,
                      challenger_weight=weight, name=name, overrides=set_ or [], address=address)
     console.print(f"{result.rows:,} labelled exposures ({result.positives:,} positive) from experiment {result.experiment}")
-    console.print(f"held-out AUC ({result.gate_split} split of the event rows): champion {_g(result.auc_champion)}, "
-                  f"retrained {_g(result.auc_new)} (needs a gain of {result.min_auc_gain}); checkpoint {result.checkpoint}")
+    console.print(f"held-out AUC ({result.gate_split} split of the event rows, {result.gate_rows} rows, {result.gate_positives} positive): "
+                  f"champion {_g(result.auc_champion)}, retrained {_g(result.auc_new)} (needs a gain of {result.min_auc_gain}); "
+                  f"gain {result.auc_new - result.auc_champion:+.4f}, 95% interval [{result.gain_ci[0]:+.4f}, {result.gain_ci[1]:+.4f}], "
+                  f"p={result.gain_p:.3g} (DeLong, paired); checkpoint {result.checkpoint}")
     if result.warm_start and result.warm_start != result.champion:
         console.print(f"warm-started from {result.warm_start} (the compressed champion's original)")
     if not result.passed:

@@ -12,7 +12,10 @@
    (which picks the best epoch) and test.
 3. Offline gate: the new model and the champion are scored on the same held-out test rows,
    which neither trained on nor chose an epoch; the new model must beat the champion's AUC by
-   at least `min_auc_gain`.
+   at least `min_auc_gain`. The result also gives the gain's 95% interval and p-value by
+   DeLong's paired test (`evaluate.paired_auc_difference`), so a gain measured on few rows
+   reads as what it is; a test split with fewer than `MIN_GATE_CLASS` rows of either class is
+   refused (an AUC on a handful of rows would pass or fail the gate by chance).
 4. Registration: a new A/B spec (`ab.yaml` in the retrain folder) with the champion as control
    and the new model as challenger, under a new experiment name (so a new salt reshuffles units),
    ready for `rayload serve`.
@@ -28,6 +31,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 GATE_SPLIT = "test"  # the rows the gate scores: not trained on, not used to pick the best epoch
 SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
+MIN_GATE_CLASS = 10  # rows of each class the gate's split needs
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,10 @@ class RetrainResult:
     ab_spec: str | None  # the new experiment's spec, written when the gate passed
     gate_split: str = GATE_SPLIT  # the held-out split of the events both AUCs were scored on
     warm_start: str | None = None  # the checkpoint the retrain started from (a compressed champion's source)
+    gate_rows: int = 0  # rows of the gate split, of which gate_positives are positive
+    gate_positives: int = 0
+    gain_ci: tuple[float, float] | None = None  # 95% interval of auc_new - auc_champion (DeLong, paired)
+    gain_p: float | None = None  # two-sided p-value of a zero gain
 
     @property
     def passed(self) -> bool:
@@ -96,11 +105,11 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     positives = int(pa.compute.sum(table.column(label)).as_py() or 0)
     _check_rows(table.num_rows, positives, from_events)
     retrain_job = job_for(job, champion, path, label, f"retrain-{args['experiment']}-{stamp}")
-    result = _fit_and_gate(retrain_job, champion, address)
+    gate, checkpoint = _fit_and_gate(retrain_job, champion, address)
     ab_path = None
-    new_auc, old_auc, checkpoint = result
-    outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, old_auc, new_auc, min_auc_gain, None,
-                            warm_start=retrain_job.train.init_from)
+    outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, gate.auc_champion, gate.auc_new,
+                            min_auc_gain, None, warm_start=retrain_job.train.init_from, gate_rows=gate.rows,
+                            gate_positives=gate.positives, gain_ci=gate.gain_ci, gain_p=gate.gain_p)
     if outcome.passed:
         ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name or f"{args['experiment']}-r{stamp}", challenger_weight)
         outcome = RetrainResult(**{**asdict(outcome), "ab_spec": ab_path})
@@ -222,28 +231,60 @@ def _features_json(checkpoint: str) -> dict:
         return json.load(f)
 
 
-def _fit_and_gate(job, champion: str, address) -> tuple[float, float, str]:
-    """(new AUC, champion AUC, new checkpoint), both scored on the held-out test events."""
+def _fit_and_gate(job, champion: str, address) -> tuple["Gate", str]:
+    """The gate on the held-out test events, and the new checkpoint."""
     from .train.trainer import fit
 
     result = fit(job, address=address, evaluate_test=False)
-    new, old = gate_aucs(result.preprocessed, result.checkpoint, champion, job.eval)
-    return new, old, result.checkpoint
+    return gate_aucs(result.preprocessed, result.checkpoint, champion, job.eval), result.checkpoint
 
 
-def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> tuple[float, float]:
-    """(new AUC, champion AUC) on the GATE_SPLIT rows: neither trained on them nor picked its
-    epoch with them (validation picks the retrained model's best epoch, so it flatters it)."""
-    from .evaluate import evaluate_checkpoint
+@dataclass(frozen=True)
+class Gate:
+    auc_new: float
+    auc_champion: float
+    rows: int
+    positives: int
+    gain_ci: tuple[float, float]
+    gain_p: float
+
+
+def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> Gate:
+    """Both models' AUC on the GATE_SPLIT rows (neither trained on them nor picked its epoch
+    with them: validation picks the retrained model's best epoch, so it flatters it), and the
+    gain's paired interval. DataError when the split is missing or has too few rows of a class."""
+    from . import evaluate
+    from .train import checkpoint as ckpt
+    from .train.batch import Layout
 
     if not pre.files.get(GATE_SPLIT):
         raise DataError(f"the retrain rows gave no held-out {GATE_SPLIT} split to gate on; retrain with a wider --window")
-    new = evaluate_checkpoint(checkpoint, pre.batches(GATE_SPLIT), eval_spec).auc  # read twice: local shards from Parquet
-    old = evaluate_checkpoint(champion, pre.batches(GATE_SPLIT), eval_spec).auc
-    if new is None or old is None:
-        raise DataError(f"the held-out {GATE_SPLIT} events have one class only: no AUC to gate on; retrain with a wider --window")
-    log.info("gate on the held-out %s split: champion AUC %.5f, retrained %.5f", GATE_SPLIT, old, new)
-    return new, old
+    batch = eval_spec.batch_size if eval_spec else 8192
+    scored = {}
+    for name, path in (("new", checkpoint), ("champion", champion)):
+        loaded = ckpt.load(path)
+        if loaded.features.label.task != "binary":
+            raise DataError(f"the retrain gate compares AUCs: the {name} model's label is {loaded.features.label.task}, not binary")
+        scored[name] = evaluate.predict(loaded.model, pre.batches(GATE_SPLIT), Layout.from_features(loaded.features), batch)
+    labels = scored["new"][0]
+    if not np.array_equal(labels, scored["champion"][0]):
+        raise RayloadError(f"the {GATE_SPLIT} split was read in a different order for the two models; cannot pair their scores")
+    return gate_from_scores(labels, scored["new"][1], scored["champion"][1])
+
+
+def gate_from_scores(labels: np.ndarray, new_scores: np.ndarray, champion_scores: np.ndarray) -> Gate:
+    """The gate's figures from both models' scores of the same held-out rows."""
+    from . import evaluate
+
+    positives = int((np.asarray(labels) > 0.5).sum())
+    if min(positives, len(labels) - positives) < MIN_GATE_CLASS:
+        raise DataError(f"the held-out {GATE_SPLIT} split has {positives} positive and {len(labels) - positives} negative events; "
+                        f"the gate needs {MIN_GATE_CLASS} of each to compare AUCs; retrain with a wider --window or after more traffic")
+    gain, ci, p = evaluate.paired_auc_difference(labels, champion_scores, new_scores)
+    new, old = evaluate.auc(labels, new_scores), evaluate.auc(labels, champion_scores)
+    log.info("gate on the held-out %s split (%d rows): champion AUC %.5f, retrained %.5f, gain %+.5f [%+.5f, %+.5f]",
+             GATE_SPLIT, len(labels), old, new, gain, *ci)
+    return Gate(new, old, len(labels), positives, ci, p)
 
 
 def _where(checkpoint: str) -> str:

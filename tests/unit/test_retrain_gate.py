@@ -6,13 +6,13 @@ import dataclasses
 import json
 import os
 import shutil
-import types
 
+import numpy as np
 import pytest
 
 from rayload import evaluate
 from rayload.errors import DataError, RayloadError
-from rayload.retraining import GATE_SPLIT, RetrainResult, gate_aucs, job_for, warm_start
+from rayload.retraining import GATE_SPLIT, MIN_GATE_CLASS, RetrainResult, gate_aucs, gate_from_scores, job_for, warm_start
 from rayload.spec import JobSpec
 from test_train_loop import features
 
@@ -43,16 +43,64 @@ class _Pre:
         return f"{split} rows"
 
 
-def test_champion_and_retrained_model_are_gated_on_the_same_held_out_test_rows(monkeypatch):
-    scored = []
-    monkeypatch.setattr(evaluate, "evaluate_checkpoint",
-                        lambda path, rows, spec: scored.append((path, rows)) or types.SimpleNamespace(auc=0.7 if path == "new" else 0.6))
-    assert gate_aucs(_Pre(["train", "val", "test"]), "new", "champion", None) == (0.7, 0.6)
-    assert GATE_SPLIT == "test" and scored == [("new", "test rows"), ("champion", "test rows")]
+def test_the_gate_needs_a_held_out_test_split():
+    assert GATE_SPLIT == "test"
     with pytest.raises(DataError, match="no held-out test split"):
         gate_aucs(_Pre(["train", "val"]), "new", "champion", None)
     result = RetrainResult("r", "e", "champion", "new", 100, 10, 0.6, 0.7, 0.0, None)
     assert result.to_dict()["gate_split"] == "test"
+
+
+def _scores(n, seed, edge):
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.3).astype(np.float32)
+    champion = y * 0.5 + rng.normal(size=n)
+    return y, champion, champion + edge * y + 0.3 * rng.normal(size=n)
+
+
+def test_the_gate_gives_the_paired_gain_with_its_interval():
+    y, champion, new = _scores(600, 0, 0.8)
+    gate = gate_from_scores(y, new, champion)
+    assert gate.auc_new == pytest.approx(evaluate.auc(y, new)) and gate.auc_champion == pytest.approx(evaluate.auc(y, champion))
+    assert gate.rows == 600 and gate.positives == int(y.sum())
+    assert gate.gain_ci[0] < gate.auc_new - gate.auc_champion < gate.gain_ci[1] and gate.gain_ci[0] > 0 and gate.gain_p < 1e-3
+    # no real gain on a small split: the interval spans zero, whatever the point estimate's sign
+    y, champion, new = _scores(120, 1, 0.0)
+    gate = gate_from_scores(y, new, champion)
+    assert gate.gain_ci[0] < 0 < gate.gain_ci[1] and gate.gain_p > 0.05
+
+
+def test_the_gate_refuses_a_split_with_too_few_rows_of_a_class():
+    y, champion, new = _scores(50, 2, 0.5)
+    y[:] = 0
+    y[:MIN_GATE_CLASS - 1] = 1
+    with pytest.raises(DataError, match=f"{MIN_GATE_CLASS - 1} positive and .* the gate needs {MIN_GATE_CLASS} of each"):
+        gate_from_scores(y, new, champion)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_delong_paired_difference_matches_its_definition(ties):
+    """The O(n log n) form against the structural components computed pair by pair, and a
+    bootstrap of the same rows for the spread."""
+    y, a, b = _scores(300, 3, 0.4)
+    if ties:
+        a, b = np.round(a, 1), np.round(b, 1)
+    diff, (low, high), p = evaluate.paired_auc_difference(y, a, b)
+    pos, neg = y > 0.5, y < 0.5
+
+    def components(s):
+        psi = (s[pos][:, None] > s[neg][None, :]) + 0.5 * (s[pos][:, None] == s[neg][None, :])
+        return psi.mean(1), psi.mean(0)
+
+    (va, wa), (vb, wb) = components(a), components(b)
+    assert diff == pytest.approx(vb.mean() - va.mean(), abs=1e-12) == pytest.approx(evaluate.auc(y, b) - evaluate.auc(y, a))
+    se = np.sqrt(np.var(vb - va, ddof=1) / pos.sum() + np.var(wb - wa, ddof=1) / neg.sum())
+    assert (high - low) / 2 == pytest.approx(1.959964 * se, rel=1e-6)
+    rng = np.random.default_rng(0)
+    boot = [evaluate.auc(y[i], b[i]) - evaluate.auc(y[i], a[i]) for i in (rng.integers(0, len(y), len(y)) for _ in range(400))]
+    assert np.std(boot) == pytest.approx(se, rel=0.15)
+    same = evaluate.paired_auc_difference(y, a, a)
+    assert same == (0.0, (0.0, 0.0), 1.0)
 
 
 def test_the_retrain_job_holds_out_a_test_split_and_warm_starts_from_the_champion(champions, tmp_path):
