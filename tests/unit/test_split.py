@@ -7,6 +7,7 @@ import pytest
 from helpers import COLUMNS, frame
 from rayload.data.split import TEST, TRAIN, VAL, SplitPlan, assign, kfold_index, row_unit, split_keys
 from rayload.data.validate import Schema, validate_table
+from rayload.errors import DataError
 from rayload.spec import SplitSpec
 
 LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
@@ -103,3 +104,46 @@ def test_row_unit_is_uniform(good):
     u = row_unit(good, plan())
     hist, _ = np.histogram(u, bins=10, range=(0, 1))
     assert hist.min() > 0.8 * len(u) / 10
+
+
+def _times(ts) -> pa.Table:
+    return pa.table({"ts": pa.array(ts, pa.float64()), "y": pa.array(np.zeros(len(ts)))})
+
+
+def test_temporal_split_refuses_a_split_that_ties_leave_empty():
+    """Rows at a cut time all go to the later split: with one distinct time the preprocessor was
+    fitted on zero training rows, silently; with two, the val split asked for vanished."""
+    p = plan(kind="temporal")
+    with pytest.raises(DataError, match=r"temporal on 'ts': the train split is empty \(train 0, val 0, test 1000 of 1000 rows.*"
+                                        r"1000 rows share the time 2020-09-13T12:26:40\+00:00 \(1 distinct times"):
+        p.with_cutoffs([split_keys(_times(np.full(1000, 1.6e9)), p)])
+    two_days = np.where(np.arange(1000) < 700, 1.6e9, 1.6e9 + 86400)
+    with pytest.raises(DataError, match=r"the val split is empty \(train 700, val 0, test 300 .*300 rows share the time"):
+        p.with_cutoffs([split_keys(_times(two_days), p)])
+    # fractions that cut where the time changes are accepted, and so is a split asked to be empty
+    q = plan(kind="temporal", train=0.7, val=0.3, test=0.0)
+    codes = assign(_times(two_days), q.with_cutoffs([split_keys(_times(two_days), q)]))
+    assert np.bincount(codes, minlength=3).tolist() == [700, 300, 0]
+
+
+def test_preprocessing_refuses_an_empty_training_split_before_writing_shards(tmp_path):
+    import pandas as pd
+
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    src = tmp_path / "src"
+    src.mkdir()
+    pd.DataFrame({"g": ["only"] * 20, "x": np.arange(20.0), "y": np.arange(20) % 2}).to_parquet(src / "p.parquet")
+    schema = Schema(({"name": "g", "role": "categorical", "separator": "|", "required": False},), LABEL)
+    seed = next(s for s in range(100) if row_unit(_one_group(), SplitPlan.from_spec(SplitSpec(kind="group", group="g", seed=s), schema))[0] >= 0.8)
+    spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "parquet", "path": str(src)},
+                                   "columns": [{"name": "g", "role": "categorical"}, {"name": "x", "role": "numeric"}],
+                                   "label": {"column": "y"}}, "split": {"kind": "group", "group": "g", "seed": seed}})
+    with pytest.raises(DataError, match=r"the training split is empty \(split.kind=group: train 0, val \d+, test \d+ good rows\)"):
+        preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))
+
+
+def _one_group() -> pa.Table:
+    return pa.table({"g": ["only"]})

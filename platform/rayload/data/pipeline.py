@@ -197,6 +197,7 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
         parts = [r for part in _run(ds, fit_pass, plan) for r in part]
     counts = dict(_counts(parts, inputs), seconds=timings)
     _check_bad_fraction(counts, parts, spec.data.max_bad_fraction)
+    _check_split_rows(counts["split_rows"], spec.split)
     reb = rb.plan_rebalance(spec.rebalance.method, spec.rebalance.target_ratio, counts["train_labels"], spec.rebalance.seed)
     weights = {str(k): v for k, v in reb.class_weights} or None
     with _timed(timings, "fit"):
@@ -313,6 +314,24 @@ def _check_bad_fraction(counts: dict, parts: list[dict], limit: float) -> None:
         f"data.max_bad_fraction={limit}; reasons: {counts['reasons']}\nexamples:\n{lines}\n"
         "Fix the data or the declared schema, or raise data.max_bad_fraction."
     )
+
+
+def _check_split_rows(rows: dict[str, int], split) -> None:
+    """A preprocessor fitted on no training rows (empty vocabularies, default statistics) is
+    refused before any shard is written. An empty val or test split that was asked for is only
+    logged: a hash split leaves one empty by chance on tiny data alone, and training refuses a
+    missing val with its own error (a temporal split, whose cuts follow from the data, refuses
+    both in `SplitPlan.with_cutoffs`)."""
+    counts = ", ".join(f"{s} {rows[s]}" for s in SPLIT_NAMES)
+    if rows["train"] == 0:
+        raise DataError(
+            f"the training split is empty (split.kind={split.kind}: {counts} good rows), so there is nothing to fit the "
+            f"preprocessor on; use more rows, a larger split.train, another split.seed, or (kind: group) more groups")
+    for name in ("val", "test"):
+        asked = (split.kind == "kfold" or split.val > 0) if name == "val" else split.test > 0  # kfold: val is fold split.fold
+        if rows[name] == 0 and asked:
+            log.warning("the %s split is empty although one was asked for (split.kind=%s, train=%s, val=%s, test=%s: %s good rows)",
+                        name, split.kind, split.train, split.val, split.test, counts)
 
 
 def _reset(out_dir: str) -> None:

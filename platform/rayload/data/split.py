@@ -9,10 +9,12 @@ extra light pass: `split_keys` per batch, then `SplitPlan.with_cutoffs` on the d
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 import numpy as np
 import pyarrow as pa
 
+from ..errors import DataError
 from ..hashing import combine, hash_strings, seed_key, to_unit
 from .validate import as_string
 
@@ -58,7 +60,9 @@ class SplitPlan:
         """Cut points from the gathered `split_keys` of every batch."""
         if self.kind == "temporal":
             t = np.sort(np.concatenate([k["time"] for k in keys]))
-            return replace(self, cutoffs=(_cut(t, self.train), _cut(t, self.train + self.val)))
+            cuts = (_cut(t, self.train), _cut(t, self.train + self.val))
+            self._check_temporal(t, *cuts)
+            return replace(self, cutoffs=cuts)
         labels = np.concatenate([k["label"] for k in keys])
         u = np.concatenate([k["u"] for k in keys])
         cuts = []
@@ -66,6 +70,40 @@ class SplitPlan:
             s = np.sort(u[labels == value])
             cuts.append((float(value), _cut(s, self.train), _cut(s, self.train + self.val)))
         return replace(self, cutoffs=tuple(cuts))
+
+
+    def _check_temporal(self, t: np.ndarray, c1: float, c2: float) -> None:
+        """Rows at one time never go to two splits (all rows at a cut time go to the later one),
+        so coarse timestamps can leave a split empty: train (the preprocessor would be fitted on
+        no rows), or a val or test split that was asked for. Refused, not warned: the cut points
+        follow from the data, so every run would do the same; training needs val (early
+        stopping, the best checkpoint) and would fail only after every shard was written, and a
+        missing test split silently drops the test metrics."""
+        if not len(t):
+            return  # no good rows: preprocessing refuses that with its own error
+        n_train, n_before_test = np.searchsorted(t, [c1, c2], side="left")
+        rows = {"train": int(n_train), "val": int(n_before_test - n_train), "test": int(len(t) - n_before_test)}
+        for name in SPLITS:
+            if rows[name] or (name != "train" and getattr(self, name) == 0):
+                continue
+            at = t[0] if name == "train" else c2  # the time whose rows all went to the later split
+            why = (f"too few rows ({len(t)}) for a {name} fraction of {getattr(self, name)}" if np.isinf(at) else
+                   f"rows at one time never go to two splits (the later one takes them all), and {int((t == at).sum())} rows "
+                   f"share the time {_when(at)} ({len(np.unique(t))} distinct times in all)")
+            fix = {"train": ", or a random or group split", "val": " (training needs val: early stopping, the best epoch)",
+                   "test": ", or split.test: 0 to go without it"}[name]
+            raise DataError(
+                f"split.kind=temporal on '{self.time_column}': the {name} split is empty (train {rows['train']}, val {rows['val']}, "
+                f"test {rows['test']} of {len(t)} rows for train={self.train}, val={self.val}, test={self.test}): {why}. "
+                f"Use finer timestamps or fractions that put the cuts between two times{fix}."
+            )
+
+
+def _when(seconds: float) -> str:
+    try:
+        return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds:g} s"
 
 
 def _cut(sorted_values: np.ndarray, fraction: float) -> float:
