@@ -82,9 +82,18 @@ class Events(_Spec):
 
 
 class Guardrails(_Spec):
+    """Per-arm limits; a challenger's breach rolls it back (final), so a breach must be clear:
+    the error rate is judged over the arm's whole history and p99 latency over its last
+    `latency_window` requests, each by a test that stays at level `alpha` however often it is
+    looked at (serve/analysis.py, guardrail_breaches)."""
+
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     max_p99_ms: float = Field(default=250.0, gt=0)
-    min_requests: int = Field(default=200, ge=1, description="requests an arm needs before its guardrails are judged")
+    min_requests: int = Field(default=200, ge=1, description="requests an arm needs (in the latency window too) before its guardrails are judged")
+    latency_window: int = Field(default=1000, ge=1, description="p99 latency is judged over the arm's last this many requests: "
+                                "a late regression is not diluted by a long good history, and warm-up requests age out")
+    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="chance of a breach reported for an arm whose rate sits just "
+                         "at a limit, however often it is looked at; below the limit far less")
 
 
 class Analysis(_Spec):
@@ -210,6 +219,11 @@ def spec_issues(spec: ABSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("champion", f"must be one of the arms {names}", spec.champion, True))
         return issues
     issues += weight_issues(spec.weights, names, spec.champion_arm, shadow=spec.shadow)
+    g = spec.guardrails
+    if g.latency_window < g.min_requests:
+        issues.append(SpecIssue("guardrails.latency_window", f"must be at least guardrails.min_requests ({g.min_requests}): latency is "
+                                "judged once the window holds that many requests; raise the window or lower min_requests",
+                                g.latency_window, True))
     if spec.ramp.auto and len(names) != 2:
         issues.append(SpecIssue("ramp.auto", "automatic decisions need exactly two arms (champion and challenger)", len(names), True))
     return issues

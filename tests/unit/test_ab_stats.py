@@ -301,3 +301,51 @@ def test_units_are_counted_for_the_decision_only_where_both_arms_were_served():
     result = analyze(back, ab_from_dict(SPEC), {"control": 0.5, "challenger": 0.5})
     moved = back.groupby("unit_id")["arm"].nunique().eq(2).sum()
     assert sum(result.compared_units.values()) == 2000 + moved
+
+
+def test_an_error_rate_within_its_limit_is_not_rolled_back_however_often_it_is_looked_at():
+    # 1,000 arms x 20,000 requests, a look every 100 requests from 200 on (as the controller looks).
+    rng = np.random.default_rng(9)
+    looks = np.arange(1, 201) * 100
+    g = ab_from_dict(SPEC).guardrails  # max_error_rate 1%, alpha 0.05
+    def breached(rate):
+        errors = rng.binomial(100, rate, (1000, len(looks))).cumsum(axis=1)
+        return (stats.rate_above_p(errors, looks, g.max_error_rate) <= g.alpha)[:, 1:].any(axis=1), errors
+    old_rule = (breached(0.005)[1] / looks > g.max_error_rate)[:, 1:].any(axis=1).mean()
+    assert old_rule > 0.08  # a point estimate over the limit at any look: rolled back ~13% of these arms
+    assert breached(0.005)[0].mean() < 0.005  # well within the limit: hardly ever
+    assert breached(0.01)[0].mean() <= g.alpha + 0.02  # just at the limit: at most alpha (+ Monte Carlo error)
+    caught, errors = breached(0.03)
+    assert caught.all()  # three times the limit: always caught
+
+
+def _latency_frame(challenger_latency: np.ndarray, n_control: int = 400) -> pd.DataFrame:
+    n = len(challenger_latency) + n_control
+    arm = np.array(["challenger"] * len(challenger_latency) + ["control"] * n_control)
+    return pd.DataFrame({"request_id": [f"r{i}" for i in range(n)], "unit_id": [f"u{i}" for i in range(n)], "arm": arm,
+                         "model_version": "v", "score": 0.5, "status": "ok", "latency_ms": np.r_[challenger_latency, np.full(n_control, 5.0)],
+                         "layout": '{"challenger": 0.5, "control": 0.5}', "ts": np.arange(n, dtype=float), "outcome": 0.0})
+
+
+def test_p99_latency_is_judged_over_a_recent_window():
+    spec = ab_from_dict({**SPEC, "guardrails": {"max_p99_ms": 250, "min_requests": 200, "latency_window": 1000}})
+    rng = np.random.default_rng(0)
+    late = np.full(12_000, 5.0)
+    late[10_000:][rng.random(2000) < 0.05] = 600.0  # 5% of the last 2,000 requests slow: p99 600 ms
+    result = analyze(_latency_frame(late), spec)
+    arm = {a.arm: a for a in result.arms}["challenger"]
+    assert not arm.guardrail_ok and arm.p99_ms == 600.0 and result.decision == "rollback", result.reasons
+    assert "p99 latency" in result.reasons[0] and "last 1000 requests" in result.reasons[0]
+    warm = np.full(203, 5.0)
+    warm[:3] = 2000.0  # three slow warm-up requests (model load)
+    arm = {a.arm: a for a in analyze(_latency_frame(warm), spec).arms}["challenger"]
+    assert arm.p99_ms > 250 and arm.guardrail_ok  # 3 of 203 slower is no clear breach of "1% slower at most"
+
+
+def test_a_latency_window_smaller_than_min_requests_is_refused_naming_the_field():
+    from rayload.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"guardrails.latency_window: must be at least guardrails.min_requests \(200\)"):
+        ab_from_dict({**SPEC, "guardrails": {"min_requests": 200, "latency_window": 100}})
+    with pytest.raises(SpecError, match="guardrails.alpha"):
+        ab_from_dict({**SPEC, "guardrails": {"alpha": 0.7}})

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..ab_spec import ABSpec
+from ..ab_spec import ABSpec, Guardrails
 from . import stats
 
 LOOKS = 40  # points of the timeline the sequential p-value is taken at (any looks are valid)
@@ -22,7 +22,9 @@ class ArmReport:
     an ok exposure in this arm; a unit a ramp step moved from the champion counts in both
     arms), exposures, clicks, and the CTR with its interval. Pooled figures mix weight periods,
     so the comparison (Analysis.diff, lift, the tests) does not use them: it compares the arms
-    within each period (stats.stratified)."""
+    within each period (stats.stratified). Guardrails: error_rate over all the arm's requests,
+    p99_ms over its last guardrails.latency_window; a breach is reported only when it is clear
+    (guardrail_breaches)."""
 
     arm: str
     units: int
@@ -106,18 +108,45 @@ def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champi
 def _arm_report(frame, ok, arm: str, spec: ABSpec) -> ArmReport:
     rows, good = frame[frame["arm"] == arm], ok[ok["arm"] == arm]
     sums = unit_sums(good) if len(good) else stats.ArmSums(0, 0, 0, 0, 0, 0)
-    requests = len(rows)
-    error_rate = float((rows["status"] != "ok").mean()) if requests else 0.0
-    p99 = stats.p99(rows["latency_ms"].to_numpy()) if requests else float("nan")
-    g = spec.guardrails
+    requests, errors = len(rows), int((rows["status"] != "ok").sum())
+    order = np.argsort(rows["ts"].to_numpy(), kind="stable")
+    recent = rows["latency_ms"].to_numpy(dtype=float)[order][-spec.guardrails.latency_window:]
+    reasons = guardrail_breaches(errors, requests, recent, spec.guardrails)
+    return ArmReport(arm, sums.n, int(sums.y), int(sums.x), sums.ctr, stats.ctr_interval(sums, spec.analysis.alpha), requests,
+                     errors / requests if requests else 0.0, stats.p99(recent), not reasons, reasons)
+
+
+def guardrail_breaches(errors: int, requests: int, recent: np.ndarray, g: Guardrails) -> list[str]:
+    """An arm's clear guardrail breaches (a challenger's roll it back, final), so each must be
+    statistically clear under continuous looking, not a point estimate over its limit:
+
+    - errors: over the arm's whole history (`requests` with `errors` not ok), the anytime-valid
+      test of "error rate <= max_error_rate" rejects at g.alpha (stats.rate_above_p): the rate's
+      anytime-valid lower confidence bound is above the limit. However often it is looked at,
+      an arm just at the limit is reported with probability at most g.alpha.
+    - latency: over the arm's last g.latency_window requests (`recent`, any status), p99 above
+      max_p99_ms means more than 1% of them slower than it; the same test on that share against
+      1%. A window sees a late regression that a whole history dilutes, and a few slow warm-up
+      requests age out. A window is a fresh sample every latency_window requests, so the k-th
+      (k = requests / latency_window, rounded up) is tested at g.alpha * 6 / (pi^2 k^2): these
+      sum to g.alpha, which keeps the chance of a false breach over the whole experiment near
+      g.alpha; a later window asks for a little more evidence (log(1/level) grows as 2 log k).
+
+    Neither is judged before the arm (and its window) has g.min_requests requests."""
     reasons = []
     if requests >= g.min_requests:
-        if error_rate > g.max_error_rate:
-            reasons.append(f"error rate {error_rate:.3%} > {g.max_error_rate:.3%}")
-        if p99 > g.max_p99_ms:
-            reasons.append(f"p99 latency {p99:.1f} ms > {g.max_p99_ms:.1f} ms")
-    return ArmReport(arm, sums.n, int(sums.y), int(sums.x), sums.ctr, stats.ctr_interval(sums, spec.analysis.alpha), requests,
-                     error_rate, p99, not reasons, reasons)
+        p = stats.rate_above_p(errors, requests, g.max_error_rate)
+        if p <= g.alpha:
+            reasons.append(f"error rate {errors / requests:.3%} over {requests} requests is clearly above {g.max_error_rate:.3%} "
+                           f"(anytime-valid p={p:.2g} <= {g.alpha})")
+    if len(recent) >= g.min_requests:
+        slow = int((recent > g.max_p99_ms).sum())
+        p = stats.rate_above_p(slow, len(recent), 0.01)
+        level = g.alpha * 6 / (math.pi**2 * math.ceil(max(requests, len(recent)) / g.latency_window) ** 2)
+        if p <= level:
+            reasons.append(f"p99 latency {stats.p99(recent):.1f} ms > {g.max_p99_ms:.1f} ms over the last {len(recent)} requests: "
+                           f"{slow / len(recent):.1%} of them slower, clearly more than 1% (p={p:.2g} <= {level:.2g})")
+    return reasons
 
 
 def _periods(ok) -> list[tuple[dict[str, int], dict[str, float]]]:
