@@ -34,6 +34,7 @@ from .features import (
     NumericState,
     clip_log,
     split_bag,
+    transform_numeric,
 )
 from .spec import CategoricalFeature, NumericFeature
 
@@ -124,22 +125,42 @@ def _g(x: np.ndarray, cfg: NumericFeature, low, high) -> np.ndarray:
     return clip_log(x, low, high, cfg.log)
 
 
-def _moments(x: np.ndarray) -> tuple[float, float, float]:
+# Moments are (count, mean, M2 / 4**e, e), with max|x| < 2**e: the sum of squared deviations is
+# held in units of 2**e (a power of two, so scaling is exact and ordinary columns get the very
+# numbers unscaled arithmetic gives), and no finite column can overflow it (1e200 made std inf).
+def _moments(x: np.ndarray) -> tuple[float, float, float, int]:
     if len(x) == 0:
-        return (0.0, 0.0, 0.0)
-    mean = float(x.mean())
-    return (float(len(x)), mean, float(((x - mean) ** 2).sum()))
+        return (0.0, 0.0, 0.0, 0)
+    e = _exponent(x)
+    xs = np.ldexp(x, -e)
+    mean = float(xs.mean())
+    return (float(len(x)), float(np.ldexp(mean, e)), float(((xs - mean) ** 2).sum()), e)
+
+
+def _exponent(x: np.ndarray) -> int:
+    return int(np.frexp(np.max(np.abs(x)))[1])
+
+
+def _constant_moments(n: float, value: float) -> tuple[float, float, float, int]:
+    return (float(n), float(value), 0.0, _exponent(np.array([value])))
 
 
 def _merge_moments(a, b):
     """Chan et al.'s parallel merge of (count, mean, M2): stable where sum of squares is not."""
-    na, ma, m2a = a
-    nb, mb, m2b = b
-    n = na + nb
-    if n == 0:
-        return (0.0, 0.0, 0.0)
+    na, ma, m2a, ea = a
+    nb, mb, m2b, eb = b
+    if na == 0 or nb == 0:
+        return b if na == 0 else a
+    n, e = na + nb, max(ea, eb)
+    ma, mb = np.ldexp(ma, -e), np.ldexp(mb, -e)
     delta = mb - ma
-    return (n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n)
+    m2 = np.ldexp(m2a, 2 * (ea - e)) + np.ldexp(m2b, 2 * (eb - e)) + delta * delta * na * nb / n
+    return (n, float(np.ldexp(ma + delta * nb / n, e)), float(m2), e)
+
+
+def _std(moments) -> float:
+    n, _, m2, e = moments
+    return float(np.ldexp(np.sqrt(max(m2 / max(n, 1.0), 0.0)), e))
 
 
 def _value_counts(column, multi: bool, sep: str) -> dict:
@@ -240,21 +261,21 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
     low, high = _clip_bounds(cfg, sketch, weights)
     gv = float(_g(np.array([impute]), cfg, low, high)[0])
     if "g" in acc:
-        moments = _merge_moments(acc["g"], (float(nulls), gv, 0.0))
+        moments = _merge_moments(acc["g"], _constant_moments(nulls, gv))
     else:  # quantile clip: bounds known only now, so use the sketch (see module docstring)
         gs = _g(sketch, cfg, low, high)
-        moments = _merge_moments(_weighted_moments(gs, weights), (float(nulls), gv, 0.0))
+        moments = _merge_moments(_weighted_moments(gs, weights), _constant_moments(nulls, gv))
     g_ends = _g(np.array([acc["min"], acc["max"]]), cfg, low, high) if n else np.array([gv, gv])
     state = NumericState(name, impute, low, high, cfg.log, cfg.scale)
     if cfg.buckets is not None:
         state.boundaries = _boundaries(cfg, sketch, weights, low, high)
     elif cfg.scale == "zscore":
-        std = float(np.sqrt(max(moments[2] / max(moments[0], 1.0), 0.0)))
+        std = _std(moments)
         state.offset, state.divisor = moments[1], std if not _negligible(std, moments[1]) else 1.0
     elif cfg.scale == "minmax":
         lo, hi = min(g_ends[0], gv) if nulls else g_ends[0], max(g_ends[1], gv) if nulls else g_ends[1]
-        state.offset, state.divisor = float(lo), float(hi - lo) if hi > lo else 1.0
-    raw_std = float(np.sqrt(acc["raw"][2] / acc["raw"][0])) if n else 0.0
+        state.offset, state.divisor = float(lo), float(hi) - float(lo) if hi > lo else 1.0  # inf past 1.8e308: _check_in_range refuses it
+    raw_std = _std(acc["raw"]) if n else 0.0
     state.stats = {
         "count": n + nulls, "null_rate": nulls / max(n + nulls, 1), "mean": acc["raw"][1] if n else None,
         "std": raw_std if n else None, "min": acc["min"] if n else None, "max": acc["max"] if n else None,
@@ -262,7 +283,27 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
     }
     if n:
         state.stats["histogram"] = _histogram(sketch, weights, state.stats["quantiles"])
+    _check_in_range(state, [v for v in (acc["min"], acc["max"], impute) if np.isfinite(v)])
     return state
+
+
+def _check_in_range(state: NumericState, ends: list[float]) -> None:
+    """Refused before any shard is written: a fitted number past float64 (a min-max range past
+    1.8e308) or a transformed training value past float32 (3.4e38, left unscaled) would put
+    inf into the shards and features.json. The transform is monotone, so the ends of the
+    training values (and the imputed value) give the ends of its outputs."""
+    fitted = {"impute value": state.impute_value, "offset": state.offset, "divisor": state.divisor,
+              "mean": state.stats.get("mean"), "std": state.stats.get("std")}
+    bad = [k for k, v in fitted.items() if v is not None and not np.isfinite(v)]
+    if state.boundaries is None and ends:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = transform_numeric(state, pa.array(ends, pa.float64()))[state.name].to_numpy()
+        bad += [] if np.isfinite(out).all() else ["outputs past float32's 3.4e38"]
+    if bad:
+        raise DataError(
+            f"features.numeric.{state.name}: training values from {min(ends):.6g} to {max(ends):.6g} overflow the "
+            f"scale={state.scale} transform ({', '.join(bad)}); clip them (features.numeric.{state.name}.clip: "
+            f"{{min: ..., max: ...}} or {{quantiles: [0.001, 0.999]}}) or compress them (features.numeric.{state.name}.log: true)")
 
 
 # A constant column's computed std is not 0 but rounding noise: the mean of n copies of c is
@@ -291,9 +332,11 @@ def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) 
 def _weighted_moments(x: np.ndarray, w: np.ndarray):
     total = float(w.sum())
     if total == 0:
-        return (0.0, 0.0, 0.0)
-    mean = float((x * w).sum() / total)
-    return (total, mean, float((w * (x - mean) ** 2).sum()))
+        return (0.0, 0.0, 0.0, 0)
+    e = _exponent(x)
+    xs = np.ldexp(x, -e)
+    mean = float((xs * w).sum() / total)
+    return (total, float(np.ldexp(mean, e)), float((w * (xs - mean) ** 2).sum()), e)
 
 
 def _impute_value(cfg: NumericFeature, acc: dict, sketch, weights) -> float:

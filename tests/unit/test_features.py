@@ -250,3 +250,27 @@ def test_target_statistics_without_smoothing_fall_back_to_the_prior_where_no_row
     served = feats.transform_rows([{"user": "never-seen"}, {"user": None}, {"user": state.values[0]}]).column("user__te").to_numpy()
     ys = df.y[df.user == state.values[0]]
     np.testing.assert_allclose(served, [0.0, 0.0, 2 * (ys.mean() - state.prior)], rtol=1e-6, atol=1e-7)
+
+
+def test_huge_finite_values_scale_without_overflow_or_are_refused_by_column():
+    """Moments of [1, 2, 3, 1e200] overflowed (divisor inf, every output 0) and features.json
+    refused the inf only after the shards were written."""
+    df = frame(400, seed=5).assign(price=lambda d: np.resize([1.0, 2.0, 3.0, 1e200], len(d)))
+    for chunks in (1, 3):
+        feats, good = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": "mean"}}}, chunks=chunks)
+        ref = np.resize([1.0, 2.0, 3.0, 1e200], 400) / 1e200
+        np.testing.assert_allclose(feats.transform_table(good).column("price").to_numpy(), (ref - ref.mean()) / ref.std(), rtol=1e-6)
+        assert feats.numeric[0].stats["std"] == pytest.approx(1e200 * ref.std()) and feats.to_json()
+    df["price"] = np.resize([1e308, 1.7e308], len(df))  # the sum alone overflowed
+    feats, good = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": "mean"}}}, chunks=3)
+    np.testing.assert_allclose(feats.transform_table(good).column("price").to_numpy(), np.resize([-1.0, 1.0], 400), rtol=1e-6)
+    # what float32 outputs (or a float64 range) cannot hold is refused, naming the column and the fix
+    df["price"] = np.resize([1.0, 2.0, 3.0, 1e200], len(df))
+    with pytest.raises(DataError, match=r"features.numeric.price: training values from 1 to 1e\+200 overflow the scale=none "
+                                        r"transform \(outputs past float32.*features.numeric.price.clip.*features.numeric.price.log: true"):
+        fit(df, {"numeric": {"price": {"scale": "none"}}})
+    df["price"] = np.resize([-1.7e308, 1.7e308], len(df))
+    with pytest.raises(DataError, match=r"features.numeric.price: .*scale=minmax transform \(divisor"):
+        fit(df, {"numeric": {"price": {"scale": "minmax"}}})
+    feats, good = fit(df, {"numeric": {"price": {"scale": "none", "log": True}}})
+    assert np.isfinite(feats.transform_table(good).column("price").to_numpy()).all() and feats.to_json()

@@ -189,3 +189,24 @@ def test_two_processes_sharing_one_cache_write_an_entry_once(tmp_path):
     entry = load_result(outs[0]["out_dir"])
     assert sum(pq.read_metadata(f).num_rows for split in ("train", "val", "test") for f in entry.files[split]) == 20_000
     assert not (tmp_path / "home0" / "cache").exists() and not (tmp_path / "home1" / "cache").exists()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the label sum, on purpose
+def test_a_fit_that_features_json_cannot_hold_is_refused_before_any_shard(tmp_path):
+    """features.json refused inf only after every shard was written."""
+    df = frame(300, seed=6)
+    df["price"] = np.resize([1.0, 2.0, 1e200], len(df))
+    src = tmp_path / "src"
+    src.mkdir()
+    df.to_parquet(src / "a.parquet")
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"features.numeric.price: .* overflow the scale=none transform"):
+        preprocess(job(str(src), features={"numeric": {"price": {"scale": "none"}}}), out=str(out), engine="local")
+    assert not list(out.rglob("*.parquet"))
+    df["price"], df["y"] = 1.0, np.resize([1e308, 1.5e308], len(df))  # target statistics' label sums overflow
+    df.to_parquet(src / "a.parquet")
+    spec = job(str(src), features={"categorical": {"user": {"target_stats": True}}})
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"label": spec.data.label.model_copy(update={"task": "regression"})})})
+    with pytest.raises(DataError, match=r"holds inf at target\.0\.[\w.]+ of features.json.*no shards were written"):
+        preprocess(spec, out=str(out), engine="local")
+    assert not list(out.rglob("*.parquet"))

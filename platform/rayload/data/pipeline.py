@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -204,12 +205,13 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
         features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
         if fixed is not None:  # the checkpoint's transforms; the label (and its weights) are this data's
             features = replace(fixed, label=features.label)
+    features_json = _features_json(features)
     _reset(out_dir)
     plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
     on_stage(f"transforming and writing shards to {out_dir}")
     with _timed(timings, "transform_write"):
         manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
-    return _finish(out_dir, key, features, counts, manifest)
+    return _finish(out_dir, key, features, features_json, counts, manifest)
 
 
 @contextlib.contextmanager
@@ -340,7 +342,34 @@ def _reset(out_dir: str) -> None:
     fs.delete_dir_contents(base, missing_dir_ok=True)
 
 
-def _finish(out_dir: str, key: str, features: FittedFeatures, counts: dict, manifest: list[dict]) -> PreprocessResult:
+def _features_json(features: FittedFeatures) -> str:
+    """features.json, made before any shard is written: a fitted number JSON cannot hold (inf,
+    NaN) was found only after every shard had been written."""
+    try:
+        return features.to_json()
+    except ValueError:
+        found = _non_finite(asdict(features))
+        if found is None:
+            raise
+        path, value = found
+        raise DataError(f"the fitted preprocessor holds {value} at {path} of features.json, which JSON cannot hold: the values "
+                        "it was fitted on are too large for float64 statistics. Rescale them in the data (a numeric feature: "
+                        "features.numeric.<column>.clip or .log); no shards were written.") from None
+
+
+def _non_finite(obj, path: str = "") -> tuple[str, float] | None:
+    """The path and value of the first inf or NaN in a JSON-like object."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path, obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
+def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str, counts: dict, manifest: list[dict]) -> PreprocessResult:
     files: dict[str, list[str]] = {}
     for row in manifest:
         files.setdefault(row["split"], []).append(row["path"])
@@ -351,7 +380,7 @@ def _finish(out_dir: str, key: str, features: FittedFeatures, counts: dict, mani
     files = {s: sorted(v) for s, v in files.items()}
     fs, base = filesystem(out_dir)
     with fs.open_output_stream(f"{base}/features.json") as f:
-        f.write(features.to_json().encode())
+        f.write(features_json.encode())
     summary = {"cache_key": key, "counts": counts, "files": files}
     with fs.open_output_stream(f"{base}/summary.json") as f:
         f.write(json.dumps(summary, indent=1).encode())
