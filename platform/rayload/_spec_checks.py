@@ -80,6 +80,9 @@ def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     for name, feat in spec.features.categorical.items():
         if roles.get(name) not in _CATEGORICAL:
             issues.append(_role_issue(f"features.categorical.{name}", name, roles, "categorical or multi_categorical"))
+        elif feat.target_raw and not feat.target_stats:
+            issues.append(SpecIssue(f"features.categorical.{name}.target_raw", "adds a target statistic of the raw label and needs target statistics; set "
+                                    f"features.categorical.{name}.target_stats: true, or leave target_raw out", True, True))
         elif feat.target_stats and roles[name] == "multi_categorical":
             issues.append(SpecIssue(f"features.categorical.{name}.target_stats", "target statistics need a single-valued categorical column", True, True))
         elif feat.encode == "onehot" and roles[name] == "multi_categorical":

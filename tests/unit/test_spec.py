@@ -122,3 +122,11 @@ def test_training_settings_that_cannot_work_are_refused(tmp_path):
     with pytest.raises(SpecError, match="min must be <= max"):
         load_spec(write(tmp_path, GOOD), ["resources.workers={min: 3, max: 2}"])
     assert load_spec(write(tmp_path, GOOD), ["resources.workers={min: 1, max: 2}"]).resources.workers.max == 2
+
+
+def test_target_raw_without_target_stats_is_refused(tmp_path):
+    """It was silently ignored: no raw-label statistic, no error."""
+    with pytest.raises(SpecError, match=r"features.categorical.userId.target_raw: .*set features.categorical.userId.target_stats: true"):
+        load_spec(write(tmp_path, GOOD), ["features.categorical.userId={target_raw: true}"])
+    spec = load_spec(write(tmp_path, GOOD), ["features.categorical.userId={target_raw: true, target_stats: true}"])
+    assert spec.features.categorical["userId"].target_raw
