@@ -134,8 +134,10 @@ def print_analysis(result) -> None:
                       f"fixed-horizon p={_g(result.z_p_value)}, "
                       f"sequential (always valid) p={_g(result.sequential_p)}")
     console.print(f"sample ratio check p={_g(result.srm_p)}{' [red]MISMATCH: results invalid[/]' if result.srm_flagged else ''}")
-    if result.mde_now is not None:
-        console.print(f"detectable effect now {_g(result.mde_now)}; about {result.units_needed} more units for the configured power")
+    if result.sequential_mde_now is not None:
+        console.print(f"sequential test (decides): detectable effect now {_g(result.sequential_mde_now)}; about "
+                      f"{result.sequential_units_needed} more units for the configured power (a fixed-horizon test looked at "
+                      f"once: {_g(result.mde_now)}, {result.units_needed} more)")
     if result.drift:
         drift = Table("arm", "feature", "rows", "PSI", "OOV rate", "status", title="feature drift (PSI against the training data)")
         for r in result.drift:

@@ -101,8 +101,10 @@ class Analysis(_Spec):
     alpha: float = Field(default=0.05, gt=0, lt=0.5)
     srm_p: float = Field(default=0.001, gt=0, lt=1)
     tau: float = Field(default=0.01, gt=0, description="mSPRT mixing standard deviation: the size of effect expected, in CTR points")
-    mde: float = Field(default=0.01, gt=0, description="minimum detectable effect (absolute CTR) for the sample-size calculator")
-    power: float = Field(default=0.8, gt=0, lt=1)
+    mde: float = Field(default=0.01, gt=0, description="the effect (absolute CTR) the power figures are for: units the sequential "
+                       "test that decides needs to detect it (sequential_units_needed), and what a fixed-horizon test looked at "
+                       "once would need (units_needed, fewer: not the deciding test)")
+    power: float = Field(default=0.8, gt=0, lt=1, description="the power those figures are for")
     min_units: int = Field(default=500, ge=1, description="exposed units per arm before any decision")
 
 

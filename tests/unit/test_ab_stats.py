@@ -349,3 +349,28 @@ def test_a_latency_window_smaller_than_min_requests_is_refused_naming_the_field(
         ab_from_dict({**SPEC, "guardrails": {"min_requests": 200, "latency_window": 100}})
     with pytest.raises(SpecError, match="guardrails.alpha"):
         ab_from_dict({**SPEC, "guardrails": {"alpha": 0.7}})
+
+
+def test_the_sequential_sample_size_is_what_the_deciding_msprt_needs():
+    # 10% -> 11%, tau 0.01: at the fixed-horizon z-test's sample size the mSPRT, looked at
+    # continuously, has detected the effect in only about half the experiments; at msprt_sample_size's in >= 80%.
+    fixed, seq = stats.sample_size(0.10, 0.01), stats.msprt_sample_size(0.10, 0.01, tau=0.01)
+    assert seq > 1.5 * fixed
+    assert stats.msprt_mde(seq, 0.10, tau=0.01) == pytest.approx(0.01, rel=0.05)
+    rng = np.random.default_rng(5)
+    lam = np.vectorize(stats.msprt_lambda)
+    def detected(n_arm, sims=600):
+        looks = np.unique(np.geomspace(500, n_arm, 60).astype(int))
+        steps = np.diff(looks, prepend=0)
+        a, b = (rng.binomial(steps, p, (sims, len(looks))).cumsum(axis=1) / looks for p in (0.10, 0.11))
+        var = a * (1 - a) / (looks - 1) + b * (1 - b) / (looks - 1)
+        return (lam(b - a, var, 0.01) >= 1 / 0.05).any(axis=1).mean()
+    assert detected(fixed // 2) < 0.65
+    assert detected(seq // 2) >= 0.8 - 3 * math.sqrt(0.8 * 0.2 / 600)
+
+
+def test_the_reason_to_continue_gives_the_units_the_sequential_test_needs():
+    result = analyze(frame({"control": 0.10, "challenger": 0.10}, n=800), ab_from_dict(SPEC))
+    assert result.sequential_units_needed > result.units_needed > 0
+    assert f"sequential test needs about {result.sequential_units_needed} more units" in result.reasons[0]
+    assert result.sequential_mde_now > result.mde_now

@@ -57,8 +57,15 @@ class Analysis:
     srm_p: float = 1.0
     srm_flagged: bool = False
     valid: bool = True
+    # Power. The decisions are the mSPRT's: sequential_units_needed is about how many more units
+    # it needs to have detected an effect of analysis.mde with analysis.power (conservative:
+    # stats.msprt_sample_size), sequential_mde_now the effect it would detect so with the units
+    # so far. units_needed and mde_now are the same for a fixed-horizon z-test looked at once,
+    # which needs fewer units but is not what decides. All as if every unit came at today's split.
     units_needed: int | None = None
     mde_now: float | None = None
+    sequential_units_needed: int | None = None
+    sequential_mde_now: float | None = None
     decision: str = "continue"
     reasons: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
@@ -210,9 +217,10 @@ class Pairs:
 
 
 def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums", a) -> None:
-    """Units needed and the effect detectable now, from the observed per-unit variances (CTR
-    is a ratio over units: ten exposures of one user are worth less than ten users). n/a (None)
-    while the challenger's share is 0 or 1."""
+    """Units needed and the effect detectable now, for the mSPRT that decides and for a
+    fixed-horizon z-test, from the observed per-unit variances (CTR is a ratio over units: ten
+    exposures of one user are worth less than ten users). n/a (None) while the challenger's
+    share is 0 or 1."""
     share = result.weights.get(result.challenger, 0.0)
     base = control.ctr if math.isfinite(control.ctr) and 0 < control.ctr < 1 else 0.5
     unit_var = (control.unit_variance(base), treatment.unit_variance(base))
@@ -220,6 +228,9 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     needed = stats.sample_size(base, a.mde, a.alpha, a.power, share, unit_var)
     result.units_needed = None if needed is None else max(0, needed - n)
     result.mde_now = stats.minimum_detectable_effect(n, base, a.alpha, a.power, share, unit_var)
+    needed = stats.msprt_sample_size(base, a.mde, a.alpha, a.power, share, unit_var, a.tau)
+    result.sequential_units_needed = None if needed is None else max(0, needed - n)
+    result.sequential_mde_now = stats.msprt_mde(n, base, a.alpha, a.power, share, unit_var, a.tau)
 
 
 def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
@@ -302,7 +313,10 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
             return "continue", [f"sequential test p={result.sequential_p:.3g} but the CTR difference is not defined ({result.diff}): no decision"]
         word = "promote" if result.diff > 0 else "rollback"
         return word, [f"sequential test p={result.sequential_p:.3g} <= {spec.analysis.alpha}: CTR difference {result.diff:+.4f}"]
-    more = f"; about {result.units_needed} more units for {spec.analysis.power:.0%} power at an effect of {spec.analysis.mde}" if result.units_needed else ""
+    more = ""
+    if result.sequential_units_needed:
+        more = (f"; the sequential test needs about {result.sequential_units_needed} more units for {spec.analysis.power:.0%} power "
+                f"at an effect of {spec.analysis.mde} (a fixed-horizon test looked at once: {result.units_needed})")
     return "continue", [f"no significant difference yet (sequential p={_fmt(result.sequential_p)}){more}"]
 
 
