@@ -147,3 +147,23 @@ def test_preprocessing_refuses_an_empty_training_split_before_writing_shards(tmp
 
 def _one_group() -> pa.Table:
     return pa.table({"g": ["only"]})
+
+
+def test_stratified_split_by_a_key_keeps_each_key_in_one_split():
+    """Cut points were per label but the hash was of the key alone: a key whose rows carry both
+    labels was cut at two points, and 12 of 300 users landed in two splits."""
+    rng = np.random.default_rng(0)
+    users = rng.integers(0, 300, 4000)
+    y = (rng.random(4000) < np.where(users < 150, 0.1, 0.6)).astype(int)
+    schema = Schema(({"name": "user", "role": "categorical", "separator": "|", "required": False},), LABEL)
+    good, _ = validate_table(pa.table({"user": [f"u{u}" for u in users], "y": y}), schema)
+    p = SplitPlan.from_spec(SplitSpec(kind="stratified", key=["user"], train=0.8, val=0.1, test=0.1), schema)
+    codes = in_chunks(good, 3, lambda t: assign(t, with_cutoffs(p, good, 5)))
+    np.testing.assert_array_equal(codes, assign(good, with_cutoffs(p, good)))  # any block layout
+    splits_per_user = {}
+    for u, c in zip(users, codes):
+        splits_per_user.setdefault(u, set()).add(int(c))
+    assert all(len(s) == 1 for s in splits_per_user.values())
+    for label in (0, 1):  # still stratified, as far as whole keys allow
+        share = np.bincount(codes[y == label], minlength=3) / (y == label).sum()
+        np.testing.assert_allclose(share, [0.8, 0.1, 0.1], atol=0.02)

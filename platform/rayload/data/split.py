@@ -4,6 +4,12 @@ Every row gets a number in [0, 1) from a stable hash of its key columns. Random,
 k-fold splits compare it with fixed cut points. Stratified and temporal splits need cut points
 computed from the data (per-label quantiles of the hash, quantiles of time), so they take one
 extra light pass: `split_keys` per batch, then `SplitPlan.with_cutoffs` on the driver.
+
+A stratified split with a key that does not hold the label (split.key: [user]) can meet a key
+whose rows carry both labels; cut per label at exact quantiles, such a key could land in two
+splits. Every label's cut is therefore placed between the same two consecutive such keys, as
+close to its quantile as that allows: a key never spans splits, and the split is exactly
+stratified when those keys are few and as close to it as keeping keys whole permits otherwise.
 """
 
 from __future__ import annotations
@@ -65,11 +71,13 @@ class SplitPlan:
             return replace(self, cutoffs=cuts)
         labels = np.concatenate([k["label"] for k in keys])
         u = np.concatenate([k["u"] for k in keys])
-        cuts = []
-        for value in np.unique(labels):
-            s = np.sort(u[labels == value])
-            cuts.append((float(value), _cut(s, self.train), _cut(s, self.train + self.val)))
-        return replace(self, cutoffs=tuple(cuts))
+        strata = [np.sort(u[labels == value]) for value in np.unique(labels)]
+        if not strata:
+            return replace(self, cutoffs=())  # no good rows: preprocessing refuses that with its own error
+        edges = np.concatenate([[-np.inf], _mixed_keys(u, labels), [np.inf]])
+        gap1, c1 = _stratified_cuts(strata, edges, self.train, 0)
+        _, c2 = _stratified_cuts(strata, edges, self.train + self.val, gap1)
+        return replace(self, cutoffs=tuple((float(v), a, b) for v, a, b in zip(np.unique(labels), c1, c2)))
 
 
     def _check_temporal(self, t: np.ndarray, c1: float, c2: float) -> None:
@@ -104,6 +112,32 @@ def _when(seconds: float) -> str:
         return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat()
     except (OverflowError, OSError, ValueError):
         return f"{seconds:g} s"
+
+
+def _mixed_keys(u: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The keys (by their hash unit) whose rows carry more than one label, sorted."""
+    order = np.lexsort((labels, u))
+    us, ls = u[order], labels[order]
+    return np.unique(us[1:][(us[1:] == us[:-1]) & (ls[1:] != ls[:-1])])
+
+
+def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: float, first_gap: int) -> tuple[int, list[float]]:
+    """One cut per label (rows with u < cut come before it), all in the same gap (edges[j], edges[j + 1]]
+    between two consecutive keys that carry several labels: such a key then falls on the same
+    side of every label's cut, so its rows stay in one split. Within the gap each label's cut
+    takes the rank closest to round(n * fraction); the gap is the one whose ranks come closest
+    (summed relative error), from `first_gap` on so a later cut never precedes an earlier one.
+    Without such keys (the default key holds the label) there is one gap and the split is exact."""
+    targets = [int(round(len(s) * fraction)) for s in strata]
+    lo = [np.searchsorted(s, edges[:-1], side="right") for s in strata]  # rows at or before the gap
+    hi = [np.searchsorted(s, edges[1:], side="left") for s in strata]  # rows before the gap's end
+    cost = sum((np.maximum(lo_l - r, 0) + np.maximum(r - hi_l, 0)) / max(len(s), 1) for s, r, lo_l, hi_l in zip(strata, targets, lo, hi))
+    gap = first_gap + int(np.argmin(cost[first_gap:]))
+    cuts = []
+    for s, r, lo_l, hi_l in zip(strata, targets, lo, hi):
+        k = min(max(r, lo_l[gap]), hi_l[gap])
+        cuts.append(float(min(s[k] if k < len(s) else np.inf, edges[gap + 1])))
+    return gap, cuts
 
 
 def _cut(sorted_values: np.ndarray, fraction: float) -> float:
