@@ -123,3 +123,18 @@ def test_shadow_mode_holds_the_ramp_and_refuses_live_challenger_traffic(run):
     with pytest.raises(SpecError, match="weights.B: in shadow mode"):
         control.set_weights(run_dir, {"A": 0.9, "B": 0.1})
     assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0} and run.box["deployed"] == []
+
+
+def test_a_challenger_that_starts_at_0_percent_goes_to_the_first_ramp_step_at_once(run):
+    run_dir = run(spec_of(1.0), events(3_000, {"A": 0.1, "B": 0.1}, {"A": 1.0, "B": 0.0}))
+    decision, reasons = control.step(run_dir)
+    assert decision == "continue" and user(run_dir)["weights"] == {"A": 0.95, "B": 0.05}, reasons
+    assert any("first step, 5%" in r for r in reasons)
+    _, state = control.load_state(run_dir)
+    assert [d["decision"] for d in state["decisions"]] == ["ramp"]
+    # 0% set by hand later is a pause: the controller leaves it there
+    control.set_weights(run_dir, {"A": 1.0, "B": 0.0})
+    for _ in range(2):
+        decision, reasons = control.step(run_dir)
+        assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+    assert any("set by hand" in r for r in reasons), reasons

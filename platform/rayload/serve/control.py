@@ -277,10 +277,18 @@ def _ramp(run_dir: str, state: dict, result, spec: ABSpec) -> list[str]:
         return []
     units = next(a.units for a in result.arms if a.arm == result.challenger)
     begun = _step_start(state, user["weights"])
+    if share == 0 and state.get("ramp_step") is None:
+        # The spec starts the challenger dark: at 0% no unit can come in to complete a step, so
+        # the ramp begins at its first step at once (a 0% set by hand later is a pause: below).
+        nxt = later[0]
+        _apply(run_dir, state, {result.champion: round(1 - nxt, 4), result.challenger: nxt}, None, f"ramp to {nxt:.0%}", "ramp", units)
+        return [f"ramped the challenger from 0% to its first step, {nxt:.0%}"]
     if begun is None:  # a share set by hand: its step begins at this look
         state["ramp_step"] = {"weights": user["weights"], "units": units}
         save_state(run_dir, state)
         return []
+    if share == 0:
+        return ["the challenger's share is 0%, set by hand: the ramp holds until a share is set (rayload ab set-weights)"]
     if units - begun < spec.ramp.min_units_per_step:
         return []
     nxt = later[0]
