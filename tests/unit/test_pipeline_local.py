@@ -210,3 +210,18 @@ def test_a_fit_that_features_json_cannot_hold_is_refused_before_any_shard(tmp_pa
     with pytest.raises(DataError, match=r"holds inf at target\.0\.[\w.]+ of features.json.*no shards were written"):
         preprocess(spec, out=str(out), engine="local")
     assert not list(out.rglob("*.parquet"))
+
+
+def test_training_rows_are_written_in_a_seeded_order_not_the_input_order(tmp_path):
+    """Inputs are often sorted (here by label and price): the first epoch streams the training
+    shards as written, so their rows are written shuffled, the same way for the same seed."""
+    df = frame(800, seed=6).sort_values(["y", "price"]).reset_index(drop=True)
+    df.to_parquet(tmp_path / "sorted.parquet")
+    spec = job(str(tmp_path / "sorted.parquet"), "parquet", split={"kind": "random", "seed": 3})
+    ours = [preprocess(spec, out=str(tmp_path / f"out{i}"), engine="local") for i in range(2)]
+    labels = [np.concatenate([pq.read_table(f).column("label").to_numpy() for f in r.files["train"]]) for r in ours]
+    assert np.array_equal(labels[0], labels[1])  # deterministic
+    first_half = labels[0][: len(labels[0]) // 2]
+    assert 0.2 < first_half.mean() < 0.8 and 0.2 < labels[0].mean() < 0.8  # not all the 0s, then all the 1s
+    val = np.concatenate([pq.read_table(f).column("label").to_numpy() for f in ours[0].files["val"]])
+    assert (np.diff(val) >= 0).all()  # validation keeps its order: nothing shuffles what no one trains on

@@ -284,19 +284,33 @@ def _labels(batches) -> list[float]:
     return [float(b.label.sum()) for b in batches]
 
 
-def test_worker_cache_serves_later_epochs_from_memory_in_a_reshuffled_order():
-    t = table(2048, 0)
+def _rows(batches) -> list[tuple]:
+    """Every row of the batches as (x, c, bag, label), in order."""
+    out = []
+    for b in batches:
+        ends = list(b.bag_offsets[0][1:].tolist()) + [len(b.bag_values[0])]
+        for i, (start, end) in enumerate(zip(b.bag_offsets[0].tolist(), ends)):
+            out.append((float(b.dense[i, 0]), int(b.sparse[i, 0]), tuple(b.bag_values[0][start:end].tolist()), float(b.label[i])))
+    return out
+
+
+def test_worker_cache_serves_later_epochs_from_memory_reshuffled_row_by_row():
+    t = table(2000, 0)  # 15 full batches of 128 and a short one of 80
     session = StreamSession(t, cache_bytes=2**20)
     first = list(session.train_batches(0, 128))
     second = list(session.train_batches(1, 128))
     third = list(session.train_batches(2, 128))
     assert session.reads == 1  # epochs 1 and 2 read nothing
-    assert len(first) == len(second) == len(third) == 16
-    assert {id(b) for b in second} == {id(b) for b in first}  # the same batches, kept
-    assert [id(b) for b in second] != [id(b) for b in first] and [id(b) for b in third] != [id(b) for b in second]
+    assert [len(b) for b in second] == [len(b) for b in third] == [len(b) for b in first] == [128] * 15 + [80]
+    rows = _rows(first)
+    assert sorted(_rows(second)) == sorted(_rows(third)) == sorted(rows)  # every row once, bags and labels with their row
+    assert _rows(second) != rows and _rows(third) != _rows(second)
+    # rows are dealt out anew, not whole batches reordered: a batch of epoch 1 mixes rows of many batches of epoch 0
+    batch_of = {row: i // 128 for i, row in enumerate(rows)}
+    assert len({batch_of[r] for r in _rows([second[0]])}) > 8
     again = StreamSession(t, cache_bytes=2**20)
     list(again.train_batches(0, 128))
-    assert _labels(again.train_batches(1, 128)) == _labels(second)  # the order is seeded per rank and epoch
+    assert _rows(again.train_batches(1, 128)) == _rows(second)  # the order is seeded per rank and epoch
     list(session.train_batches(3, 64))
     assert session.reads == 2  # another batch size (accumulation changed) streams again
 

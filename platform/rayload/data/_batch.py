@@ -108,9 +108,23 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
             if split == "train" and plan.rebalance is not None:
                 u = rb.row_rebalance_unit(rows, plan.split.key, plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
-            manifest.append(_write(fs, base, split, name, plan.features.transform_table(rows, training=split == "train")))
+            out = plan.features.transform_table(rows, training=split == "train")
+            if split == "train":
+                out = out.take(_row_order(out.num_rows, name, plan.split.seed))
+            manifest.append(_write(fs, base, split, name, out))
         manifest.append(_write(fs, base, "quarantine", name, bad.cast(QUARANTINE_SCHEMA)))
     return pa.Table.from_pylist([m for m in manifest if m["rows"]], schema=MANIFEST_SCHEMA)
+
+
+def _row_order(rows: int, shard: str, seed: int) -> np.ndarray:
+    """The order a training shard's rows are written in: a permutation seeded by the split seed
+    and the shard's name. Input files are often sorted (by user, by time, by label), and
+    rebalancing puts a row's up-sampled copies side by side; in that order the first epoch,
+    which streams the shards as written, would train on runs of one user or one label, and a
+    batch would hold a row's copies together. Deterministic: the same data and seed give the
+    same shards."""
+    digest = hashlib.blake2b(f"{seed}:{shard}".encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(digest, "big")).permutation(rows)
 
 
 MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("path", pa.string()), ("rows", pa.int64())])

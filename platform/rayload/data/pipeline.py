@@ -264,7 +264,9 @@ class LocalEngine:
 def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     sections = spec.model_dump(include={"data", "split", "rebalance", "features"}, mode="json")
     extra = {"fixed_features": digest(fixed.to_json())} if fixed is not None else {}
-    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **extra})
+    # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
+    # write, _batch._row_order): shards written before it are not reused
+    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, "train_rows": "seeded-order", **extra})
 
 
 def fixed_features(spec) -> FittedFeatures | None:

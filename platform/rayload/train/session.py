@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.pipeline import LocalShards
-from .batch import Layout, collate
+from .batch import Batch, Layout, collate
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,10 @@ class Session:
         )
 
     def train_batches(self, epoch: int, batch_size: int):
-        """This rank's training batches for `epoch`: streamed from Ray Data, or, once a whole
-        epoch of them fitted in the worker cache (`train.worker_cache_mb`), the kept batches
-        in an order reshuffled per rank and epoch."""
+        """This rank's training batches for `epoch`: streamed from Ray Data (the shards'
+        training rows are written in a seeded order: data/_batch._row_order), or, once a whole
+        epoch of them fitted in the worker cache (`train.worker_cache_mb`), the kept rows
+        re-batched in a row order shuffled per rank and epoch."""
         # Data order differs per rank and epoch; model initialisation uses the shared seed.
         seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
         cached = getattr(self, "_train_cache", None)
@@ -72,7 +73,7 @@ class Session:
             # A run resumed in this process (after a restart): the cache it had is gone. Read it
             # again before training on it (it fit in the budget before: the same rows), then
             # train in this epoch's seeded order, the one the run would have had uninterrupted.
-            self._train_cache = (batch_size, list(stream))
+            self._train_cache = (batch_size, _Rows(list(stream)))
             return self._shuffled(self._train_cache[1], seed)
         return self._keeping(stream, batch_size, budget)
 
@@ -89,8 +90,8 @@ class Session:
         return False if getattr(self, "_streaming", False) else None
 
     @staticmethod
-    def _shuffled(batches: list, seed: int):
-        return (batches[i] for i in np.random.default_rng(seed).permutation(len(batches)))
+    def _shuffled(rows: "_Rows", seed: int):
+        return rows.batches(seed)
 
     def _keeping(self, stream, batch_size: int, budget: int):
         """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
@@ -112,7 +113,7 @@ class Session:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             whole = bool(flag.item())
         if whole:
-            self._train_cache = (batch_size, kept)
+            self._train_cache = (batch_size, _Rows(kept))
         else:
             self._streaming = True  # every later epoch streams, without trying to keep it again
             log.info("rank %d: training batches exceed train.worker_cache_mb (here or on another rank); streaming every epoch", self.rank)
@@ -242,3 +243,47 @@ class RaySession(Session):
 
 def scratch_dir() -> str:
     return tempfile.mkdtemp(prefix="rayload-ckpt-")
+
+
+class _Rows:
+    """One epoch of a rank's training batches, kept as one set of row tensors, dealt out again
+    every epoch as batches of the same sizes in a row order drawn from the epoch's seed. Batches
+    kept as they were read would hold the same rows together in every epoch (only their order
+    would change), so rows that sit side by side in the shards would share every update."""
+
+    def __init__(self, batches: list[Batch]):
+        self.sizes = [len(b) for b in batches]
+        if not batches:  # a rank without training rows: nothing to deal out
+            batches = [Batch(torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.int64), [], [], None)]
+        self.dense = torch.cat([b.dense for b in batches])
+        self.sparse = torch.cat([b.sparse for b in batches])
+        self.label = None if batches[0].label is None else torch.cat([b.label for b in batches])
+        self.bag_values, self.bag_lengths, self.bag_starts = [], [], []
+        for j in range(len(batches[0].bag_values)):
+            values = torch.cat([b.bag_values[j] for b in batches])
+            lengths = torch.cat([torch.diff(b.bag_offsets[j], append=torch.tensor([len(b.bag_values[j])])) for b in batches])
+            self.bag_values.append(values)
+            self.bag_lengths.append(lengths)
+            self.bag_starts.append(torch.cumsum(lengths, 0) - lengths)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def nbytes(self) -> int:
+        tensors = [self.dense, self.sparse, *self.bag_values, *self.bag_lengths, *self.bag_starts]
+        return sum(t.element_size() * t.numel() for t in tensors + ([] if self.label is None else [self.label]))
+
+    def batches(self, seed: int):
+        order = torch.from_numpy(np.random.default_rng(seed).permutation(int(self.dense.shape[0])))
+        pos = 0
+        for size in self.sizes:
+            idx = order[pos:pos + size]
+            pos += size
+            values, offsets = [], []
+            for vals, lengths, starts in zip(self.bag_values, self.bag_lengths, self.bag_starts):
+                n = lengths[idx]
+                first = torch.cumsum(n, 0) - n  # each row's first position in the new batch's values
+                gather = torch.repeat_interleave(starts[idx] - first, n) + torch.arange(int(n.sum()))
+                values.append(vals[gather])
+                offsets.append(first)
+            yield Batch(self.dense[idx], self.sparse[idx], values, offsets, None if self.label is None else self.label[idx])
