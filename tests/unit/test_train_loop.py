@@ -723,3 +723,22 @@ def test_validation_uses_rank_0s_batch_norm_statistics_on_every_rank():
     (before0, after0), (before1, after1) = _spawn_two(_norm_stats_after_ddp)
     assert before0 != before1  # each rank updated the running statistics with its own batch
     assert len(after0) > 0 and after0 == after1 == before0
+
+
+@pytest.mark.parametrize("rows_after,lr_after_epoch_1", [(512, 0.01 * (1 - 6 / 8)), (2048, 0.01 * (1 - 12 / 20))])
+def test_the_schedule_ends_at_the_runs_end_after_an_elastic_resize(tmp_path, rows_after, lr_after_epoch_1):
+    """A restart with another world size changes the steps per epoch (here 4 before; 2 after a
+    grow, 8 after a shrink): the decay's total is the steps taken plus the epochs left at the
+    new rate, so the lr reaches 0 at the last step, not before it or never."""
+    first = MemorySession(table(1024, 0), table(128, 1), str(tmp_path / "a"))
+    run(job(epochs=1, lr_decay="linear"), features(), first, {"train_rows": 1024, "manifest": {}})  # epoch 0: 4 steps
+    resized = MemorySession(table(rows_after, 0), table(128, 1), str(tmp_path / "b"))
+    resized.reports = [first.reports[0]]
+    run(job(epochs=3, lr_decay="linear"), features(), resized, {"train_rows": rows_after, "manifest": {}})
+
+    def lr(report):
+        return ckpt.load_train_state(report[1])["optimizers"][0]["param_groups"][0]["lr"]
+
+    assert lr(resized.reports[1]) == pytest.approx(lr_after_epoch_1)
+    assert lr(resized.reports[2]) == pytest.approx(0.0, abs=1e-12)
+    assert resized.reports[2][0]["step"] == 4 + 2 * rows_after // 256

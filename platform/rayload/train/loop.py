@@ -147,7 +147,8 @@ class Trainer:
         # The dense optimizer follows the warmup and decay; so do the sparse tables' unless
         # train.sparse_lr_schedule is constant.
         scheduled = self.optimizers if spec.train.sparse_lr_schedule == "follow" else self.optimizers[:1]
-        factor = lr_lambda(spec, steps_per_epoch * spec.train.epochs)
+        self.steps_per_epoch = steps_per_epoch
+        factor = lr_lambda(spec, steps_per_epoch * spec.train.epochs)  # re-planned by restore()
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in scheduled]
         self.scaler = torch.amp.GradScaler(session.device.type) if self.precision == "fp16" else None
         self.state = ckpt.TrainState()
@@ -283,7 +284,22 @@ class Trainer:
         if self.scaler and raw["scaler"] is not None:
             self.scaler.load_state_dict(raw["scaler"])
         self.state = raw["state"]
+        self._plan_schedule()
         ckpt.set_rng_state(raw["rng"])
+
+    def _plan_schedule(self) -> None:
+        """The decay's total for a resumed run: the steps already taken plus the epochs left at
+        this start's steps per epoch. An elastic restart with another world size changes the
+        steps per epoch; a total of (new steps per epoch x epochs) beside the restored step
+        count would end the decay early after a grow (lr 0 for the epochs left) and short of
+        its end after a shrink. The restored optimizers hold the next step's lr of the old
+        plan, so it is set from this one."""
+        left = self.spec.train.epochs - 1 - self.state.epoch
+        factor = lr_lambda(self.spec, self.state.step + max(0, left) * self.steps_per_epoch)
+        for scheduler in self.schedulers:
+            scheduler.lr_lambdas = [factor] * len(scheduler.lr_lambdas)
+            for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+                group["lr"] = base * factor(scheduler.last_epoch)
 
     def save(self, manifest: dict) -> str | None:
         if self.session.rank != 0:
