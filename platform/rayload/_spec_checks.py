@@ -24,6 +24,11 @@ def _check_training(spec: JobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("train.sync_bn", "PyTorch synchronises batch norm only on GPUs; set resources.gpus_per_worker or sync_bn: false", True, True))
     if spec.train.batch_size < spec.train.accumulation:
         issues.append(SpecIssue("train.batch_size", f"must be at least train.accumulation={spec.train.accumulation} (micro-batches of batch_size / accumulation rows)", spec.train.batch_size, True))
+    micro = spec.train.batch_size // spec.train.accumulation
+    if spec.model.batch_norm and micro == 1:
+        issues.append(SpecIssue("train.batch_size", f"model.batch_norm needs micro-batches of at least 2 rows (batch_size / accumulation "
+                                f"= {spec.train.batch_size} / {spec.train.accumulation}); raise batch_size, lower accumulation, or "
+                                "set model.batch_norm: false", spec.train.batch_size, True))
     if spec.train.sparse_optimizer != "adam" and not spec.model.sparse_embeddings:
         issues.append(SpecIssue("train.sparse_optimizer", "applies only to sparse embedding tables; set model.sparse_embeddings: true "
                                 "or leave sparse_optimizer out", spec.train.sparse_optimizer, True))

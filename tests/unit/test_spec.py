@@ -130,3 +130,9 @@ def test_target_raw_without_target_stats_is_refused(tmp_path):
         load_spec(write(tmp_path, GOOD), ["features.categorical.userId={target_raw: true}"])
     spec = load_spec(write(tmp_path, GOOD), ["features.categorical.userId={target_raw: true, target_stats: true}"])
     assert spec.features.categorical["userId"].target_raw
+
+
+def test_batch_norm_over_one_row_micro_batches_is_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"train.batch_size: model.batch_norm needs micro-batches of at least 2 rows \(batch_size / accumulation = 8 / 8\)"):
+        load_spec(write(tmp_path, GOOD), ["model.batch_norm=true", "train.batch_size=8", "train.accumulation=8"])
+    assert load_spec(write(tmp_path, GOOD), ["model.batch_norm=true", "train.batch_size=8", "train.accumulation=4"]).train.accumulation == 4

@@ -742,3 +742,26 @@ def test_the_schedule_ends_at_the_runs_end_after_an_elastic_resize(tmp_path, row
     assert lr(resized.reports[1]) == pytest.approx(lr_after_epoch_1)
     assert lr(resized.reports[2]) == pytest.approx(0.0, abs=1e-12)
     assert resized.reports[2][0]["step"] == 4 + 2 * rows_after // 256
+
+
+def test_a_one_row_micro_batch_steps_batch_norm_models_with_the_running_statistics(tmp_path):
+    """257 rows in batches of 256 leave a last micro-batch of one row, whose batch variance
+    does not exist: it still steps (the schedule counts it), normalised by the running
+    statistics, which it leaves as they were."""
+    spec = JobSpec.model_validate({**job(epochs=1).model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "batch_norm": True}})
+    session = MemorySession(table(257, 0), table(64, 1), str(tmp_path))
+    out = run(spec, features(), session, {"train_rows": 257, "manifest": {}})
+    assert out["history"][-1]["step"] == 2
+
+    t = table(8, 2)
+    trainer = Trainer(spec, features(), MemorySession(t, t, "."), 1)
+    trainer.model.train()
+    norms = [m for m in trainer.model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    assert norms
+    stats = [b.clone() for m in norms for b in (m.running_mean, m.running_var)]
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    assert np.isfinite(trainer.step([collate(t.slice(0, 1), Layout(("x",), ("c",), ("b",)))]))
+    assert all(torch.equal(a, b) for a, b in zip(stats, [b for m in norms for b in (m.running_mean, m.running_var)]))
+    assert all(m.training for m in norms) and trainer.state.step == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))

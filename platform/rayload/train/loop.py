@@ -138,6 +138,7 @@ class Trainer:
         if session.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.model = make_model(spec, features, session)
+        self.norms = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self.embeddings = [m for m in self.model.modules() if isinstance(m, FieldEmbeddings)]  # for the penalties
         if spec.train.embedding_prior:
             prior.attach(self.embeddings, features, id_counts, session.device)
@@ -188,12 +189,29 @@ class Trainer:
         k, total, rows = len(micro_batches), 0.0, sum(len(b) for b in micro_batches)
         for i, batch in enumerate(micro_batches):
             sync = i == k - 1 or not hasattr(self.model, "no_sync")
-            with contextlib.nullcontext() if sync else self.model.no_sync():
+            with contextlib.nullcontext() if sync else self.model.no_sync(), self._running_norms(len(batch)):
                 loss = self.loss(batch.to(self.session.device)) * (len(batch) / rows)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
         self._apply()
         return total
+
+    @contextlib.contextmanager
+    def _running_norms(self, rows: int):
+        """Batch norm normalises a one-row micro-batch by its running statistics. One row has no
+        batch variance (PyTorch refuses it in training), and one rank keeps its short last
+        micro-batch, so train_rows % micro-batch == 1 leaves such a row. Dropping it would
+        break the step count steps_per_epoch promises the LR schedule when it is a step of its
+        own; here it still steps, every layer learns from it (the norms' affine weights too),
+        normalised as validation and serving do; only the running statistics skip it."""
+        frozen = [m for m in self.norms if m.training] if rows == 1 else []
+        for m in frozen:
+            m.eval()
+        try:
+            yield
+        finally:
+            for m in frozen:
+                m.train()
 
     def _apply(self) -> None:
         if self.sparse_sync:
