@@ -18,9 +18,10 @@ each side's figure is the median of its measurements.
    V2, 2 gloo workers of 1 CPU, the data streamed by Ray Data) against a hand-written loop
    started by `python -m torch.distributed.run --standalone --nproc_per_node 2` (this file
    run with --plain-worker, see `plain_worker`): each rank reads the same train shards with
-   pyarrow, keeps its contiguous half of the rows, collates its batches once with
-   `rayload.train.batch.collate` before training (rayload's workers keep theirs after the
-   first epoch, `train.worker_cache_mb`), trains `rayload.models.build_model`'s model wrapped in
+   pyarrow, keeps its contiguous half of the rows, collates them once with
+   `rayload.train.batch.collate` before training and deals them out in a new row order every
+   epoch, as a DistributedSampler(shuffle=True) loop does (rayload's workers keep their rows
+   after the first epoch, `train.worker_cache_mb`, and reshuffle them the same way), trains `rayload.models.build_model`'s model wrapped in
    DDP(gloo) with the same AdamW (+ SparseAdam for sparse embedding tables) and LR schedule
    (sparse tables averaged by rayload's SparseGradSync, or with --plain-sparse-sync ddp by
    DDP's own gloo sparse all-reduce, which rayload replaced: RESULTS.md),
@@ -246,14 +247,20 @@ def plain_worker(config_path: str) -> None:
         return loss
 
     # Collated once, before training: the strongest hand-written baseline holds its rank's
-    # tensors in memory (rayload's loop keeps its batches after the first epoch).
-    batches = [collate(mine.slice(i * bs, bs), layout) for i in range(steps)]
+    # tensors in memory (rayload's loop keeps its rows after the first epoch). Like a loop with
+    # DistributedSampler(shuffle=True) and set_epoch, it deals its rows out in a new order every
+    # epoch, here with the same row gather rayload's worker cache uses (train.session._Rows),
+    # so both sides do the same data-order work per batch.
+    from rayload.train.session import _Rows
+
+    rows_kept = _Rows([collate(mine.slice(i * bs, bs), layout) for i in range(steps)])
     history, first_step = [], None
     for epoch in range(t.epochs):
         ddp.train()
         start, losses = time.perf_counter(), []
+        epoch_batches = rows_kept.batches(t.seed * 100_003 + epoch * 1009 + rank)
         for i in range(steps):
-            batch = batches[i]
+            batch = next(epoch_batches)
             loss = loss_of(batch)
             loss.backward()
             if sync is not None:
