@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .errors import SpecIssue
-from .spec import FileSource, JobSpec
+from .spec import EARLY_STOPPING_METRICS, FileSource, JobSpec
 
 _CATEGORICAL = ("categorical", "multi_categorical")
 
@@ -13,7 +13,19 @@ def check_job(spec: JobSpec) -> list[SpecIssue]:
     if issues:
         return issues  # the other checks need a usable schema
     roles = {c.name: c.role for c in spec.data.resolved_columns()}
-    return _check_label(spec, roles) + _check_features(spec, roles) + _check_split(spec, roles) + _check_training(spec)
+    return (_check_label(spec, roles) + _check_features(spec, roles) + _check_split(spec, roles) + _check_training(spec)
+            + check_early_stopping(spec))
+
+
+def check_early_stopping(spec: JobSpec) -> list[SpecIssue]:
+    """A rule on a metric the task's epochs do not report would never stop the run, and no
+    checkpoint would carry the score the best one is picked by."""
+    rule, task = spec.train.early_stopping, spec.data.resolved_label().task
+    if rule is None or rule.metric is None or rule.metric in EARLY_STOPPING_METRICS[task]:
+        return []
+    reported = " or ".join(EARLY_STOPPING_METRICS[task])
+    return [SpecIssue("train.early_stopping.metric", f"a {task} label (data.label.task: {task}) reports {reported}; set "
+                      f"train.early_stopping.metric to {reported}, or leave it out for the task's own", rule.metric, True)]
 
 
 def _check_training(spec: JobSpec) -> list[SpecIssue]:

@@ -217,8 +217,13 @@ class ModelSpec(_Spec):
     align: int = Field(default=8, ge=1, le=128)
 
 
+# The validation metrics an early-stopping rule can follow, by data.label.task.
+EARLY_STOPPING_METRICS = {"binary": ("auc", "logloss"), "regression": ("rmse",)}
+
+
 class EarlyStopping(_Spec):
-    metric: Literal["auc", "logloss"] = "auc"
+    metric: Literal["auc", "logloss", "rmse"] | None = Field(
+        default=None, description="None: the task's own, auc for a binary label, rmse for regression")
     patience: int = Field(default=2, ge=1)
     min_delta: float = Field(default=0.0, ge=0.0)
 

@@ -136,3 +136,16 @@ def test_batch_norm_over_one_row_micro_batches_is_refused(tmp_path):
     with pytest.raises(SpecError, match=r"train.batch_size: model.batch_norm needs micro-batches of at least 2 rows \(batch_size / accumulation = 8 / 8\)"):
         load_spec(write(tmp_path, GOOD), ["model.batch_norm=true", "train.batch_size=8", "train.accumulation=8"])
     assert load_spec(write(tmp_path, GOOD), ["model.batch_norm=true", "train.batch_size=8", "train.accumulation=4"]).train.accumulation == 4
+
+
+def test_early_stopping_follows_a_metric_the_task_reports(tmp_path):
+    regression = ["data.label={column: rating, task: regression}"]
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, GOOD), regression + ["train.early_stopping={metric: auc, patience: 2}"])
+    (issue,) = info.value.issues
+    assert issue.path == "train.early_stopping.metric" and issue.value == "auc"
+    assert "a regression label (data.label.task: regression) reports rmse" in issue.message
+    with pytest.raises(SpecError, match=r"train.early_stopping.metric: a binary label .* reports auc or logloss"):
+        load_spec(write(tmp_path, GOOD), ["train.early_stopping={metric: rmse}"])
+    assert load_spec(write(tmp_path, GOOD), regression + ["train.early_stopping={metric: rmse}"]).train.early_stopping.metric == "rmse"
+    assert load_spec(write(tmp_path, GOOD), regression + ["train.early_stopping={patience: 2}"]).train.early_stopping.metric is None

@@ -765,3 +765,27 @@ def test_a_one_row_micro_batch_steps_batch_norm_models_with_the_running_statisti
     assert all(torch.equal(a, b) for a, b in zip(stats, [b for m in norms for b in (m.running_mean, m.running_var)]))
     assert all(m.training for m in norms) and trainer.state.step == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_regression_runs_early_stop_on_val_rmse_and_refuse_a_binary_metric_before_any_work(monkeypatch):
+    from rayload.train import trainer as trainer_module
+
+    regression = features()
+    regression.label = LabelState("y", "regression")
+    t = table(64, 0)
+    for rule in ({"metric": "rmse", "patience": 2}, {"patience": 2}):  # a rule without a metric follows the task's own
+        spec = job(early_stopping=rule)
+        assert trainer_module.score_metric(spec, "regression") == ("val_rmse", "min")
+        trainer = Trainer(spec, regression, MemorySession(t, t, "."), 1)
+        stops = [trainer.early_stop({"val_rmse": v}) for v in (1.0, 0.9, 0.95, 0.92)]
+        assert stops == [False, False, False, True] and trainer.state.best == 0.9
+    assert trainer_module.score_metric(job(early_stopping={"patience": 2}), "binary") == ("val_auc", "max")
+
+    def no_work(*a, **k):
+        raise AssertionError("fit started work on a spec it must refuse")
+
+    monkeypatch.setattr(trainer_module, "ensure_ray", no_work)
+    bad = JobSpec.model_validate({**job().model_dump(), "data": {"source": {"kind": "movielens"}, "label": {"column": "rating", "task": "regression"}},
+                                  "train": {**job().train.model_dump(), "early_stopping": {"metric": "auc"}}})
+    with pytest.raises(SpecError, match="train.early_stopping.metric: a regression label"):
+        trainer_module.fit(bad)

@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 LOWER_IS_BETTER = {"logloss", "rmse"}
 
 
+def score_name(spec: JobSpec, task: str) -> str:
+    """The validation metric that early-stops the run and ranks its checkpoints: the early
+    stopping rule's, else the task's own."""
+    rule = spec.train.early_stopping
+    return (rule.metric if rule else None) or ("auc" if task == "binary" else "rmse")
+
+
 def worker_entry(config: dict) -> None:
     """Ray Train's train_loop_per_worker: dicts exist only at this boundary."""
     spec = JobSpec.model_validate(config["spec"])
@@ -331,7 +338,7 @@ class Trainer:
     def early_stop(self, metrics: dict) -> bool:
         """Update the best score; True when `patience` epochs passed without improvement."""
         rule = self.spec.train.early_stopping
-        name = rule.metric if rule else ("auc" if self.binary else "rmse")
+        name = score_name(self.spec, self.features.label.task)
         value = metrics.get(f"val_{name}")
         if value is None:
             return False

@@ -12,12 +12,13 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .._ray import embedded, ensure_ray
+from .._spec_checks import check_early_stopping
 from ..data.pipeline import PreprocessResult, preprocess
-from ..errors import RayloadError
+from ..errors import RayloadError, SpecError
 from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage, uri_for
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from .loop import LOWER_IS_BETTER, loader_options, run, worker_entry
+from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
 from .resources import alive_nodes, check_resources, check_storage, requested
 from .local_session import LocalSession, best_of
 
@@ -43,8 +44,7 @@ class TrainResult:
 
 
 def score_metric(spec: JobSpec, task: str) -> tuple[str, str]:
-    rule = spec.train.early_stopping
-    name = rule.metric if rule else ("auc" if task == "binary" else "rmse")
+    name = score_name(spec, task)
     return f"val_{name}", "min" if name in LOWER_IS_BETTER else "max"
 
 
@@ -54,6 +54,8 @@ def run_name_for(spec: JobSpec) -> str:
 
 
 def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
+    if issues := check_early_stopping(spec):  # load_spec refuses it; a spec built in code too, before any work
+        raise SpecError(issues)
     ensure_ray(address)
     pre = preprocess(spec, address=address)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
