@@ -789,3 +789,24 @@ def test_regression_runs_early_stop_on_val_rmse_and_refuse_a_binary_metric_befor
                                   "train": {**job().train.model_dump(), "early_stopping": {"metric": "auc"}}})
     with pytest.raises(SpecError, match="train.early_stopping.metric: a regression label"):
         trainer_module.fit(bad)
+
+
+def test_validation_scores_bf16_trained_models_in_fp32():
+    """Under bf16 autocast predictions near 1000 round to steps of 4 (val_rmse doubled for a
+    model 1.0 off); validation must give the fp32 metrics the test evaluation gives."""
+    from rayload.evaluate import regression_metrics
+
+    regression = features()
+    regression.label = LabelState("y", "regression")
+    t = table(512, 6)
+    t = t.set_column(3, "label", pa.array(1000 + 3 * t.column("x").to_numpy(), pa.float32()))
+    spec = JobSpec.model_validate({**job(precision="bf16").model_dump(), "model": {"name": "mlp", "embedding_dim": 4, "hidden": [16]}})
+    trainer = Trainer(spec, regression, MemorySession(t, t, "."), 1)
+    assert trainer.precision == "bf16"
+    with torch.no_grad():
+        trainer.model.deep[-1].bias.fill_(1000.0)
+    trainer.model.eval()
+    with torch.no_grad():
+        exact = trainer.model(*collate(t, Layout(("x",), ("c",), ("b",))).inputs()).numpy()
+    got = trainer.validate()["val_rmse"]
+    assert got == pytest.approx(regression_metrics(t.column("label").to_numpy(), exact).rmse, rel=1e-6)

@@ -270,8 +270,10 @@ class Trainer:
         model.eval()
         outs, labels = [], []
         for batch in self.session.val_batches(self.spec.eval.batch_size):
-            with self.autocast():
-                out = model(*batch.to(self.session.device).inputs()).float()
+            # In fp32, not under the training's autocast: the metrics pick the best epoch and
+            # early-stop, so they score the model as the test evaluation and serving run it
+            # (bf16 keeps 8 bits of mantissa: predictions near 1000 move by up to 2).
+            out = model(*batch.to(self.session.device).inputs()).float()
             outs.append((torch.sigmoid(out) if self.binary else out).cpu().numpy())
             labels.append(batch.label.numpy())
         y = self.session.gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
