@@ -374,3 +374,17 @@ def test_the_reason_to_continue_gives_the_units_the_sequential_test_needs():
     assert result.sequential_units_needed > result.units_needed > 0
     assert f"sequential test needs about {result.sequential_units_needed} more units" in result.reasons[0]
     assert result.sequential_mde_now > result.mde_now
+
+
+def test_a_challengers_first_units_without_clicks_are_no_proof_of_a_loss():
+    # A/A at 5%: the challenger's first 40 units happen not to click while 760 champion units
+    # click 10%. Their own variance is 0: with it the mSPRT saw a certain loss (Lambda ~ 1e30).
+    rng = np.random.default_rng(0)
+    arm = np.where(rng.random(30_000) < 0.05, "challenger", "control")
+    clicked = rng.random(30_000) < 0.10
+    clicked[np.flatnonzero(arm == "challenger")[:40]] = False
+    data = frame({"control": 0.1, "challenger": 0.1}, n=30_000).assign(arm=arm, outcome=clicked.astype(float),
+                                                                        layout='{"challenger": 0.05, "control": 0.95}')
+    spec = ab_from_dict({**SPEC, "arms": [{**SPEC["arms"][0], "weight": 0.95}, {**SPEC["arms"][1], "weight": 0.05}]})
+    result = analyze(data, spec)
+    assert result.sequential_p > 0.05 and result.decision == "continue", (result.sequential_p, result.reasons)

@@ -247,7 +247,11 @@ def _sequential_p(pairs: Pairs, tau: float) -> float:
     for end in np.searchsorted(pairs.ts, times, side="right"):
         est = pairs.estimate(int(end))
         if est is not None:
-            lambdas.append(stats.msprt_lambda(est.diff, est.var, tau))
+            # The larger of the arms' own variance and the one under "no difference" (pooled as
+            # the two-proportion test pools it): with its own, an arm whose first units happen
+            # not to click has none and proves a loss at once; the pooled one understates the
+            # variance of a rare event's arm that happens to click more.
+            lambdas.append(stats.msprt_lambda(est.diff, max(est.var, est.null_var), tau))
     return stats.always_valid_p(lambdas)
 
 

@@ -94,6 +94,7 @@ class Estimate:
     treatment: float
     log_ratio_var: float
     units: tuple[int, int] = (0, 0)  # units of (control, treatment) the estimate is made of
+    null_var: float = float("nan")  # the variance if the arms did not differ (for the mSPRT; stats.stratified)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.
     cells = 2 * (int(period.max()) + 1) if len(period) else 0
     cell = 2 * period + treated
     n = np.bincount(cell, minlength=cells).astype(float)
-    ratio = np.bincount(cell, weights=x, minlength=cells) / np.maximum(np.bincount(cell, weights=y, minlength=cells), 1e-300)
+    clicks, exposures = np.bincount(cell, weights=x, minlength=cells), np.bincount(cell, weights=y, minlength=cells)
+    ratio = clicks / np.maximum(exposures, 1e-300)
     n_c, n_t = n[0::2], n[1::2]
     w = np.where((n_c >= 2) & (n_t >= 2), n_c * n_t / np.maximum(n_c + n_t, 1.0), 0.0)
     if not w.sum():
@@ -175,15 +177,33 @@ def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.
     w = w / w.sum()
     levels = float(w @ ratio[0::2]), float(w @ ratio[1::2])
     # d(ratio_c) = sum over the cell's units of (x - ratio_c y) / Y_c; sqrt(n/(n-1)): ArmSums.var's n - 1
-    exposures = np.bincount(cell, weights=y, minlength=cells)
     scale = np.repeat(w, 2) * np.sqrt(n / np.maximum(n - 1, 1.0)) / np.maximum(exposures, 1e-300)
     resid = (x - ratio[cell] * y) * scale[cell]
     sign = np.where(treated, 1.0, -1.0)
     var = _squared_unit_sums(unit, sign * resid)
+    null_var = _null_variance(unit, period, cell, sign, x, y, w, n, clicks, exposures)
     log_var = _squared_unit_sums(unit, resid * np.where(treated, 1 / levels[1], -1 / levels[0])) if min(levels) > 0 else float("nan")
     used = w[period] > 0
     units = tuple(int(np.count_nonzero(np.bincount(unit[used & (treated == arm)]))) for arm in (False, True))
-    return Estimate(levels[1] - levels[0], var, levels[0], levels[1], log_var, units)
+    return Estimate(levels[1] - levels[0], var, levels[0], levels[1], log_var, units, null_var)
+
+
+def _null_variance(unit, period, cell, sign, x, y, w, n, clicks, exposures) -> float:
+    """stratified's variance if the arms did not differ, for the mSPRT. Then both arms of a
+    period draw their units from one distribution: one per-unit variance s2 (residuals around
+    the period's CTR, both arms pooled) serves both cells, Var(ratio) = s2 n / Y^2 each: the
+    two-proportion test's pooled variance, for a ratio metric. A cell's own residuals would
+    give an arm whose first units happen not to click no variance at all, and a sure "loss".
+    Returning units' covariances across cells (the cross terms of the per-unit sums) are kept."""
+    pooled = (clicks[0::2] + clicks[1::2]) / np.maximum(exposures[0::2] + exposures[1::2], 1e-300)
+    resid = x - pooled[period] * y
+    n_k = n[0::2] + n[1::2]
+    s2 = np.bincount(period, weights=resid**2, minlength=len(n_k)) / np.maximum(n_k - 1, 1.0)
+    coef = np.repeat(w, 2) / np.maximum(exposures, 1e-300)
+    within = float((coef**2 * n * np.repeat(s2, 2)).sum())
+    share = sign * coef[cell] * resid
+    across = _squared_unit_sums(unit, share) - float((share**2).sum())  # 0 when no unit is in two cells
+    return within + across
 
 
 def _squared_unit_sums(unit: np.ndarray, values: np.ndarray) -> float:
