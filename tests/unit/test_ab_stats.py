@@ -388,3 +388,13 @@ def test_a_challengers_first_units_without_clicks_are_no_proof_of_a_loss():
     spec = ab_from_dict({**SPEC, "arms": [{**SPEC["arms"][0], "weight": 0.95}, {**SPEC["arms"][1], "weight": 0.05}]})
     result = analyze(data, spec)
     assert result.sequential_p > 0.05 and result.decision == "continue", (result.sequential_p, result.reasons)
+
+
+def test_the_always_valid_p_value_never_rises_as_data_arrives():
+    from rayload.serve.analysis import look_rows, sequential_p
+
+    assert list(look_rows(5000)) == list(look_rows(9000)[:len(look_rows(5000))]) and look_rows(99).size == 0
+    data = frame({"control": 0.10, "challenger": 0.106}, n=40_000, seed=3).assign(clicked=lambda f: (f["outcome"] > 0).astype(float))
+    ps = [sequential_p(data.iloc[:end], "control", "challenger", 0.01) for end in range(4000, 40_001, 4000)]
+    assert all(later <= earlier for earlier, later in zip(ps, ps[1:])), ps
+

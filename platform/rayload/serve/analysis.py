@@ -13,7 +13,10 @@ import pandas as pd
 from ..ab_spec import ABSpec, Guardrails
 from . import stats
 
-LOOKS = 40  # points of the timeline the sequential p-value is taken at (any looks are valid)
+# The sequential test looks after the first 100 compared rows, then each time the rows grow by
+# 5% (look_rows): a grid fixed in advance, so a look once taken is taken again, on the same rows,
+# by every later analysis, and the always-valid p-value can only fall as data arrives.
+LOOK_FIRST, LOOK_GROWTH = 100, 1.05
 
 
 @dataclass
@@ -205,15 +208,25 @@ class Pairs:
         return cls(row_pair, rows["clicked"].to_numpy(dtype=float)[order], keys // 2 // max(len(layouts), 1),
                    keys // 2 % max(len(layouts), 1), keys % 2 == 1, rows["ts"].to_numpy()[order])
 
-    def estimate(self, rows: int | None = None) -> "stats.Estimate | None":
-        """The stratified estimate from the first `rows` rows (all by default)."""
-        end = len(self.row_pair) if rows is None else rows
-        if end == 0:
-            return None
-        seen = int(self.row_pair[:end].max()) + 1
-        x = np.bincount(self.row_pair[:end], weights=self.clicked[:end], minlength=seen)
-        y = np.bincount(self.row_pair[:end], minlength=seen).astype(float)
-        return stats.stratified(self.unit[:seen], self.period[:seen], self.treated[:seen], x, y)
+    def estimate(self) -> "stats.Estimate | None":
+        """The stratified estimate from all the rows."""
+        return next(self.at_looks([len(self.row_pair)]), None)
+
+    def at_looks(self, rows):
+        """The stratified estimate from the first r rows, for each r of the ascending `rows`
+        (None where no period has 2 units in each arm yet), adding the rows look by look."""
+        seen = np.maximum.accumulate(self.row_pair) + 1 if len(self.row_pair) else self.row_pair
+        x, y, start = np.zeros(0), np.zeros(0), 0
+        for end in rows:
+            if end == 0:
+                yield None
+                continue
+            m = int(seen[end - 1])
+            x, y = np.pad(x, (0, m - len(x))), np.pad(y, (0, m - len(y)))
+            x += np.bincount(self.row_pair[start:end], weights=self.clicked[start:end], minlength=m)
+            y += np.bincount(self.row_pair[start:end], minlength=m)
+            start = end
+            yield stats.stratified(self.unit[:m], self.period[:m], self.treated[:m], x, y)
 
 
 def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums", a) -> None:
@@ -234,24 +247,33 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
 
 
 def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
-    """Always-valid p-value: the mSPRT on the stratified difference at LOOKS points in time,
-    running minimum of 1/Lambda."""
+    """Always-valid p-value: the mSPRT on the stratified difference at each look of look_rows
+    (rows in time order), running minimum of 1/Lambda."""
     return _sequential_p(Pairs.of(ok, champion, challenger), tau)
 
 
+def look_rows(total: int) -> np.ndarray:
+    """The row counts (of `total` so far) the sequential test looks at: LOOK_FIRST, then x
+    LOOK_GROWTH each time. Only grows as rows arrive: an analysis repeats every earlier
+    analysis's looks (on the same rows, as long as rows arrive in time order and outcomes are
+    known; an outcome that arrives later changes the look its exposure is in), and adds the
+    ones the new rows reach. The newest rows wait for the next look: at most 5% more data.
+    47 looks per tenfold growth; their sizes add up to ~21x all the rows (a geometric sum), so
+    the whole test costs about 21 estimates on all the data, however long it runs."""
+    if total < LOOK_FIRST:
+        return np.zeros(0, int)
+    last = int(math.floor(math.log(total / LOOK_FIRST) / math.log(LOOK_GROWTH))) + 1
+    looks = np.unique(np.ceil(LOOK_FIRST * LOOK_GROWTH ** np.arange(last + 1)).astype(int))
+    return looks[looks <= total]
+
+
 def _sequential_p(pairs: Pairs, tau: float) -> float:
-    if not len(pairs.ts):
-        return 1.0
-    times = np.quantile(pairs.ts, np.linspace(0, 1, LOOKS + 1)[1:])
-    lambdas = []
-    for end in np.searchsorted(pairs.ts, times, side="right"):
-        est = pairs.estimate(int(end))
-        if est is not None:
-            # The larger of the arms' own variance and the one under "no difference" (pooled as
-            # the two-proportion test pools it): with its own, an arm whose first units happen
-            # not to click has none and proves a loss at once; the pooled one understates the
-            # variance of a rare event's arm that happens to click more.
-            lambdas.append(stats.msprt_lambda(est.diff, max(est.var, est.null_var), tau))
+    # The larger of the arms' own variance and the one under "no difference" (pooled as the
+    # two-proportion test pools it): with its own, an arm whose first units happen not to click
+    # has none and proves a loss at once; the pooled one understates the variance of a rare
+    # event's arm that happens to click more.
+    looks = pairs.at_looks(look_rows(len(pairs.ts)))
+    lambdas = [stats.msprt_lambda(est.diff, max(est.var, est.null_var), tau) for est in looks if est is not None]
     return stats.always_valid_p(lambdas)
 
 
