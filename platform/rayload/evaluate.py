@@ -59,17 +59,22 @@ def paired_auc_difference(labels: np.ndarray, base: np.ndarray, other: np.ndarra
     return diff, (float(diff - z * se), float(diff + z * se)), float(2 * norm.sf(abs(diff) / se))
 
 
-def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> Metrics:
+def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, scores: np.ndarray | None = None) -> Metrics:
+    """AUC ranks `scores` when given (any increasing function of the probabilities: logits,
+    which no sigmoid saturates into ties), else the probabilities as they are. Only log loss
+    clips them, to [1e-7, 1 - 1e-7] so that it stays finite: clipped, every confident score
+    (float32 sigmoid gives 1e-13, 1e-11, ...) would tie at the bound."""
     y = np.asarray(labels, dtype=np.float64)
-    p = np.clip(np.asarray(probs, dtype=np.float64), 1e-7, 1 - 1e-7)
+    p = np.asarray(probs, dtype=np.float64)
     both = 0 < y.sum() < len(y)
-    logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+    clipped = np.clip(p, 1e-7, 1 - 1e-7)
+    logloss = float(-np.mean(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)))
     edges = np.minimum((p * bins).astype(np.int64), bins - 1)
     counts = np.bincount(edges, minlength=bins)
     gap = np.abs(np.bincount(edges, weights=p, minlength=bins) - np.bincount(edges, weights=y, minlength=bins))
     rate = float(y.mean())
     return Metrics(
-        rows=len(y), auc=auc(y, p) if both else None, logloss=logloss,
+        rows=len(y), auc=auc(y, p if scores is None else scores) if both else None, logloss=logloss,
         mean_prediction=float(p.mean()), observed_rate=rate,
         calibration=float(p.mean() / rate) if rate > 0 else None,
         ece=float(gap.sum() / max(counts.sum(), 1)),
@@ -87,9 +92,22 @@ def metrics_for(task: str, labels: np.ndarray, outputs: np.ndarray, bins: int = 
     return binary_metrics(labels, outputs, bins) if task == "binary" else regression_metrics(labels, outputs)
 
 
-def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def metrics_for_outputs(task: str, labels: np.ndarray, outputs: np.ndarray, bins: int = 10) -> Metrics:
+    """outputs: the model's raw outputs, logits for binary tasks, predictions for regression.
+    AUC ranks the logits: a float32 sigmoid rounds every logit above ~17 to 1.0 (a float64 one
+    above ~37), tying rows the model ranks apart; the probabilities are the float64 sigmoid."""
+    if task != "binary":
+        return regression_metrics(labels, outputs)
+    from scipy.special import expit
+
+    logits = np.asarray(outputs, dtype=np.float64)
+    return binary_metrics(labels, expit(logits), bins, scores=logits)
+
+
+def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True, raw: bool = False
+            ) -> tuple[np.ndarray, np.ndarray]:
     """(labels, outputs) for every row of a preprocessed split (a Ray Dataset or LocalShards),
-    on CPU in this process."""
+    on CPU in this process: probabilities of a binary model, or its logits with `raw`."""
     import torch
 
     from .train.batch import collate
@@ -99,7 +117,7 @@ def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True)
         for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
             batch = collate(table, layout)
             out = model(*batch.inputs()).float()
-            outputs.append((torch.sigmoid(out) if binary else out).numpy())
+            outputs.append((torch.sigmoid(out) if binary and not raw else out).numpy())
             labels.append(batch.label.numpy())
     return np.concatenate(labels), np.concatenate(outputs)
 
@@ -109,10 +127,9 @@ def evaluate_checkpoint(path: str, dataset, eval_spec=None) -> Metrics:
     from .train.batch import Layout
 
     loaded = ckpt.load(path)
-    binary = loaded.features.label.task == "binary"
     bins = eval_spec.calibration_bins if eval_spec else 10
-    y, p = predict(loaded.model, dataset, Layout.from_features(loaded.features), eval_spec.batch_size if eval_spec else 8192, binary)
-    return metrics_for(loaded.features.label.task, y, p, bins)
+    y, out = predict(loaded.model, dataset, Layout.from_features(loaded.features), eval_spec.batch_size if eval_spec else 8192, raw=True)
+    return metrics_for_outputs(loaded.features.label.task, y, out, bins)
 
 
 def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | None = None) -> Metrics:

@@ -810,3 +810,18 @@ def test_validation_scores_bf16_trained_models_in_fp32():
         exact = trainer.model(*collate(t, Layout(("x",), ("c",), ("b",))).inputs()).numpy()
     got = trainer.validate()["val_rmse"]
     assert got == pytest.approx(regression_metrics(t.column("label").to_numpy(), exact).rmse, rel=1e-6)
+
+
+def test_validation_auc_ranks_the_logits():
+    """Logits near +40 are all 1.0 as float32 probabilities: ranked by those, every row tied (AUC 0.5)."""
+    from rayload.evaluate import auc
+
+    t = table(512, 7)
+    trainer = Trainer(job(), features(), MemorySession(t, t, "."), 1)
+    with torch.no_grad():
+        trainer.model.first.bias.fill_(40.0)
+    trainer.model.eval()
+    with torch.no_grad():
+        logits = trainer.model(*collate(t, Layout(("x",), ("c",), ("b",))).inputs()).numpy()
+    assert (torch.sigmoid(torch.from_numpy(logits)) == 1.0).all()
+    assert trainer.validate()["val_auc"] == pytest.approx(auc(t.column("label").to_numpy(), logits)) != pytest.approx(0.5)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..evaluate import metrics_for
+from ..evaluate import metrics_for_outputs
 from ..features import FittedFeatures
 from ..models import InputShape, build_model
 from ..models._inputs import FieldEmbeddings
@@ -274,11 +274,11 @@ class Trainer:
             # early-stop, so they score the model as the test evaluation and serving run it
             # (bf16 keeps 8 bits of mantissa: predictions near 1000 move by up to 2).
             out = model(*batch.to(self.session.device).inputs()).float()
-            outs.append((torch.sigmoid(out) if self.binary else out).cpu().numpy())
+            outs.append(out.cpu().numpy())  # logits of a binary model: AUC ranks them (metrics_for_outputs)
             labels.append(batch.label.numpy())
         y = self.session.gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
         p = self.session.gather(np.concatenate(outs) if outs else np.zeros(0, np.float32))
-        m = metrics_for(self.features.label.task, y, p, self.spec.eval.calibration_bins)
+        m = metrics_for_outputs(self.features.label.task, y, p, self.spec.eval.calibration_bins)
         return {f"val_{k}": v for k, v in m.to_dict().items() if v is not None}
 
     def _share_norm_statistics(self, model: nn.Module) -> None:
