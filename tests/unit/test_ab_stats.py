@@ -398,3 +398,12 @@ def test_the_always_valid_p_value_never_rises_as_data_arrives():
     ps = [sequential_p(data.iloc[:end], "control", "challenger", 0.01) for end in range(4000, 40_001, 4000)]
     assert all(later <= earlier for earlier, later in zip(ps, ps[1:])), ps
 
+
+
+def test_srm_skips_periods_too_small_for_the_chi_square_approximation():
+    five = {"A": 0.95, "B": 0.05}
+    assert stats.srm_p_value([({"A": 0, "B": 1}, five)]) == 1.0  # the first unit, in the 5% arm: a 1-in-20 event, not p = 1e-5
+    assert stats.srm_p_value([({"A": 10, "B": 2}, five)]) == 1.0  # B expects 0.6
+    assert stats.srm_p_value([({"A": 90, "B": 10}, five)]) > 0.001  # B expects 5: tested
+    # a small period beside a large mismatched one: the large one still flags
+    assert stats.srm_p_value([({"A": 0, "B": 1}, five), ({"A": 5300, "B": 4700}, {"A": 0.5, "B": 0.5})]) < 0.001

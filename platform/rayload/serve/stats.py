@@ -225,21 +225,30 @@ def always_valid_p(lambdas: list[float]) -> float:
     return min([1.0] + [1.0 / lam for lam in lambdas if lam > 0])
 
 
+SRM_MIN_EXPECTED = 5  # the usual rule for the chi-square approximation
+
+
 def srm_statistic(units: dict[str, int], weights: dict[str, float]) -> tuple[float, int]:
     """Chi-square statistic and degrees of freedom of exposed units against the configured
-    shares (arms with weight > 0)."""
+    shares (arms with weight > 0). (0, 0), no test, while an arm expects fewer than
+    SRM_MIN_EXPECTED units: the chi-square distribution is no approximation there (the first
+    unit of a 5% arm, a 1-in-20 event, read as p = 1e-5), and a mismatch large enough to matter
+    shows once the counts are."""
     arms = [a for a, w in weights.items() if w > 0]
     total = sum(units.get(a, 0) for a in arms)
     if len(arms) < 2 or total == 0:
         return (0.0, 0)
     observed = np.array([units.get(a, 0) for a in arms], float)
     expected = np.array([weights[a] for a in arms]) / sum(weights[a] for a in arms) * total
+    if expected.min() < SRM_MIN_EXPECTED:
+        return (0.0, 0)
     return float(((observed - expected) ** 2 / expected).sum()), len(arms) - 1
 
 
 def srm_p_value(periods: list[tuple[dict[str, int], dict[str, float]]]) -> float:
     """SRM p-value over weight periods: each period's units against that period's weights;
-    independent periods add their chi-square statistics and degrees of freedom."""
+    independent periods add their chi-square statistics and degrees of freedom. Periods too
+    small for the chi-square approximation (srm_statistic) are left out; 1.0 if all are."""
     parts = [srm_statistic(units, weights) for units, weights in periods]
     stat, dof = sum(p[0] for p in parts), sum(p[1] for p in parts)
     return float(stats.chi2.sf(stat, dof)) if dof else 1.0
