@@ -825,3 +825,20 @@ def test_validation_auc_ranks_the_logits():
         logits = trainer.model(*collate(t, Layout(("x",), ("c",), ("b",))).inputs()).numpy()
     assert (torch.sigmoid(torch.from_numpy(logits)) == 1.0).all()
     assert trainer.validate()["val_auc"] == pytest.approx(auc(t.column("label").to_numpy(), logits)) != pytest.approx(0.5)
+
+
+def test_auto_precision_picks_bf16_only_where_the_gpu_computes_it_natively(monkeypatch):
+    from rayload.train.loop import resolve_precision
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+
+    def emulated_only(including_emulation: bool = True):  # a Turing/Volta GPU: torch's default counts emulation
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", emulated_only)
+    assert resolve_precision("auto", cuda) == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # Ampere and later
+    assert resolve_precision("auto", cuda) == "bf16" and resolve_precision("auto", cpu) == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # a torch without the argument
+    assert resolve_precision("auto", cuda) == "bf16"
+    assert resolve_precision("fp16", cuda) == "fp16" and resolve_precision("bf16", cpu) == "bf16"

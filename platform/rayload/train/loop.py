@@ -8,6 +8,7 @@ resumable checkpoints at the end of every epoch.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -60,11 +61,22 @@ def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = Fals
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto`: bf16 on a CUDA device that computes it natively, else fp32."""
     if precision != "auto":
         return precision
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and native_bf16():
         return "bf16"
     return "fp32"
+
+
+def native_bf16() -> bool:
+    """Whether the current CUDA device has bf16 arithmetic (Ampere and later, ROCm). By default
+    torch.cuda.is_bf16_supported() also counts GPUs that only emulate it (Turing, Volta), where
+    bf16 runs slower than fp32; a torch without the argument is asked as it is."""
+    query = torch.cuda.is_bf16_supported
+    if "including_emulation" in inspect.signature(query).parameters:
+        return bool(query(including_emulation=False))
+    return bool(query())
 
 
 def seed_everything(seed: int) -> None:
