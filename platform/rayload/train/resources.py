@@ -114,15 +114,21 @@ def is_shared(path: str) -> bool:
     (os.pathsep-separated: mounts the table cannot tell, or every node on one machine)."""
     path = os.path.abspath(path)
     declared = [os.path.abspath(p) for p in os.environ.get("RAYLOAD_SHARED_PATHS", "").split(os.pathsep) if p]
-    if any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in declared):
+    if any(_within(path, d) for d in declared):
         return True
     best, fstype = "", ""
     try:
         with open("/proc/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 2 and path.startswith(parts[1]) and len(parts[1]) > len(best):
+                if len(parts) > 2 and _within(path, parts[1]) and len(parts[1]) > len(best):
                     best, fstype = parts[1], parts[2]
     except OSError:
         return False
     return fstype.startswith(_SHARED_FS)
+
+
+def _within(path: str, folder: str) -> bool:
+    """`path` is `folder` or lies under it, by whole components: a mount at /data holds
+    /data/runs, not /database/runs nor /data2."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
