@@ -407,3 +407,17 @@ def test_srm_skips_periods_too_small_for_the_chi_square_approximation():
     assert stats.srm_p_value([({"A": 90, "B": 10}, five)]) > 0.001  # B expects 5: tested
     # a small period beside a large mismatched one: the large one still flags
     assert stats.srm_p_value([({"A": 0, "B": 1}, five), ({"A": 5300, "B": 4700}, {"A": 0.5, "B": 0.5})]) < 0.001
+
+
+def test_the_timeline_band_is_the_tables_per_unit_interval():
+    # Users who click all or nothing, 10 requests each: per-request Wilson bands were ~3x too narrow.
+    data = _units_frame(2000, 10, 0.2, seed=1)
+    clicker = np.random.default_rng(1).random(2000) < 0.2
+    data["outcome"] = np.repeat(clicker, 10).astype(float)
+    result = analyze(data, ab_from_dict(SPEC))
+    for arm in result.arms:
+        last = result.timeline[-1][arm.arm]
+        assert (last["exposures"], last["clicks"]) == (arm.exposures, arm.clicks)
+        assert (last["low"], last["high"]) == pytest.approx(arm.ctr_ci, rel=1e-9)
+    first = result.timeline[0]["control"]
+    assert first["high"] - first["low"] > 2 * (result.arms[0].ctr_ci[1] - result.arms[0].ctr_ci[0])  # fewer units, wider

@@ -298,18 +298,21 @@ def cumulative_unit_sums(frame, times) -> list["stats.ArmSums"]:
 
 
 def timeline(ok, arms: list[str], alpha: float, points: int = 30) -> list[dict]:
-    """Cumulative exposures, clicks and CTR with a Wilson band per arm, for the report."""
+    """Cumulative exposures, clicks and CTR per arm at `points` times, for the report, with the
+    band the arm table gives its CTR (stats.ctr_interval: Wilson at the effective sample size
+    of the per-unit, delta-method variance; a user's correlated requests are not independent
+    trials), pooled over weight periods as the table is."""
     if not len(ok):
         return []
+    times = np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, points + 1)[1:])
+    sums = {arm: cumulative_unit_sums(ok[ok["arm"] == arm], times) for arm in arms}
     out = []
-    for t in np.quantile(ok["ts"].to_numpy(), np.linspace(0, 1, points + 1)[1:]):
-        upto = ok[ok["ts"] <= t]
+    for i, t in enumerate(times):
         row = {"ts": float(t)}
         for arm in arms:
-            part = upto[upto["arm"] == arm]
-            n, x = len(part), float(part["clicked"].sum())
-            low, high = stats.wilson(x, n, alpha) if n else (None, None)
-            row[arm] = {"exposures": n, "clicks": x, "ctr": x / n if n else None, "low": low, "high": high}
+            s = sums[arm][i]
+            low, high = stats.ctr_interval(s, alpha) if s.y else (None, None)
+            row[arm] = {"exposures": int(s.y), "clicks": float(s.x), "ctr": s.ctr if s.y else None, "low": low, "high": high}
         out.append(row)
     return out
 

@@ -34,7 +34,7 @@ def plots(result: Analysis) -> dict[str, str]:
             continue
         ax.plot([p[0] for p in pts], [p[1]["ctr"] for p in pts], label=arm)
         ax.fill_between([p[0] for p in pts], [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], alpha=0.2)
-    ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title="CTR per arm (95% Wilson band)")
+    ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title="CTR per arm (95% band over units, as the table's)")
     ax.legend()
     out = {"ctr": _png(fig)}
     plt.close(fig)
