@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 from rayload.train import resources
 
 MOUNTS = "/dev/sda1 / ext4 rw 0 0\nserver:/export /data nfs4 rw 0 0\nserver:/scratch /mnt/shared/ nfs rw 0 0\n"
@@ -16,3 +18,31 @@ def test_shared_mounts_hold_the_paths_below_them_by_whole_components(monkeypatch
     assert resources.is_shared("/mnt/shared/runs") and not resources.is_shared("/mnt/sharedx")
     monkeypatch.setenv("RAYLOAD_SHARED_PATHS", "/srv/team/")
     assert resources.is_shared("/srv/team/runs") and not resources.is_shared("/srv/teammate")
+
+
+def test_fractional_workers_are_counted_as_ray_places_them():
+    """Ray counts resources in units of 1/10,000; in floats 1.0 // 0.1 == 9 refused 10 x 0.1 CPU on 1 CPU."""
+    one_cpu = [{"CPU": 1.0, "memory": 1e9}]
+    assert resources._placeable(10, {"CPU": 0.1}, one_cpu) and not resources._placeable(11, {"CPU": 0.1}, one_cpu)
+    assert resources._placeable(3, {"CPU": 0.3}, one_cpu) and not resources._placeable(4, {"CPU": 0.3}, one_cpu)
+    assert resources._placeable(2, {"CPU": 0.5, "GPU": 0.5}, [{"CPU": 1.0, "GPU": 1.0}])
+    assert not resources._placeable(2, {"CPU": 0.5, "GPU": 0.6}, [{"CPU": 1.0, "GPU": 1.0}])
+    assert resources._placeable(2, {"CPU": 1.0}, [{"CPU": 1.0}, {"CPU": 1.0}])  # one worker per node
+    assert not resources._placeable(1, {"CPU": 1.5}, [{"CPU": 1.0}, {"CPU": 1.0}])  # a worker cannot span nodes
+    # totals, here an autoscaler's ceiling of 0.3 CPU: 3 x 0.1 is 0.30000000000000004 in floats
+    assert resources._fits_total(3, {"CPU": 0.1}, {}, {"CPU": 0.3})
+    assert not resources._fits_total(3, {"CPU": 0.1}, {"CPU": 0.01}, {"CPU": 0.3})
+    assert resources._fits_total(10, {"CPU": 0.1}, {}, {"CPU": 1.0})
+
+
+def test_ten_workers_of_a_tenth_of_a_cpu_fit_a_one_cpu_node(monkeypatch):
+    from ray._private import state
+
+    from rayload.spec import ResourcesSpec
+
+    monkeypatch.setattr(state.state, "get_max_resources_from_cluster_config", lambda: None)
+    monkeypatch.setattr(resources, "_v1_autoscaler_running", lambda: False)
+    monkeypatch.setattr(resources, "alive_nodes", lambda: [{"Alive": True, "Resources": {"CPU": 1.0, "memory": 1e9}}])
+    resources.check_resources(ResourcesSpec(workers=10, cpus_per_worker=0.1))
+    with pytest.raises(resources.ResourceError, match="11 worker"):
+        resources.check_resources(ResourcesSpec(workers=11, cpus_per_worker=0.1))

@@ -54,12 +54,11 @@ def check_resources(resources, driver: dict[str, float] | None = None) -> None:
     keys = [*per, *(k for k in driver if k not in per)]
     if ceiling:
         nodes_can = {k: ceiling.get(k, 0) for k in keys}
-        fits = all(per.get(k, 0) * workers + driver.get(k, 0) <= ceiling.get(k, 0) for k in keys)
+        fits = _fits_total(workers, per, driver, nodes_can)
     else:
         alive = [n["Resources"] for n in alive_nodes()]
         nodes_can = {k: sum(n.get(k, 0) for n in alive) for k in keys}
-        fits = sum(min(int(n.get(k, 0) // v) for k, v in per.items()) for n in alive) >= workers and all(
-            per.get(k, 0) * workers + driver.get(k, 0) <= nodes_can[k] + 1e-9 for k in keys)
+        fits = _placeable(workers, per, alive) and _fits_total(workers, per, driver, nodes_can)
     if not fits:
         asked = ", ".join(f"{k}={v:g}" for k, v in per.items()) + " each"
         if driver:
@@ -70,6 +69,24 @@ def check_resources(resources, driver: dict[str, float] | None = None) -> None:
             f"{'can grow to' if ceiling else 'has'} {have} in total{'' if ceiling else ' (no autoscaler)'}; "
             "lower resources.workers / cpus_per_worker / gpus_per_worker or add nodes"
         )
+
+
+# Ray accounts resources in fixed point, in units of 1/10,000: counted in those units, 10
+# workers of 0.1 CPU fill a 1-CPU node as Ray places them, where floats say 1.0 // 0.1 == 9.
+_UNITS_PER_RESOURCE = 10_000
+
+
+def _units(amount: float) -> int:
+    return round(amount * _UNITS_PER_RESOURCE)
+
+
+def _placeable(workers: int, per: dict[str, float], nodes: list[dict[str, float]]) -> bool:
+    """Whether `workers` workers of `per` each fit on `nodes`, each worker on one node."""
+    return sum(min(_units(n.get(k, 0)) // max(1, _units(v)) for k, v in per.items()) for n in nodes) >= workers
+
+
+def _fits_total(workers: int, per: dict[str, float], driver: dict[str, float], have: dict[str, float]) -> bool:
+    return all(_units(per.get(k, 0)) * workers + _units(driver.get(k, 0)) <= _units(v) for k, v in have.items())
 
 
 def _v1_autoscaler_running() -> bool:
