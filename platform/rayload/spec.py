@@ -258,7 +258,8 @@ class TrainSpec(_Spec):
     # default) or stays at sparse_lr for the whole run.
     sparse_lr_schedule: Literal["follow", "constant"] = "follow"
     sync_bn: bool = False
-    seed: int = 0
+    # numpy's generators (each epoch's batch order) take no negative seed; torch's none past 2**64.
+    seed: int = Field(default=0, ge=0, lt=2**64)
     early_stopping: EarlyStopping | None = None
     keep_checkpoints: int = Field(default=2, ge=1)
     max_failures: int = Field(default=0, ge=-1, description="-1: retry forever")

@@ -149,3 +149,12 @@ def test_early_stopping_follows_a_metric_the_task_reports(tmp_path):
         load_spec(write(tmp_path, GOOD), ["train.early_stopping={metric: rmse}"])
     assert load_spec(write(tmp_path, GOOD), regression + ["train.early_stopping={metric: rmse}"]).train.early_stopping.metric == "rmse"
     assert load_spec(write(tmp_path, GOOD), regression + ["train.early_stopping={patience: 2}"]).train.early_stopping.metric is None
+
+
+def test_a_training_seed_outside_what_the_generators_take_is_refused(tmp_path):
+    """A negative train.seed loaded, then failed at epoch 1 in the worker cache's numpy order."""
+    for bad in ("-1", str(2**64)):
+        with pytest.raises(SpecError) as info:
+            load_spec(write(tmp_path, GOOD), [f"train.seed={bad}"])
+        assert [i.path for i in info.value.issues] == ["train.seed"]
+    assert load_spec(write(tmp_path, GOOD), [f"train.seed={2**63}"]).train.seed == 2**63
