@@ -842,3 +842,14 @@ def test_auto_precision_picks_bf16_only_where_the_gpu_computes_it_natively(monke
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # a torch without the argument
     assert resolve_precision("auto", cuda) == "bf16"
     assert resolve_precision("fp16", cuda) == "fp16" and resolve_precision("bf16", cpu) == "bf16"
+
+
+def test_the_best_ray_checkpoint_is_picked_among_those_that_report_the_score():
+    """A validation split with one class reports no val_auc: a clear error, not a KeyError."""
+    from rayload.train.trainer import TrainingError, _best_reported
+
+    reported = [("a", {"val_auc": 0.7}), ("b", {"val_logloss": 0.5}), ("c", {"val_auc": 0.8})]
+    assert _best_reported(reported, "val_auc", "max", "run")[0] == "c"
+    assert _best_reported(reported, "val_auc", "min", "run")[0] == "a"
+    with pytest.raises(TrainingError, match="no checkpoint with val_auc was written in run; a validation split with one class has no AUC"):
+        _best_reported([("b", {"val_logloss": 0.5})], "val_auc", "max", "run")

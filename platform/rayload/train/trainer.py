@@ -134,8 +134,21 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
     if not best:
-        raise TrainingError(f"no checkpoint with {score} was written in {run_dir}")
+        raise TrainingError(_unscored(score, run_dir))
     return TrainResult(os.path.basename(run_dir), run_dir, best[0]["path"], best[0]["metrics"], out["history"])
+
+
+def _unscored(score: str, run: str) -> str:
+    hint = "; a validation split with one class has no AUC: early-stop on logloss, or use a stratified split" if score == "val_auc" else ""
+    return f"no checkpoint with {score} was written in {run}{hint}"
+
+
+def _best_reported(checkpoints: list, score: str, mode: str, run: str) -> tuple:
+    """The best of Ray Train's (checkpoint, metrics) pairs by `score`, among those that report it."""
+    scored = [cm for cm in checkpoints if cm[1].get(score) is not None]
+    if not scored:
+        raise TrainingError(_unscored(score, run))
+    return min(scored, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
 
 
 def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, context: dict, callbacks: list | None = None,
@@ -175,8 +188,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
             result = trainer.fit()
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(_failure_message(exc, spec)) from exc
-    best = sorted(result.best_checkpoints, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
-    checkpoint, metrics = best[0]
+    checkpoint, metrics = _best_reported(result.best_checkpoints, score, mode, join_uri(storage, name))
     # On shared storage (s3://...) Ray Train's Checkpoint.path is a path on that filesystem
     # without its scheme: the result names checkpoints by URI, which every node can load.
     history = ckpt.read_history(uri_for(storage, result.checkpoint.path))  # history.json only, not the optimizer state
