@@ -218,7 +218,7 @@ def _predict(model: nn.Module, dataset, layout) -> tuple[np.ndarray, np.ndarray]
     from .evaluate import predict
 
     model.eval()
-    return predict(model, dataset, layout, binary=True)
+    return predict(model, dataset, layout, raw=True)  # logits: AUC ranks them without float32 sigmoid's ties
 
 
 # ---------------------------------------------------------------- int8

@@ -265,7 +265,8 @@ def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> Gate:
         loaded = ckpt.load(path)
         if loaded.features.label.task != "binary":
             raise DataError(f"the retrain gate compares AUCs: the {name} model's label is {loaded.features.label.task}, not binary")
-        scored[name] = evaluate.predict(loaded.model, pre.batches(GATE_SPLIT), Layout.from_features(loaded.features), batch)
+        # logits: AUCs rank them without the ties a float32 sigmoid makes of confident scores
+        scored[name] = evaluate.predict(loaded.model, pre.batches(GATE_SPLIT), Layout.from_features(loaded.features), batch, raw=True)
     labels = scored["new"][0]
     if not np.array_equal(labels, scored["champion"][0]):
         raise RayloadError(f"the {GATE_SPLIT} split was read in a different order for the two models; cannot pair their scores")
