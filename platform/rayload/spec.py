@@ -272,9 +272,9 @@ class TrainSpec(_Spec):
     cache_dataset: bool = True
     # Each worker keeps its collated training batches in its own memory after the first epoch
     # when they fit in this many MiB: later epochs read nothing (no Ray Data execution, no
-    # collation) and only reshuffle the order of the batches, seeded per rank and epoch. 0
-    # streams every epoch from Ray Data; so does shuffle_buffer > 0, whose row-level shuffle
-    # needs the stream. A worker restarted after a failure reads the cache again before its
+    # collation) and deal the kept rows out anew in an order seeded per rank and epoch. 0
+    # streams every epoch from Ray Data; so does shuffle_buffer > 0 (Ray Data's local shuffle
+    # over the stream). A worker restarted after a failure reads the cache again before its
     # first epoch and trains in that epoch's seeded order, as the run would have uninterrupted.
     worker_cache_mb: int = Field(default=1024, ge=0, description="per-worker in-memory batch cache after epoch 1 (0: stream every epoch)")
     # Transfer learning: start from this checkpoint's weights and fitted features (its IDs and
