@@ -3,6 +3,7 @@ others (set-weights reaches the serving process's Ray with its token), an API ke
 ingress, `serve build` writing a config Serve's own schema accepts."""
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -93,7 +94,9 @@ def test_retrain_from_the_logged_movielens_feedback_writes_the_next_experiment(r
     r = cli("retrain", "jobs/movielens_deepfm.yaml", "--from-events", "ab_cli", "--window", "all", "--attribution", "1s",
             "--min-auc-gain=-1", "--weight", "0.2", "--set", "train.epochs=1", "--address", address, env=running["env"], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "labelled exposures" in r.stdout and "held-out AUC (test split of the event rows): champion" in r.stdout and "next experiment" in r.stdout
+    assert "labelled exposures" in r.stdout and "next experiment" in r.stdout
+    assert re.search(r"held-out AUC \(test split of the event rows, \d+ rows, \d+ positive\): champion [\d.]+, retrained", r.stdout)
+    assert re.search(r"95% interval \[[-+][\d.]+, [-+][\d.]+\], p=\S+ \(DeLong, paired\)", r.stdout), r.stdout
     path = r.stdout.split("rayload serve ")[-1].split()[0]
     nxt = yaml.safe_load(open(path).read())
     assert [(a["name"], a["weight"]) for a in nxt["arms"]] == [("baseline", 0.8), ("retrained", 0.2)] and nxt["name"] != "ab_cli"
