@@ -53,7 +53,8 @@ def experiment(name: str, champion: str, challenger: str, route: str) -> dict:
             "analysis": {"min_units": 150, "tau": 0.05},
             # Decisions by the sequential test, not by a p99 guardrail tripped by a busy 2-core machine
             # (a guardrail rollback would pass the worse-challenger case for the wrong reason).
-            "guardrails": {"max_p99_ms": 5000},
+            # min_requests at the step size: a ramp step waits until the guardrails can judge the challenger.
+            "guardrails": {"max_p99_ms": 5000, "min_requests": 60},
             # A 10% first step: at 5% the challenger's 100 units took 2,000 of the ~3,500 requests
             # (two minutes of a 2-core machine) for an effect the test reads at any step.
             "ramp": {"steps": [0.1, 0.3, 0.5], "min_units_per_step": 60},

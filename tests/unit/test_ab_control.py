@@ -138,3 +138,17 @@ def test_a_challenger_that_starts_at_0_percent_goes_to_the_first_ramp_step_at_on
         decision, reasons = control.step(run_dir)
         assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
     assert any("set by hand" in r for r in reasons), reasons
+
+
+def test_a_ramp_step_waits_until_the_challengers_guardrails_can_be_judged(run):
+    # min_units_per_step 50 < guardrails.min_requests 200: 60 challenger units are enough units
+    # for the step but too few requests to judge its errors and latency.
+    spec = spec_of(0.95, ramp={"min_units_per_step": 50}, guardrails={"min_requests": 200})
+    frame = events(1_200, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05})
+    run_dir = run(spec, frame)
+    assert 50 <= (frame["arm"] == "B").sum() < 200
+    decision, reasons = control.step(run_dir)
+    assert user(run_dir)["weights"]["B"] == 0.05 and any("guardrails can be judged" in r for r in reasons), reasons
+    run.box["frame"] = pd.concat([frame, events(4_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}, seed=1, start=1_200)], ignore_index=True)
+    control.step(run_dir)
+    assert user(run_dir)["weights"]["B"] == 0.25

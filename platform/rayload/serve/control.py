@@ -249,7 +249,8 @@ def step(run: str) -> tuple[str, list[str]]:
     """One look of the automatic controller: act on the analysis by the ramp schedule.
     promote / rollback end the experiment: later looks change nothing and return that
     decision. Otherwise the challenger's share moves to the next ramp step once
-    `min_units_per_step` challenger units came in since the current step began."""
+    `min_units_per_step` challenger units came in since the current step began and its
+    guardrails have been judged (guardrails.min_requests requests; a breach has rolled it back)."""
     run_dir, _ = load_state(run)
     with _locked(run_dir):
         _, state = load_state(run_dir)
@@ -291,6 +292,12 @@ def _ramp(run_dir: str, state: dict, result, spec: ABSpec) -> list[str]:
         return ["the challenger's share is 0%, set by hand: the ramp holds until a share is set (rayload ab set-weights)"]
     if units - begun < spec.ramp.min_units_per_step:
         return []
+    requests = next(a.requests for a in result.arms if a.arm == result.challenger)
+    if requests < spec.guardrails.min_requests:
+        # A step is gated by the guardrails too: they are judged only from min_requests on, and
+        # a min_units_per_step below it would step up before they had looked at all.
+        return [f"the ramp holds until the challenger's guardrails can be judged: {requests} of "
+                f"guardrails.min_requests={spec.guardrails.min_requests} requests"]
     nxt = later[0]
     _apply(run_dir, state, {result.champion: round(1 - nxt, 4), result.challenger: nxt}, None, f"ramp to {nxt:.0%}", "ramp", units)
     return [f"ramped the challenger to {nxt:.0%}"]
