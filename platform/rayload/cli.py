@@ -126,7 +126,9 @@ def train(
     job = load_spec(spec, overrides)
     if kfold:
         result = run_kfold(job, kfold, address=address)
-        table = Table("metric", "mean", "std", title=f"{kfold}-fold validation")
+        table = Table("metric", "mean", "std", title=f"{kfold}-fold cross-validation",
+                      caption="val_*: each fold's best epoch, picked on the same rows (optimistic); "
+                              "test_*: that checkpoint on the held-out test rows, the same for every fold")
         for key, mean in result.mean.items():
             table.add_row(key, f"{mean:.4f}", f"{result.std[key]:.4f}")
         console.print(table)

@@ -112,6 +112,9 @@ def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     assert len(result.folds) == 2
     aucs = [f.metrics["val_auc"] for f in result.folds]
     assert result.mean["val_auc"] == pytest.approx(sum(aucs) / 2) and result.std["val_auc"] >= 0
+    # the best checkpoint of each fold on the test rows held out from every fold
+    tests = [f.test["auc"] for f in result.folds]
+    assert result.mean["test_auc"] == pytest.approx(sum(tests) / 2) and result.folds[0].test["rows"] == result.folds[1].test["rows"] > 0
     assert result.folds[0].preprocessed.out_dir != result.folds[1].preprocessed.out_dir  # a split per fold
 
 
