@@ -102,12 +102,14 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     else:
         model, info = _prune(copy.deepcopy(source.model), amount, structured)
         if finetune_epochs:
-            _finetune(model, pre.batches("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size)
+            _finetune(model, pre.batches("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size, job.train.weight_decay)
             info["finetune_epochs"] = finetune_epochs
         _unmask(model)
         info["sparsity"] = sparsity(model)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    _, after = _predict(model, pre.batches("val"), layout)
+    labels_after, after = _predict(model, pre.batches("val"), layout)
+    if not np.array_equal(labels, labels_after):  # a Ray Dataset of remote shards need not keep its order
+        raise RayloadError("the validation split was read in a different order for the two models; cannot pair their scores")
     result = CompressResult(method, checkpoint, None, auc(labels, before), auc(labels, after), max_auc_drop,
                             os.path.getsize(os.path.join(checkpoint, ckpt.MODEL)), 0, info)
     if not result.passed:
@@ -253,6 +255,8 @@ def _prune(model: nn.Module, amount: float, structured: bool):
     if structured:
         for layer in layers:
             tp.ln_structured(layer, "weight", amount=amount, n=2, dim=0)
+            if layer.bias is not None:  # a removed neuron outputs nothing, not relu(bias)
+                tp.custom_from_mask(layer, "bias", mask=layer.weight_mask.any(dim=1).to(layer.bias.dtype))
     else:
         tp.global_unstructured([(m, "weight") for m in layers], pruning_method=tp.L1Unstructured, amount=amount)
     return model, {"amount": amount, "structured": structured}
@@ -263,7 +267,9 @@ def _unmask(model: nn.Module) -> None:
 
     for m in model.modules():
         if isinstance(m, nn.Linear) and tp.is_pruned(m):
-            tp.remove(m, "weight")
+            for name in ("weight", "bias"):
+                if hasattr(m, f"{name}_mask"):
+                    tp.remove(m, name)
 
 
 def sparsity(model: nn.Module) -> float:
@@ -271,15 +277,15 @@ def sparsity(model: nn.Module) -> float:
     return float(sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1))
 
 
-def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int) -> None:
-    """A short fine-tune of the dense layers with the pruning masks applied (cut weights stay 0);
-    the embedding tables stay fixed."""
+def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int, weight_decay: float) -> None:
+    """A short fine-tune of the dense layers with the pruning masks applied (cut weights stay 0),
+    at the job's learning rate and weight decay; the embedding tables stay fixed."""
     from .train.batch import collate
 
     for m in model.modules():
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
             m.weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     model.train()
     for _ in range(epochs):
         for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
@@ -310,7 +316,9 @@ def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: di
     with open(os.path.join(tmp, ckpt.MODEL_JSON), "w") as f:
         json.dump({**config, "compression": summary}, f, indent=1)
     with open(os.path.join(tmp, ckpt.MANIFEST), "w") as f:
-        json.dump({**manifest, "compression": {k: v for k, v in summary.items() if k != "plan"}}, f, indent=1, default=str)
+        # the source's validation metrics are the source's: this model's AUC is the gate's
+        json.dump({**manifest, "metrics": {"val_auc": result.auc_after}, "source_metrics": manifest.get("metrics"),
+                   "compression": {k: v for k, v in summary.items() if k != "plan"}}, f, indent=1, default=str)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     log.info("wrote %s (%s)", target, result.method)

@@ -80,3 +80,26 @@ def test_a_remote_out_holding_the_checkpoint_is_refused():
         _check_remote_out("s3://b/run/epoch_0002?x=1", "s3://b/run/epoch_0002")
     _check_remote_out("s3://b/run/epoch_0002-int8", "s3://b/run/epoch_0002")
     _check_remote_out("s3://b/run/epoch_00021", "s3://b/run/epoch_0002")
+
+
+def test_structured_pruning_removes_whole_neurons_bias_included_through_fine_tuning():
+    """A pruned output neuron's weight row and its bias are both 0 (it used to output relu(bias)),
+    also after the masked fine-tune's steps and once the masks are baked in."""
+    import torch
+    from torch import nn
+
+    from rayload.compression import _prune, _unmask
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1))
+    _prune(model, 0.5, structured=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(16, 6)).pow(2).mean().backward()
+        opt.step()
+    _unmask(model)
+    for layer in (model[0], model[2]):
+        cut = (layer.weight == 0).all(dim=1)
+        assert int(cut.sum()) == layer.out_features // 2 and (layer.bias[cut] == 0).all() and (layer.bias[~cut] != 0).all()
+        assert not hasattr(layer, "weight_mask") and not hasattr(layer, "bias_mask")

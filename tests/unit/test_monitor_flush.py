@@ -65,3 +65,19 @@ def test_a_successful_flush_is_not_repeated_without_new_counts(flusher, monkeypa
     counter.observe(2)
     f.flush()
     assert [[r["rows"] for r in rows] for rows in writes] == [[5]]
+
+
+def test_only_replicas_of_the_arms_current_model_are_merged():
+    """An experiment restarted under its name after an arm's checkpoint changed leaves the old
+    replicas' rows in the store; their counts are in the old model's bins and must not be added
+    to the new one's (zip would also cut the longer list short)."""
+    from rayload.serve import drift
+
+    new = drift.Bins("price", "numeric", ("missing", "<= 10", "> 10"), (0.0, 0.5, 0.5), edges=(10.0,))
+    snaps = {"b": [{"model_version": "run-b@ffff000000", "rows": 4000, "counts": {"price": [0, 1000, 1000, 1000, 1000]}},
+                   {"model_version": "run-b@0000aaaaaa", "rows": 1000, "counts": {"price": [0, 900, 100]}},
+                   {"model_version": "run-b@0000aaaaaa", "rows": 1000, "counts": {"price": [0, 800, 200]}}]}
+    row, = monitor.merged_report(snaps, {"b": [new]}, 0.2, 500, {"b": "run-b@0000aaaaaa"})
+    assert (row["model_version"], row["replicas"], row["rows"]) == ("run-b@0000aaaaaa", 2, 2000)
+    assert row["psi"] == pytest.approx(drift.psi(new.expected, [0, 1700, 300]))
+    assert monitor.merged_report(snaps, {"b": [new]}, 0.2, 500, {"b": "run-b@1111"}) == []  # no replica of it has reported yet

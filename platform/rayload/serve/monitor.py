@@ -4,12 +4,14 @@ rewritten in place), and readers sum the rows of all replicas. A replica killed 
 warning loses at most its last `flush_s` of counts: these are statistics, not events.
 
 Each replica also exports the merged figures through Ray Serve's metrics API, which Ray's
-Prometheus endpoint serves: `rayload_feature_psi` and `rayload_feature_drift_flagged`,
+Prometheus endpoint serves (with Ray's `ray_` prefix): `ray_rayload_feature_psi` and
+`ray_rayload_feature_drift_flagged`,
 tagged by experiment, arm and feature.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,17 +26,21 @@ from .events import EventReader, engine_for, upsert_drift
 log = logging.getLogger(__name__)
 
 
-def merged_report(snapshots: dict[str, list[dict]], bins: dict[str, list], threshold: float, min_rows: int) -> list[dict]:
-    """Per arm and feature, over all replicas: rows, PSI, OOV rate, flagged. `bins`: arm -> Bins."""
+def merged_report(snapshots: dict[str, list[dict]], bins: dict[str, list], threshold: float, min_rows: int,
+                  versions: dict[str, str]) -> list[dict]:
+    """Per arm and feature, over all replicas: rows, PSI, OOV rate, flagged. `bins`: arm -> Bins
+    of the arm's model now; `versions`: arm -> that model's version. Only replicas that served
+    that version are merged: an experiment restarted under its name after an arm's checkpoint
+    changed (a retrained or compressed model) leaves the old replicas' rows in the store, and
+    their counts are in the old features.json's bins, which the current ones do not mean."""
     out = []
     for arm, arm_bins in bins.items():
-        snaps = snapshots.get(arm, [])
+        snaps = [s for s in snapshots.get(arm, []) if s["model_version"] == versions[arm]]
         if not snaps:
             continue
         merged = drift.merge(snaps)
-        versions = sorted({s["model_version"] for s in snaps})
         for row in drift.report(arm_bins, merged, threshold, min_rows):
-            out.append({"arm": arm, "model_version": versions[-1], "replicas": len(snaps), **row})
+            out.append({"arm": arm, "model_version": versions[arm], "replicas": len(snaps), **row})
     return out
 
 
@@ -43,13 +49,28 @@ def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> l
     from ..features import FittedFeatures
     from ..paths import localize
 
-    bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(localize(path), "features.json"))) for arm, path in checkpoints.items()}
+    local = {arm: localize(path) for arm, path in checkpoints.items()}
+    bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(path, "features.json"))) for arm, path in local.items()}
+    versions = {arm: _version(path) for arm, path in local.items()}
     reader = EventReader(url)
     try:
         snapshots = reader.drift(experiment)
     finally:
         reader.close()
-    return merged_report(snapshots, bins, cfg.threshold, cfg.min_rows)
+    return merged_report(snapshots, bins, cfg.threshold, cfg.min_rows, versions)
+
+
+def _version(checkpoint: str) -> str:
+    """scorer.model_version, hashed once per model.pt (GET /experiment asks on every call)."""
+    st = os.stat(os.path.join(checkpoint, "model.pt"))
+    return _version_cached(checkpoint, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _version_cached(checkpoint: str, _mtime_ns: int, _size: int) -> str:
+    from .scorer import model_version
+
+    return model_version(checkpoint)
 
 
 class DriftFlusher:
@@ -97,7 +118,8 @@ class DriftFlusher:
         finally:
             reader.close()
         bins = {arm: list(s.drift.bins.values()) for arm, s in self.scorers.items()}
-        report = merged_report(snapshots, bins, self.cfg["threshold"], self.cfg["min_rows"])
+        report = merged_report(snapshots, bins, self.cfg["threshold"], self.cfg["min_rows"],
+                               {arm: s.version for arm, s in self.scorers.items()})
         gauges = self._metrics()
         if gauges is None:
             return
