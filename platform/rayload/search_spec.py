@@ -56,6 +56,27 @@ class Param(_Spec):
         found = getattr(self, self.kind)
         return list(found)
 
+    def inside(self) -> float | None:
+        """A value strictly inside a float range that the sampler can draw, with a fractional
+        part where the range allows one (None for int ranges, lists and empty ranges). The ends
+        alone pass an integer field (pydantic takes 8.0 for an int) while 23.7 would not."""
+        import math
+
+        if self.kind not in ("uniform", "loguniform"):
+            return None
+        low, high = getattr(self, self.kind)
+        if not low < high:
+            return None
+        at = 0.4142135623730951  # an irrational fraction of the way: never a round value
+        if self.step is not None:
+            n = int((high - low) // self.step)
+            return low + self.step * max(1, round(n * at)) if n >= 2 else None
+        if self.kind == "loguniform" or self.log:
+            if low <= 0:
+                return None
+            return math.exp(math.log(low) + at * (math.log(high) - math.log(low)))
+        return low + at * (high - low)
+
     def problems(self) -> list[str]:
         kinds = [k for k in ("uniform", "loguniform", "int", "choice", "grid") if getattr(self, k) is not None]
         if len(kinds) != 1:
@@ -63,6 +84,10 @@ class Param(_Spec):
         kind = kinds[0]
         if kind in ("choice", "grid"):
             values = getattr(self, kind)
+            if self.step is not None:
+                return [f"step is for uniform and int ranges; a {kind} list takes its values as given (remove step)"]
+            if self.log:
+                return [f"log is for uniform and int ranges; a {kind} list takes its values as given (remove log)"]
             if not values:
                 return [f"{kind} needs at least one value"]
             if len({repr(v) for v in values}) != len(values):
@@ -74,8 +99,9 @@ class Param(_Spec):
             out.append(f"low > high ({low} > {high})")
         if (kind == "loguniform" or self.log) and low <= 0:
             out.append(f"a log scale needs low > 0 (got low={low})")
-        if self.log and self.step is not None:
-            out.append("log and step cannot be combined")
+        if (kind == "loguniform" or self.log) and self.step is not None:
+            out.append(f"{'loguniform' if kind == 'loguniform' else 'log'} and step cannot be combined: a log scale is not "
+                       "quantised; use uniform with step, or drop step")
         if kind == "int" and self.step is not None and self.step != _int(self.step):
             out.append(f"an int range steps by a whole number (got step={self.step:g})")
         return out
@@ -260,6 +286,17 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
                 job_from(raw, {path: value})
             except SpecError as exc:
                 issues += [SpecIssue(f"space.{path}", f"value {value!r} makes the job spec invalid: {i.render()}") for i in exc.issues]
+        inside = param.inside()
+        if inside is None or any(i.path == f"space.{path}" for i in issues):
+            continue
+        try:  # the ends may pass where a value between them does not (an integer field takes 8.0, not 23.7)
+            job_from(raw, {path: inside})
+        except SpecError as exc:
+            low, high = getattr(param, param.kind)
+            hint = (f"; an integer field needs {{int: [{_int(low)}, {_int(high)}]}} or a choice list"
+                    if any("integer" in i.message for i in exc.issues) else "")
+            issues += [SpecIssue(f"space.{path}", f"a {param.kind} range draws values such as {inside:.6g}, which make the job "
+                                 f"spec invalid: {i.render()}{hint}") for i in exc.issues]
     return issues
 
 

@@ -134,3 +134,24 @@ def test_a_metric_the_epochs_do_not_report_is_refused_with_the_ones_they_do(tmp_
     msg = problems(tmp_path, metric="val_aucc")
     assert "metric: a binary job's epochs report val_auc, val_logloss" in msg and "train_loss" in msg
     assert load_search_spec(write(tmp_path, metric="val_logloss")).score_mode == "min"
+
+
+def test_a_float_range_on_an_integer_field_is_refused_at_load_suggesting_int(tmp_path):
+    """Both ends (8.0, 64.0) pass an int field; a drawn 23.7 would fail every trial."""
+    for kind in ("uniform", "loguniform"):
+        msg = problems(tmp_path, space={"model.embedding_dim": {kind: [8, 64]}})
+        assert f"space.model.embedding_dim: a {kind} range draws values such as" in msg
+        assert "{int: [8, 64]} or a choice list" in msg
+    # a float field, and a step that keeps every drawn value whole, still load
+    assert load_search_spec(write(tmp_path, space={"model.dropout": {"uniform": [0.0, 0.5]}})).space
+    assert load_search_spec(write(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": 8}})).space
+
+
+def test_step_and_log_where_they_would_be_ignored_are_refused(tmp_path):
+    msg = problems(tmp_path, space={"train.lr": {"loguniform": [1e-4, 1e-2], "step": 0.001},
+                                    "model.embedding_dim": {"choice": [8, 16], "step": 8}, "model.dropout": {"choice": [0.1], "log": True}})
+    assert "space.train.lr: loguniform and step cannot be combined" in msg
+    assert "space.model.embedding_dim: step is for uniform and int ranges" in msg
+    assert "space.model.dropout: log is for uniform and int ranges" in msg
+    msg = problems(tmp_path, strategy="grid", space={"model.embedding_dim": {"grid": [8, 16], "step": 8}})
+    assert "space.model.embedding_dim: step is for uniform and int ranges; a grid list" in msg
