@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import time
 import warnings
@@ -216,6 +217,7 @@ class StudySearcher(Searcher):
         trial, value = self.live.get(trial_id), result.get(self.metric)
         if trial is None or not _finite(value):
             return
+        value = float(value)
         improved = trial_id not in self.best or (value != self.best[trial_id] and (value > self.best[trial_id]) == (self.mode == "max"))
         if improved:
             self.best[trial_id] = float(value)
@@ -290,7 +292,8 @@ class StudySearcher(Searcher):
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    """A finite real number of any type (numpy float32, Decimal, Fraction...), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def stopping_asha(searcher: StudySearcher, time_attr: str, max_t: int, **kwargs):
@@ -332,7 +335,7 @@ class SearchStopper(Stopper):
 
     def meets(self, value) -> bool:
         return (self.target is not None and _finite(value)
-                and (value >= self.target if self.mode == "max" else value <= self.target))
+                and (float(value) >= self.target if self.mode == "max" else float(value) <= self.target))
 
     def ended(self, study, budget: bool) -> str | None:
         """Why the search is over before its trials ran out, or None; `budget`: whether a spent

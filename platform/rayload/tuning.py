@@ -228,7 +228,23 @@ def _function_trial(config: dict, fn, metric: str) -> None:
     if out is not None:
         # done=True ends the trial with this result; otherwise Tune asks once more and waits
         # up to 0.2 s (its result-queue timeout) to notice the function has returned.
-        ray.tune.report({**(dict(out) if isinstance(out, dict) else {metric: float(out)}), "done": True})
+        ray.tune.report({**function_result(out, metric), "done": True})
+
+
+def function_result(out: Any, metric: str) -> dict:
+    """What an objective returned, as the result Tune is told: a number, or a dict holding the
+    metric; the metric becomes a Python float (numpy float32 and other reals included). Anything
+    else raises here, in the trial, which then fails with that reason while the search goes on."""
+    import numbers
+
+    result = dict(out) if isinstance(out, dict) else {metric: out}
+    if metric not in result:
+        raise RayloadError(f"the objective returned a dict without the metric {metric!r} (keys: {', '.join(map(str, result)) or 'none'}); "
+                           f"return {{{metric!r}: value, ...}} or the value itself")
+    value = result[metric]
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise RayloadError(f"the objective's {metric!r} is {value!r} ({type(value).__name__}), not a real number")
+    return {**result, metric: float(value)}
 
 
 # ---------------------------------------------------------------- the search itself

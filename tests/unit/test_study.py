@@ -225,3 +225,34 @@ def test_a_new_search_on_a_storage_holding_its_study_is_refused_before_anything_
                                                  "metric": "val_auc", "mode": "max"}))
     got = status(str(run))
     assert got["state"] == "preparing" and got["trials"] == []
+
+
+def test_numpy_and_other_real_metrics_count_and_a_bad_objective_result_is_named(tmp_path):
+    """A metric reported as numpy float32 (or any real but bool) is a result: it used to be
+    skipped, so every trial ended with no value and was told FAIL."""
+    import numpy as np
+    import pytest
+
+    from rayload._study import SearchStopper
+    from rayload.errors import RayloadError
+    from rayload.tuning import function_result
+
+    s = searcher(f"sqlite:///{tmp_path}/s.db")
+    s.suggest("t0")
+    s.on_trial_result("t0", {"val_auc": np.float32(0.75), "epochs_done": np.int64(1)})
+    s.on_trial_complete("t0", {"val_auc": np.float64(0.5), "epochs_done": 2})
+    trial = s.study.get_trials()[0]
+    assert trial.state == TrialState.COMPLETE and trial.value == 0.75 and type(s.study.best_value) is float
+    s.suggest("t1")
+    s.on_trial_complete("t1", {"val_auc": True, "epochs_done": 1})  # a bool is no metric
+    assert s.study.get_trials()[1].state == TrialState.FAIL
+    assert SearchStopper("val_auc", "max", 0.7, None, 0.0).meets(np.float32(0.75))
+    assert not SearchStopper("val_auc", "max", 0.7, None, 0.0).meets(True)
+
+    out = function_result({"value": np.float32(0.5), "other": 1}, "value")
+    assert out == {"value": 0.5, "other": 1} and type(out["value"]) is float
+    assert function_result(np.float32(2.5), "value") == {"value": 2.5}
+    with pytest.raises(RayloadError, match="without the metric 'value' \\(keys: other\\)"):
+        function_result({"other": 1.0}, "value")
+    with pytest.raises(RayloadError, match="'value' is 'high' \\(str\\), not a real number"):
+        function_result({"value": "high"}, "value")
