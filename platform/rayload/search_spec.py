@@ -77,6 +77,28 @@ class Param(_Spec):
             return math.exp(math.log(low) + at * (math.log(high) - math.log(low)))
         return low + at * (high - low)
 
+    def refuses(self, value: Any) -> str | None:
+        """Why `value` is not a value of this parameter (a point to evaluate first), or None."""
+        import math
+        import numbers
+
+        kind = self.kind
+        if kind in ("choice", "grid"):
+            same = [v for v in getattr(self, kind) if v == value and isinstance(v, bool) == isinstance(value, bool)]
+            return None if same else f"not one of the {kind} values {getattr(self, kind)}"
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+            return f"not a number in the {kind} range"
+        low, high = getattr(self, kind)
+        if kind == "int" and not isinstance(value, numbers.Integral):
+            return f"an int range takes whole numbers (write {value!r} as an integer)"
+        if not low <= value <= high:
+            return f"outside the {kind} range [{low:g}, {high:g}]"
+        if self.step is not None:
+            steps = (value - low) / self.step
+            if abs(steps - round(steps)) > 1e-9 * max(1.0, abs(steps)):
+                return f"not on the range's steps ({low:g}, {low + self.step:g}, ... by {self.step:g})"
+        return None
+
     def problems(self) -> list[str]:
         kinds = [k for k in ("uniform", "loguniform", "int", "choice", "grid") if getattr(self, k) is not None]
         if len(kinds) != 1:
@@ -210,7 +232,12 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     for i, point in enumerate(spec.points_to_evaluate):
         for path, value in point.items():
             if path not in spec.space:
-                issues.append(SpecIssue(f"points_to_evaluate.{i}.{path}", "not a path in space", value, True))
+                issues.append(SpecIssue(f"points_to_evaluate.{i}.{path}", f"not a path in space ({', '.join(spec.space)})", value, True))
+            elif spec.space[path].kind and (why := spec.space[path].refuses(value)):
+                issues.append(SpecIssue(f"points_to_evaluate.{i}.{path}", why, value, True))
+    if spec.strategy != "grid" and len(spec.points_to_evaluate) > trials_wanted(spec):
+        issues.append(SpecIssue("points_to_evaluate", f"{len(spec.points_to_evaluate)} points but only {trials_wanted(spec)} trials "
+                                "(num_samples): the extra points would never run; raise num_samples or give fewer points"))
     return issues
 
 
@@ -286,6 +313,7 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
                 job_from(raw, {path: value})
             except SpecError as exc:
                 issues += [SpecIssue(f"space.{path}", f"value {value!r} makes the job spec invalid: {i.render()}") for i in exc.issues]
+        issues += _point_issues(spec, raw, path)
         inside = param.inside()
         if inside is None or any(i.path == f"space.{path}" for i in issues):
             continue
@@ -298,6 +326,20 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
             issues += [SpecIssue(f"space.{path}", f"a {param.kind} range draws values such as {inside:.6g}, which make the job "
                                  f"spec invalid: {i.render()}{hint}") for i in exc.issues]
     return issues
+
+
+def _point_issues(spec: SearchSpec, raw: dict, path: str) -> list[SpecIssue]:
+    """The points' values for `path` that the space takes but the job spec does not."""
+    from .errors import SpecError
+
+    out = []
+    for i, point in enumerate(spec.points_to_evaluate):
+        if path in point and not spec.space[path].refuses(point[path]):
+            try:
+                job_from(raw, {path: point[path]})
+            except SpecError as exc:
+                out += [SpecIssue(f"points_to_evaluate.{i}.{path}", f"makes the job spec invalid: {e.render()}") for e in exc.issues]
+    return out
 
 
 def _reported_metrics(task: str) -> list[str]:

@@ -155,3 +155,38 @@ def test_step_and_log_where_they_would_be_ignored_are_refused(tmp_path):
     assert "space.model.dropout: log is for uniform and int ranges" in msg
     msg = problems(tmp_path, strategy="grid", space={"model.embedding_dim": {"grid": [8, 16], "step": 8}})
     assert "space.model.embedding_dim: step is for uniform and int ranges; a grid list" in msg
+
+
+def test_points_to_evaluate_are_checked_against_the_space_the_job_spec_and_num_samples(tmp_path):
+    """A point outside a choice crashed after the study was made (a rerun then hit
+    StudyExistsError); one outside a range ran and could become the best trial."""
+    space = {"model.embedding_dim": {"choice": [8, 16]}, "train.lr": {"uniform": [1e-4, 1e-2], "step": 1e-4},
+             "model.dropout": {"uniform": [0.0, 0.9]}, "train.batch_size": {"int": [64, 512], "step": 64}}
+    msg = problems(tmp_path, space=space, num_samples=4, points_to_evaluate=[
+        {"model.embedding_dim": 32, "train.lr": 0.5, "train.batch_size": 100},
+        {"model.embedding_dim": True, "train.lr": 0.00015, "train.batch_size": 128.0, "model.dropout": "x"}])
+    assert "points_to_evaluate.0.model.embedding_dim: not one of the choice values [8, 16] (got 32)" in msg
+    assert "points_to_evaluate.0.train.lr: outside the uniform range [0.0001, 0.01] (got 0.5)" in msg
+    assert "points_to_evaluate.0.train.batch_size: not on the range's steps (64, 128, ... by 64) (got 100)" in msg
+    assert "points_to_evaluate.1.model.embedding_dim: not one of the choice values" in msg  # True is not 1
+    assert "points_to_evaluate.1.train.lr: not on the range's steps" in msg
+    assert "points_to_evaluate.1.train.batch_size: an int range takes whole numbers" in msg
+    assert "points_to_evaluate.1.model.dropout: not a number in the uniform range" in msg
+    # inside the space but not a valid job: named as the point's value
+    msg = problems(tmp_path, space={"model.dropout": {"choice": [0.1, 1.5]}}, points_to_evaluate=[{"model.dropout": 1.5}])
+    assert "points_to_evaluate.0.model.dropout: makes the job spec invalid" in msg
+    msg = problems(tmp_path, num_samples=1, points_to_evaluate=[{"train.lr": 1e-3}, {"train.lr": 2e-3}])
+    assert "points_to_evaluate: 2 points but only 1 trials (num_samples)" in msg
+    ok = load_search_spec(write(tmp_path, space=space, num_samples=2, points_to_evaluate=[
+        {"model.embedding_dim": 16, "train.lr": 0.0002, "train.batch_size": 128, "model.dropout": 0.5}]))
+    assert ok.points_to_evaluate[0]["train.batch_size"] == 128
+
+
+def test_tune_function_refuses_a_bad_point_before_anything_runs(monkeypatch):
+    from rayload import tuning
+
+    monkeypatch.setattr(tuning, "ensure_ray", lambda address: pytest.fail("reached Ray"))
+    with pytest.raises(SpecError, match=r"points_to_evaluate.0.k: not one of the choice values \[1, 2\] \(got 5\)"):
+        tuning.tune_function(lambda c: c["k"], {"k": {"choice": [1, 2]}}, points_to_evaluate=[{"k": 5}])
+    with pytest.raises(SpecError, match=r"points_to_evaluate.0.x: outside the uniform range \[0, 1\] \(got 7.0\)"):
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, points_to_evaluate=[{"x": 7.0}])
