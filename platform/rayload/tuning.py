@@ -70,14 +70,21 @@ class _Plan:
 # ---------------------------------------------------------------- job-spec searches
 
 
-def tune(search: str | SearchSpec, resume: str | None = None, address: str | None = None, overrides=(),
+def tune(search: str | SearchSpec | None, resume: str | None = None, address: str | None = None, overrides=(),
          run_dir: str | None = None) -> TuneResult:
     """Run (or with `resume`, continue) the search in a search spec file or SearchSpec.
-    `run_dir` puts a new search in that folder instead of runs/tune/<name>-<time>/."""
-    ensure_ray(address)
+    `run_dir` puts a new search in that folder instead of runs/tune/<name>-<time>/.
+    A resumed search runs the spec it was started with (search.json); `search` may then be
+    None, and a given spec (with its overrides) must be that one: a different one is refused."""
     if resume:
         run_dir = find_run(resume)
         state = read_state(run_dir)
+        if search is not None:
+            _check_resumed_spec(run_dir, state["spec"], _load(search, overrides)[0])
+        elif overrides:
+            raise RayloadError("overrides (--set) need the search spec they apply to; a resumed search runs its stored spec")
+    ensure_ray(address)
+    if resume:
         spec, raw = SearchSpec.model_validate(state["spec"]), state["base_raw"]
     else:
         spec, raw = _load(search, overrides)
@@ -139,6 +146,30 @@ def _load(search, overrides) -> tuple[SearchSpec, dict]:
     return spec, base_raw(spec, search)
 
 
+class ResumeSpecError(RayloadError):
+    pass
+
+
+def _check_resumed_spec(run_dir: str, stored: dict, given: SearchSpec) -> None:
+    """A resumed search continues the study it made, with the spec it was started with: a
+    different spec (or --set) would be ignored, or would change the search under a study made
+    for another one (its space, its number of trials, its metric). Refuse it, naming the keys."""
+    now = given.model_dump(mode="json")
+    differ = []
+    for key in sorted(set(stored) | set(now)):
+        was, is_ = stored.get(key), now.get(key)
+        if was == is_:
+            continue
+        if isinstance(was, dict) and isinstance(is_, dict) and key in ("space", "fixed"):
+            differ += [f"{key}.{k} (was {was.get(k)!r}, given {is_.get(k)!r})" for k in sorted(set(was) | set(is_)) if was.get(k) != is_.get(k)]
+        else:
+            differ.append(f"{key} (was {was!r}, given {is_!r})")
+    if differ:
+        raise ResumeSpecError(f"the search in {run_dir} was started with another spec; a resume continues it as it was and "
+                              f"cannot change it: differs in {'; '.join(differ)}. Resume with the spec (and --set) it was started "
+                              "with, or start a new search under another name")
+
+
 def _with_epochs(raw: dict, epochs: int) -> dict:
     import copy
 
@@ -191,6 +222,8 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
            "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials, "target": target,
            "time_budget_s": time_budget_s}
     spec = validate_model(SearchSpec, raw, check=strategy_issues)
+    if resume:
+        _check_resumed_spec(find_run(resume), read_state(find_run(resume))["spec"], spec)
     ensure_ray(address)
     _ship_by_value(fn)
     if not resume:

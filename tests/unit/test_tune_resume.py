@@ -1,0 +1,56 @@
+"""`rayload tune SPEC --resume RUN`: a spec (or --set) other than the run's own is refused, not ignored."""
+
+import os
+
+import pytest
+import yaml
+
+from rayload import load_search_spec, tuning
+from rayload._tune_runs import write_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASE = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
+
+
+class Reached(Exception):
+    pass
+
+
+def started(tmp_path, monkeypatch):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}},
+                                    "strategy": "random", "num_samples": 4}))
+    run = tmp_path / "run"
+    write_state(str(run), kind="job", spec=load_search_spec(str(path)).model_dump(mode="json"), base_raw={})
+
+    def reached(address):
+        raise Reached
+
+    monkeypatch.setattr(tuning, "ensure_ray", reached)
+    return str(path), str(run)
+
+
+def test_resume_with_a_changed_spec_or_set_is_refused_naming_the_keys(tmp_path, monkeypatch):
+    path, run = started(tmp_path, monkeypatch)
+    with pytest.raises(tuning.ResumeSpecError) as info:
+        tuning.tune(path, resume=run, overrides=["num_samples=9", "metric=val_logloss"])
+    msg = str(info.value)
+    assert "num_samples (was 4, given 9)" in msg and "metric (was 'val_auc', given 'val_logloss')" in msg and "strategy" not in msg
+    with pytest.raises(tuning.RayloadError, match="overrides"):
+        tuning.tune(None, resume=run, overrides=["num_samples=9"])
+    for same in (path, None):  # the same spec, or none: the stored one runs
+        with pytest.raises(Reached):
+            tuning.tune(same, resume=run)
+
+
+def test_tune_function_resume_with_other_arguments_is_refused(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    space = {"x": {"uniform": [0, 1]}}
+    spec = tuning.SearchSpec(name="function", base="<python function>", space=space, strategy="random", num_samples=3, metric="value", mode="min",
+                              max_failures=0)
+    write_state(str(run), kind="function", spec=spec.model_dump(mode="json"))
+    monkeypatch.setattr(tuning, "ensure_ray", lambda address: (_ for _ in ()).throw(Reached()))
+    with pytest.raises(tuning.ResumeSpecError, match=r"num_samples \(was 3, given 5\)"):
+        tuning.tune_function(lambda c: c["x"], space, strategy="random", num_samples=5, resume=str(run))
+    with pytest.raises(Reached):
+        tuning.tune_function(lambda c: c["x"], space, strategy="random", num_samples=3, resume=str(run))
