@@ -257,10 +257,11 @@ class StudySearcher(Searcher):
             return None
         return max(values) if self.mode == "max" else min(values)
 
-    def cut_off(self, reason: str) -> int:
+    def cut_off(self, reason: str, state: TrialState = TrialState.PRUNED) -> int:
         """Record the trials a search ended before they finished (its target reached, its time
-        budget spent): Tune stops them without telling the searcher. Each is told PRUNED, with
-        its best value so far and why it stopped; returns how many there were."""
+        budget spent): Tune stops them without telling the searcher. Each is told PRUNED (or
+        `state`: FAIL when the search itself failed), with its best value so far and why it
+        stopped; returns how many there were."""
         running = {t._trial_id: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         mine = [(tid, trial._trial_id) for tid, trial in self.live.items()] + [(None, t._trial_id) for t in self.resumable]
         told = 0
@@ -276,7 +277,7 @@ class StudySearcher(Searcher):
             trial = optuna.trial.Trial(self.study, key)
             trial.set_user_attr("rayload", {"epochs_done": max(values, default=None), "best_value": best,
                                             "checkpoint": checkpoint, "stopped": reason})
-            self.study.tell(trial, state=TrialState.PRUNED)
+            self.study.tell(trial, state=state)
             told += 1
         self.live.clear()
         self.resumable = []

@@ -27,7 +27,8 @@ def trial_rows(study: optuna.Study) -> list[dict]:
         rows.append({"number": t.number, "state": t.state.name.lower(), "value": value,
                      "epochs": summary.get("epochs_done"), "seconds": duration,
                      "params": {k: decode(v) for k, v in t.params.items()}, "checkpoint": summary.get("checkpoint")})
-    return sorted(rows, key=lambda r: (_ORDER.get(TrialState[r["state"].upper()], 5),
+    # Within a state, trials without a value (pruned before their first result) come last in either mode.
+    return sorted(rows, key=lambda r: (_ORDER.get(TrialState[r["state"].upper()], 5), r["value"] is None,
                                        sign * r["value"] if r["value"] is not None else 0.0, r["number"]))
 
 

@@ -234,7 +234,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
                  step_attr="training_iteration", max_t=max_t)
     write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **preparing(resume),
-                total=trials_wanted(spec), metric=metric, mode=mode)
+                total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
     study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
     return _finish(plan, study, None)
 
@@ -317,13 +317,32 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
                                           failure_config=ray.tune.FailureConfig(max_failures=spec.max_failures), verbose=0,
                                           callbacks=[JsonLoggerCallback()], stop=stopper),
         )
-        tuner.fit()
+        try:
+            tuner.fit()
+        except Exception as exc:  # e.g. Tune's TuneError: a trial reported a result without the metric
+            _failed(plan, searcher, stopper, exc)
         ended = stopper.ended(study, budget=stopper.budget_hit)
     if ended:
         cut = searcher.cut_off(ended)  # Tune stopped them without telling the searcher
         log.info("search %s ended: %s (%d running trial(s) stopped)", spec.name, ended, cut)
     write_state(plan.run_dir, state="finished", finished=now(), ended=ended or "all trials finished", spent_s=stopper.spent())
     return study
+
+
+class SearchFailedError(RayloadError):
+    pass
+
+
+def _failed(plan: _Plan, searcher, stopper, exc: Exception):
+    """A search Tune ended with an error leaves a consistent run folder: the trials it was
+    running are told FAIL in the study (with the reason), search.json says failed and why."""
+    from optuna.trial import TrialState
+
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    reason = f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip().rstrip(":")
+    searcher.cut_off(f"the search failed: {reason}", state=TrialState.FAIL)
+    write_state(plan.run_dir, state="failed", finished=now(), ended=f"failed: {reason}", spent_s=stopper.spent())
+    raise SearchFailedError(f"search {plan.spec.name} failed ({plan.run_dir}): {reason}") from exc
 
 
 def _finish(plan: _Plan, study, raw: dict | None) -> TuneResult:

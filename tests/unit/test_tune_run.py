@@ -1,0 +1,85 @@
+"""The trials table's order, search.json's mode and a failed search's run folder (no Ray cluster)."""
+
+import json
+import os
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from rayload import tuning
+from rayload._study import SearchStopper, StudySearcher, make_sampler, open_study
+from rayload._tune_report import trial_rows
+from rayload.search_spec import Param
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_trials_without_a_value_sort_last_in_either_mode(direction):
+    study = optuna.create_study(direction=direction)
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for value in (None, -1.0, 2.0, None):
+        trial = study.ask(dist)
+        if value is not None:
+            trial.set_user_attr("rayload", {"best_value": value})
+        study.tell(trial, state=TrialState.PRUNED)
+    values = [r["value"] for r in trial_rows(study)]
+    assert values[2:] == [None, None] and values[:2] == ([2.0, -1.0] if direction == "maximize" else [-1.0, 2.0])
+
+
+def spec(**fields):
+    return tuning.SearchSpec(name="f", base="<python function>", space={"x": Param(uniform=(0, 1))}, strategy="random",
+                             num_samples=2, metric="value", **fields)
+
+
+def test_tune_function_stores_the_mode_the_search_ranks_by(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "ensure_ray", lambda address: None)
+    monkeypatch.setattr(tuning, "_check_shape", lambda *a, **k: None)
+    monkeypatch.setattr(tuning, "_concurrency", lambda *a: 1)
+
+    def run(plan, *a, **k):
+        seen["state"] = tuning.read_state(plan.run_dir)
+        seen["score"] = plan.spec.score_mode
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(tuning, "_run", run)
+    with pytest.raises(RuntimeError, match="stop here"):
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, mode=None, storage=f"sqlite:///{tmp_path}/s.db")
+    assert seen["state"]["mode"] == seen["score"] == "max"
+
+
+def test_a_search_tune_fails_leaves_its_trials_failed_and_search_json_failed(tmp_path, monkeypatch):
+    """Tune's TuneError (a trial reported without the metric) used to leave search.json at
+    running and the trial RUNNING in the study."""
+    import ray.tune
+
+    class Tuner:
+        def __init__(self, trainable, tune_config, run_config):
+            self.searcher = tune_config.search_alg
+
+        def fit(self):
+            self.searcher.suggest("t0")
+            raise ray.tune.TuneError("Trial returned a result which did not include the specified metric 'value'")
+
+    monkeypatch.setattr(ray.tune, "Tuner", Tuner)
+    monkeypatch.setattr(ray.tune, "with_parameters", lambda trainable, **kw: trainable)
+    monkeypatch.setattr(ray.tune, "with_resources", lambda trainable, resources: trainable)
+    run_dir = str(tmp_path / "run")
+    plan = tuning._Plan(spec(mode="min"), run_dir, f"sqlite:///{tmp_path}/s.db", {"CPU": 1}, 1, step_attr="training_iteration")
+    tuning.write_state(run_dir, state="preparing", storage=plan.storage, study="f")
+    with pytest.raises(tuning.SearchFailedError, match="did not include the specified metric 'value'"):
+        tuning._run(plan, None, {}, resume=False)
+    with open(os.path.join(run_dir, "search.json")) as f:
+        state = json.load(f)
+    assert state["state"] == "failed" and "did not include the specified metric" in state["ended"]
+    trial = optuna.load_study(study_name="f", storage=plan.storage).get_trials()[0]
+    assert trial.state == TrialState.FAIL and "the search failed" in trial.user_attrs["rayload"]["stopped"]
+
+
+def test_cut_off_can_record_fail():
+    study = open_study(None, "s", "max", lambda held: make_sampler("random", None, {"x": Param(uniform=(0, 1))}, 0, 3, False, held), True)
+    s = StudySearcher(study, {"x": Param(uniform=(0, 1))}, 2, "v", "max")
+    s.suggest("a")
+    assert s.cut_off("boom", state=TrialState.FAIL) == 1 and study.get_trials()[0].state == TrialState.FAIL
+    assert SearchStopper("v", "max", None, None, 0.0).ended(study, budget=True) is None
