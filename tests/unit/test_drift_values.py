@@ -90,3 +90,12 @@ def test_counts_read_off_the_model_ids_equal_counts_of_the_raw_values(encode, ma
         assert by_ids.snapshot() == by_raw.snapshot(), (start, n)
     used = [b for b in drift.DriftCounter(features).bins.values() if b.ids]
     assert bool(used) == (encode == "vocab")  # the ID path ran where it applies
+
+
+def test_a_value_on_a_numeric_edge_is_counted_in_the_bin_its_label_names():
+    from rayload.features import NumericState
+
+    st = NumericState("x", 0.0, None, None, False, "none")
+    st.stats = {"count": 100, "null_rate": 0.0, "histogram": {"edges": [1.0, 2.0], "shares": [0.3, 0.3, 0.4]}}
+    b = drift._numeric_bins(st)
+    assert [b.labels[i] for i in b.index([0.5, 1.0, 1.5, 2.0, 9.0, None])] == ["< 1", ">= 1", ">= 1", ">= 2", ">= 2", "missing"]

@@ -151,7 +151,8 @@ def _numeric_bins(state) -> Bins:
     else:  # older features.json: assume the deciles split the values evenly
         edges = sorted(set(state.stats["quantiles"][1:-1]))
         shares = [1.0 / (len(edges) + 1)] * (len(edges) + 1)
-    labels = ["missing", f"<= {edges[0]:g}" if edges else "all"] + [f"> {e:g}" for e in edges]
+    # searchsorted(side="right") as in the fit's histogram: a value equal to an edge is counted above it
+    labels = ["missing", f"< {edges[0]:g}" if edges else "all"] + [f">= {e:g}" for e in edges]
     return Bins(state.name, "numeric", tuple(labels), (null, *[(1 - null) * s for s in shares]), edges=tuple(edges))
 
 
