@@ -193,11 +193,14 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
         assert ctr_after < ctr_before - 0.1, (ctr_before, ctr_after)  # the champion's CTR falls with the world
         time.sleep(1.1)  # every exposure is older than the attribution window: all labels are known
         window = f"{time.time() - drifted_at + 0.1:.1f}s"  # the events since the drift (a sliding window)
-        result = retrain(job(epochs=4), dep.run_dir, window=window, attribution="1s", challenger_weight=0.5, name="life-next")
+        # ~1,050 training rows: batches of 64 give the fine-tune ~70 steps (batches of 512 gave 12, too
+        # few to move the warm-started model off the champion, and the gate then compared two near-equal AUCs)
+        result = retrain(job(epochs=4, batch_size=64), dep.run_dir, window=window, attribution="1s", challenger_weight=0.5,
+                         name="life-next")
     finally:
         control.stop(dep.run_dir)
     assert 1500 <= result.rows < 1560  # the drifted exposures, hardly any from before
-    assert result.passed and result.auc_new > result.auc_champion, (result.auc_new, result.auc_champion)
+    assert result.passed and result.auc_new > result.auc_champion, (result.auc_new, result.auc_champion, result.gain_ci)
     # The gate refuses a model that does not gain enough: both AUCs reported, no next experiment written.
     refused = retrain(job(epochs=1), dep.run_dir, window="all", attribution="1s", min_auc_gain=1.0, name="life-refused")
     assert not refused.passed and refused.ab_spec is None and 0 < refused.auc_champion < 1 and 0 < refused.auc_new < 1
