@@ -81,19 +81,14 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
-def deploy_single(checkpoint: str, ingress: str, drift: bool, name: str = "single") -> str:
+def single_app():
+    """The single side: a FastAPI app and its user class, a Scorer behind @serve.batch (Serve
+    ingress-wraps the class; bench_serve_parts.py drives the same app in-process)."""
     from fastapi import FastAPI, Request
     from ray import serve
 
-    from rayload.ab_spec import Serving
-
     app = FastAPI()
-    router = Serving()  # the A/B router's logging defaults: without them this side alone pays
-    # Serve's per-request access log (~0.05 ms of replica CPU here)
 
-    @serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0.5},
-                      logging_config={"log_level": router.log_level, "enable_access_log": router.access_log})
-    @serve.ingress(app)
     class Single:
         def __init__(self, path, drift):
             from rayload.serve.scorer import Scorer
@@ -109,6 +104,20 @@ def deploy_single(checkpoint: str, ingress: str, drift: bool, name: str = "singl
             body = await request.json()
             return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
 
+    return app, Single
+
+
+def deploy_single(checkpoint: str, ingress: str, drift: bool, name: str = "single") -> str:
+    from ray import serve
+
+    from rayload.ab_spec import Serving
+
+    app, single = single_app()
+    router = Serving()  # the A/B router's logging defaults: without them this side alone pays
+    # Serve's per-request access log (~0.05 ms of replica CPU here)
+    Single = serve.deployment(max_ongoing_requests=64, ray_actor_options={"num_cpus": 0.5},
+                              logging_config={"log_level": router.log_level, "enable_access_log": router.access_log})(
+        serve.ingress(app)(single))
     serve.run(Single.bind(checkpoint, drift), name=name, route_prefix=f"/{name}")
     from rayload.serve.ingress import ingress_urls
 

@@ -44,29 +44,14 @@ def _user_init(cls, name: str):
 
 
 def build_single(checkpoint: str):
-    from fastapi import FastAPI, Request
     from ray import serve
 
-    from rayload.serve.scorer import Scorer
+    from bench_serve import single_app
 
-    app = FastAPI()
-
-    class Single:  # bench_serve.deploy_single's class, unchanged
-        def __init__(self, path):
-            self.scorer = Scorer.load("m", path, True)
-
-        @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-        async def _score(self, rows: list[dict]) -> list[float]:
-            return self.scorer.score(rows).tolist()
-
-        @app.post("/predict")
-        async def predict(self, request: Request):
-            body = await request.json()
-            return {"score": await self._score(body["features"]), "model_version": self.scorer.version}
-
-    wrapped = serve.ingress(app)(Single)
+    app, single = single_app()
+    wrapped = serve.ingress(app)(single)
     inst = object.__new__(wrapped)
-    _user_init(wrapped, "Single")(inst, checkpoint)
+    _user_init(wrapped, "Single")(inst, checkpoint, True)
     return app, inst
 
 

@@ -84,9 +84,9 @@ def __getattr__(name: str):
 
         return evaluate_checkpoint
     if name in ("load_search_spec", "SearchSpec"):
-        from . import search_spec
+        from . import search_job, search_spec
 
-        return getattr(search_spec, name)
+        return getattr(search_job if name == "load_search_spec" else search_spec, name)
     if name == "PipelineResult":
         from .stages import PipelineResult
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import target_stats
+from ._moments import _constant_moments, _merge_moments, _moments, _negligible, _std, _weighted_moments, weighted_quantile
 from .data.validate import RAW_LABEL
 from .derived import derive
 from .hashing import as_array
@@ -125,44 +126,6 @@ def _g(x: np.ndarray, cfg: NumericFeature, low, high) -> np.ndarray:
     return clip_log(x, low, high, cfg.log)
 
 
-# Moments are (count, mean, M2 / 4**e, e), with max|x| < 2**e: the sum of squared deviations is
-# held in units of 2**e (a power of two, so scaling is exact and ordinary columns get the very
-# numbers unscaled arithmetic gives), and no finite column can overflow it (1e200 made std inf).
-def _moments(x: np.ndarray) -> tuple[float, float, float, int]:
-    if len(x) == 0:
-        return (0.0, 0.0, 0.0, 0)
-    e = _exponent(x)
-    xs = np.ldexp(x, -e)
-    mean = float(xs.mean())
-    return (float(len(x)), float(np.ldexp(mean, e)), float(((xs - mean) ** 2).sum()), e)
-
-
-def _exponent(x: np.ndarray) -> int:
-    return int(np.frexp(np.max(np.abs(x)))[1])
-
-
-def _constant_moments(n: float, value: float) -> tuple[float, float, float, int]:
-    return (float(n), float(value), 0.0, _exponent(np.array([value])))
-
-
-def _merge_moments(a, b):
-    """Chan et al.'s parallel merge of (count, mean, M2): stable where sum of squares is not."""
-    na, ma, m2a, ea = a
-    nb, mb, m2b, eb = b
-    if na == 0 or nb == 0:
-        return b if na == 0 else a
-    n, e = na + nb, max(ea, eb)
-    ma, mb = np.ldexp(ma, -e), np.ldexp(mb, -e)
-    delta = mb - ma
-    m2 = np.ldexp(m2a, 2 * (ea - e)) + np.ldexp(m2b, 2 * (eb - e)) + delta * delta * na * nb / n
-    return (n, float(np.ldexp(ma + delta * nb / n, e)), float(m2), e)
-
-
-def _std(moments) -> float:
-    n, _, m2, e = moments
-    return float(np.ldexp(np.sqrt(max(m2 / max(n, 1.0), 0.0)), e))
-
-
 def _value_counts(column, multi: bool, sep: str) -> dict:
     values = as_array(column)
     nulls = values.null_count
@@ -246,14 +209,6 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
                           derived={name: dict(d) for name, d in plan.derived})
 
 
-def weighted_quantile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray:
-    """Inverse-CDF quantiles of a weighted sample (numpy's method="inverted_cdf" for unit weights)."""
-    order = np.argsort(values, kind="stable")
-    v, cw = values[order], np.cumsum(weights[order])
-    idx = np.searchsorted(cw, np.asarray(q) * cw[-1] - 1e-9 * cw[-1], side="left")
-    return v[np.minimum(idx, len(v) - 1)]
-
-
 def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
     sketch, weights = np.concatenate(acc["sketch"]), np.concatenate(acc["weights"])
     n, nulls = acc["n"], acc["nulls"]
@@ -306,19 +261,6 @@ def _check_in_range(state: NumericState, ends: list[float]) -> None:
             f"{{min: ..., max: ...}} or {{quantiles: [0.001, 0.999]}}) or compress them (features.numeric.{state.name}.log: true)")
 
 
-# A constant column's computed std is not 0 but rounding noise: the mean of n copies of c is
-# off by up to about (16 + log2 n) ulps of c (numpy's pairwise sum, then Chan's merges, which
-# stay within the blocks' means), about 1e-14 * |c|, and so is every deviation from it. Dividing
-# by that noise blew a constant's values up to +-1 (7e15 for a served value off by 0.1), different
-# for every block layout. A std below 1e-12 of the mean's magnitude (75x that bound; 12 bits of
-# the mantissa) is such noise: no real feature varies that little relative to its size.
-_CONSTANT_RTOL = 1e-12
-
-
-def _negligible(std: float, mean: float) -> bool:
-    return std <= _CONSTANT_RTOL * abs(mean)
-
-
 def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) -> dict:
     """Shares of the training values between the distinct inner deciles: the reference that
     served traffic is compared with (PSI). Computed on the weighted sketch, so ties (a value
@@ -327,16 +269,6 @@ def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) 
     index = np.searchsorted(np.asarray(edges), sketch, side="right")
     shares = np.bincount(index, weights=weights, minlength=len(edges) + 1)
     return {"edges": [float(e) for e in edges], "shares": [float(v) for v in shares / max(float(shares.sum()), 1e-12)]}
-
-
-def _weighted_moments(x: np.ndarray, w: np.ndarray):
-    total = float(w.sum())
-    if total == 0:
-        return (0.0, 0.0, 0.0, 0)
-    e = _exponent(x)
-    xs = np.ldexp(x, -e)
-    mean = float((xs * w).sum() / total)
-    return (total, float(np.ldexp(mean, e)), float((w * (xs - mean) ** 2).sum()), e)
 
 
 def _impute_value(cfg: NumericFeature, acc: dict, sketch, weights) -> float:

@@ -24,7 +24,7 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
             plan["shared_storage"] = shared  # where the run lives: a new place is a new run
         return plan, job.train.seed, _data_hash(job)
     if stage.kind == "tune":
-        from .search_spec import base_raw
+        from .search_job import base_raw
         from .tuning import job_from
 
         search = _search(spec, stage)
@@ -65,7 +65,7 @@ def _shared_run(shared: str, folder: str, stage: str) -> str:
 
 
 def _search(spec, stage):
-    from .search_spec import load_search_spec
+    from .search_job import load_search_spec
 
     return load_search_spec(spec.path(stage.search), stage.set)
 

@@ -48,7 +48,7 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 def write_best_spec(raw: dict, params: dict, path: str, header: list[str]) -> None:
     """A complete job spec: the base (with the search's fixed changes) plus the best values."""
-    from .search_spec import job_from
+    from .search_job import job_from
 
     job = job_from(raw, params)  # validates; raises if the best values do not make a job spec
     body = _with_params(raw, params)

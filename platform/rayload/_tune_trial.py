@@ -62,7 +62,7 @@ class TuneSession(LocalSession):
 
 def job_trial(config: dict, search: JobSearch) -> None:
     """The Tune function trainable of a job-spec search."""
-    from .search_spec import job_from
+    from .search_job import job_from
     from .train.trainer import _fit_local, _fit_ray, loop_context
 
     spec = job_from(search.raw, config["params"])

@@ -146,7 +146,7 @@ def _spec_file_issues(kind: str, path: str, overrides: list[str], where: str) ->
     if kind in ("prepare", "train"):
         from .spec import load_spec as load
     elif kind == "tune":
-        from .search_spec import load_search_spec as load
+        from .search_job import load_search_spec as load
     else:
         from .ab_spec import load_ab_spec as load
     try:

@@ -1,4 +1,5 @@
-"""Typed search specs (`tune/*.yaml`) and `load_search_spec`.
+"""Typed search specs (`tune/*.yaml`); loading and the checks against the base job spec are in
+`search_job` (`load_search_spec`).
 
 A search spec names a base job spec and the hyperparameters to search, as dotted paths into
 that job spec (`train.lr`, `model.embedding_dim`). Everything that can be checked before a
@@ -9,7 +10,6 @@ the space still makes a valid job spec.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -193,14 +193,6 @@ class SearchSpec(_Spec):
         return self.mode or ("min" if self.metric.removeprefix("val_") in LOWER_IS_BETTER else "max")
 
 
-def base_path(spec: SearchSpec, spec_file: str | None) -> str:
-    if os.path.isabs(spec.base) or spec_file is None:
-        return spec.base
-    here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(spec_file)), spec.base))
-    # Relative to the search spec's folder; fall back to the working directory (repo root).
-    return here if os.path.exists(here) else os.path.abspath(spec.base)
-
-
 def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     """Problems of the space itself and of the strategy with this space."""
     issues = [SpecIssue(f"space.{path}", msg) for path, p in spec.space.items() for msg in p.problems()]
@@ -254,175 +246,3 @@ def grid_size(spec: SearchSpec) -> int:
 
 def trials_wanted(spec: SearchSpec) -> int:
     return grid_size(spec) if spec.strategy == "grid" else spec.num_samples or 16
-
-
-# ---------------------------------------------------------------- loading and job-spec checks
-
-
-def load_search_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> SearchSpec:
-    """Read a search spec, check it and its base job spec; raises SpecError listing every problem."""
-    from ._spec_load import load_model
-
-    spec = load_model(SearchSpec, path, overrides, check=lambda spec: job_issues(spec, path))
-    # Pin the base to where it was found: the spec then works from any working directory
-    # (the SDK, the demo and a resumed search all pass the object, not the file).
-    return spec.model_copy(update={"base": base_path(spec, path)})
-
-
-def base_raw(spec: SearchSpec, spec_file: str | None) -> dict:
-    from ._spec_load import _set_path, read_yaml
-
-    raw = read_yaml(base_path(spec, spec_file))
-    issues: list[SpecIssue] = []
-    for key, value in spec.fixed.items():
-        _set_path(raw, key.split("."), value, issues)
-    if issues:
-        from .errors import SpecError
-
-        raise SpecError(issues)
-    return raw
-
-
-def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
-    """Strategy problems, unknown paths (with the valid paths near them), and extreme values
-    of the space that make the base job spec invalid."""
-    from .errors import SpecError
-
-    issues = strategy_issues(spec)
-    where = base_path(spec, spec_file)
-    try:
-        raw = base_raw(spec, spec_file)
-        base = job_from(raw, {})
-    except SpecError as exc:
-        return issues + [SpecIssue("base", f"{where}: {i.render()}") for i in exc.issues]
-    reported = _reported_metrics(base.data.label.task)
-    if spec.metric not in reported:
-        issues.append(SpecIssue("metric", f"a {base.data.label.task} job's epochs report {', '.join(reported)}; "
-                                "pick one of them", spec.metric, True))
-    known = known_paths(base)
-    for path in list(spec.fixed) + list(spec.space):
-        if path not in known:
-            section = "fixed" if path in spec.fixed else "space"
-            issues.append(SpecIssue(f"{section}.{path}", f"not a field of the job spec {os.path.basename(where)}; near it: {', '.join(near_paths(path, known))}"))
-    if issues:
-        return issues
-    issues += _preprocessing_issues(spec)
-    for path, param in spec.space.items():
-        for value in param.values:
-            try:
-                job_from(raw, {path: value})
-            except SpecError as exc:
-                issues += [SpecIssue(f"space.{path}", f"value {value!r} makes the job spec invalid: {i.render()}") for i in exc.issues]
-        issues += _point_issues(spec, raw, path)
-        inside = param.inside()
-        if inside is None or any(i.path == f"space.{path}" for i in issues):
-            continue
-        try:  # the ends may pass where a value between them does not (an integer field takes 8.0, not 23.7)
-            job_from(raw, {path: inside})
-        except SpecError as exc:
-            low, high = getattr(param, param.kind)
-            hint = (f"; an integer field needs {{int: [{_int(low)}, {_int(high)}]}} or a choice list"
-                    if any("integer" in i.message for i in exc.issues) else "")
-            issues += [SpecIssue(f"space.{path}", f"a {param.kind} range draws values such as {inside:.6g}, which make the job "
-                                 f"spec invalid: {i.render()}{hint}") for i in exc.issues]
-    return issues
-
-
-def _point_issues(spec: SearchSpec, raw: dict, path: str) -> list[SpecIssue]:
-    """The points' values for `path` that the space takes but the job spec does not."""
-    from .errors import SpecError
-
-    out = []
-    for i, point in enumerate(spec.points_to_evaluate):
-        if path in point and not spec.space[path].refuses(point[path]):
-            try:
-                job_from(raw, {path: point[path]})
-            except SpecError as exc:
-                out += [SpecIssue(f"points_to_evaluate.{i}.{path}", f"makes the job spec invalid: {e.render()}") for e in exc.issues]
-    return out
-
-
-def _reported_metrics(task: str) -> list[str]:
-    """What every epoch of the training loop reports that a search can rank trials by
-    (train/loop.py `run`: the training loss, and `val_` + the task's validation metrics)."""
-    names = ["auc", "logloss", "calibration", "ece", "mean_prediction", "observed_rate"] if task == "binary" else ["rmse", "mean_prediction", "observed_rate"]
-    return [f"val_{n}" for n in names] + ["train_loss"]
-
-
-def _preprocessing_issues(spec: SearchSpec) -> list[SpecIssue]:
-    paths = [p for p in spec.space if p.split(".")[0] in PREPROCESSING]
-    issues = [SpecIssue(f"space.{p}", "a parameter that changes preprocessing must be a choice or grid list: each "
-                        "variant is preprocessed once before the trials start") for p in paths if spec.space[p].kind not in ("choice", "grid")]
-    variants = 1
-    for p in paths:
-        variants *= len(spec.space[p].values)
-    if not issues and variants > MAX_VARIANTS:
-        issues.append(SpecIssue("space", f"the preprocessing parameters ({', '.join(paths)}) make {variants} data variants; at most {MAX_VARIANTS}"))
-    return issues
-
-
-def job_from(raw: dict, params: dict):
-    """The job spec with `params` ({dotted path: value}) applied to a copy of `raw`."""
-    import copy
-
-    from pydantic import ValidationError
-
-    from ._spec_checks import check_job
-    from ._spec_load import _set_path, pydantic_issues
-    from .errors import SpecError
-    from .spec import JobSpec
-
-    raw = copy.deepcopy(raw)
-    issues: list[SpecIssue] = []
-    for path, value in params.items():
-        _set_path(raw, path.split("."), value, issues)
-    try:
-        job = JobSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SpecError(issues + pydantic_issues(exc, JobSpec)) from None
-    issues += check_job(job)
-    if issues:
-        raise SpecError(issues)
-    return job
-
-
-def known_paths(job) -> set[str]:
-    """Every dotted path of a job spec: its values, sections, list items, and the fields of
-    sections that are unset (None)."""
-    from ._spec_load import _fields_at
-    from .spec import JobSpec
-
-    out: set[str] = set()
-
-    def walk(node, prefix: list[str]):
-        if prefix:
-            out.add(".".join(prefix))
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, prefix + [str(key)])
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, prefix + [str(i)])
-        elif node is None:
-            for field in _fields_at(JobSpec, prefix):
-                out.add(".".join(prefix + [field]))
-
-    walk(job.model_dump(mode="json"), [])
-    return out
-
-
-def near_paths(path: str, known: set[str], n: int = 6) -> list[str]:
-    import difflib
-
-    parts = path.split(".")
-    close = difflib.get_close_matches(path, sorted(known), n=n, cutoff=0.6)
-    for depth in range(len(parts) - 1, 0, -1):  # siblings under the longest prefix that exists
-        prefix = ".".join(parts[:depth])
-        if prefix in known:
-            siblings = sorted(p for p in known if p.startswith(prefix + ".") and p.count(".") == depth)
-            close += [p for p in siblings if p not in close]
-            break
-    else:
-        close += [p for p in sorted(known) if "." not in p and p not in close]
-    return close[:n]
-

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._ray import ensure_ray
+from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # noqa: F401  (SearchResourceError: public here)
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
 from ._tune_runs import find_run, now, preparing, read_state, status, write_state  # status: public here (__all__)
-from .search_spec import PREPROCESSING, SearchSpec, base_raw, job_from, job_issues, load_search_spec, strategy_issues, trials_wanted
+from .search_job import base_raw, job_from, job_issues, load_search_spec
+from .search_spec import PREPROCESSING, SearchSpec, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
 
@@ -381,13 +383,6 @@ def _attempt(run_dir: str) -> int:
     return len(os.listdir(folder)) if os.path.isdir(folder) else 0
 
 
-# ---------------------------------------------------------------- resources
-
-
-class SearchResourceError(RayloadError):
-    pass
-
-
 def _check_new_study(spec: SearchSpec) -> None:
     """A new search on a storage that already holds a study of its name is refused before
     anything is prepared or written (a default storage is the new run's own folder)."""
@@ -395,30 +390,6 @@ def _check_new_study(spec: SearchSpec) -> None:
 
     if spec.storage and study_exists(spec.storage, spec.name):
         raise StudyExistsError(spec.name, spec.storage)
-
-
-def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None, driver: dict[str, float] | None = None) -> None:
-    """A trial the cluster can never hold is refused before the search starts (`driver`: what
-    a multi-worker trial holds itself while its TorchTrainer's workers run)."""
-    from .spec import ResourcesSpec
-    from .train.resources import ResourceError, check_resources
-
-    try:
-        check_resources(ResourcesSpec(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, accelerator_type=accelerator),
-                        driver)
-    except ResourceError as exc:
-        raise SearchResourceError(f"trial_resources: one trial can never run here: {exc}") from None
-
-
-def _concurrency(requested: int | None, need: dict[str, float], total: int) -> int:
-    """Default: the cluster's free resources divided by one trial's needs."""
-    import ray
-
-    if requested:
-        return min(requested, total)
-    free = ray.available_resources()
-    fits = [int(free.get(k, 0) // v) for k, v in need.items() if v > 0]
-    return max(1, min([total, *fits]))
 
 
 __all__ = ["tune", "tune_function", "status", "TuneResult"]

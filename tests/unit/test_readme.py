@@ -77,7 +77,7 @@ def test_every_spec_example_in_the_readme_loads(tmp_path, monkeypatch):
 
     from rayload.ab_spec import load_ab_spec
     from rayload.pipeline_spec import load_pipeline
-    from rayload.search_spec import load_search_spec
+    from rayload.search_job import load_search_spec
     from rayload.spec import load_spec
 
     monkeypatch.setenv("RAYLOAD_API_KEY", "example")  # the A/B example's serving.api_key_env

@@ -7,7 +7,8 @@ import yaml
 
 from rayload import load_search_spec
 from rayload.errors import SpecError
-from rayload.search_spec import grid_size, known_paths, trials_wanted
+from rayload.search_job import known_paths
+from rayload.search_spec import grid_size, trials_wanted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
@@ -46,7 +47,7 @@ def test_a_relative_base_is_pinned_to_the_spec_folder_whatever_the_working_direc
     monkeypatch.chdir(elsewhere)
     spec = load_search_spec(str(path))
     assert spec.base == str(tmp_path / "jobs" / "job.yaml")
-    from rayload.search_spec import base_raw, job_issues
+    from rayload.search_job import base_raw, job_issues
 
     assert base_raw(spec, None)["data"]["source"]["kind"] == "movielens"
     assert job_issues(spec, None) == []

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,103 +31,13 @@ from ..paths import cache_lock, cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from .checks import check_files
-from .sources import Inputs, read_dataset, read_parquet, resolve_inputs
+from .sources import Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
+# the result and its readers, re-exported: callers name them as data.pipeline's
+from .result import SPLIT_NAMES, LocalShards, PreprocessResult, load_result, read_concurrency  # noqa: F401
 
 log = logging.getLogger(__name__)
-SPLIT_NAMES = ("train", "val", "test")
-
-
-def read_concurrency() -> int:
-    """How many zero-CPU read tasks feed training at once: one per CPU of the cluster, at least
-    2 (reading and decoding Parquet is CPU work; more at once only holds more blocks in memory)."""
-    import ray
-
-    cpus = 0
-    if ray.is_initialized():
-        cpus = int(ray.cluster_resources().get("CPU", 0))
-    return max(2, cpus or (os.cpu_count() or 2))
-
-
-@dataclass
-class PreprocessResult:
-    out_dir: str
-    features: FittedFeatures
-    counts: dict  # input, good, quarantined, reasons, rows per split (train after rebalancing)
-    cache_key: str
-    cached: bool = False
-    files: dict[str, list[str]] = field(default_factory=dict)
-
-    def dataset(self, split: str, for_training: bool = False):
-        """The preprocessed split as a lazy Ray Dataset (what Ray Train workers stream).
-
-        for_training: read tasks ask for no CPU. Training workers hold the CPUs and wait on
-        this light read; a read that asked for a CPU would wait forever on a cluster whose
-        workers hold every CPU (2 workers on 2 CPUs here). Tasks that ask for no CPU are not
-        bounded by the CPUs either, so their concurrency is (`read_concurrency`): unbounded,
-        Ray Data started one read task (one worker process) per block at once, 190 for an 80M-row
-        split on this 2-core node, and ran the node out of memory (benchmarks/RESULTS.md).
-        """
-        if not self.files.get(split):
-            raise DataError(f"split '{split}' has no rows in {self.out_dir}")
-        extra = {"num_cpus": 0, "concurrency": read_concurrency()} if for_training else {}
-        return read_parquet(self.files[split], **extra)
-
-    def batches(self, split: str):
-        """The split for reading batches in this process: the shards straight from Parquet when
-        they are local files, the Ray Dataset otherwise. Local shards are on this machine's disk
-        whatever Ray runs, so no Ray read tasks are scheduled for them: `rayload evaluate` and
-        `compress` on cached shards start no Ray at all, and the test metrics at the end of
-        `fit`, the retraining gate and the pipeline's search stage skip a Ray Data read."""
-        if not self.files.get(split):
-            raise DataError(f"split '{split}' has no rows in {self.out_dir}")
-        if any("://" in f for f in self.files[split]):
-            return self.dataset(split)
-        return LocalShards(self.files[split])
-
-    @property
-    def datasets(self) -> dict:
-        return {s: self.dataset(s) for s in SPLIT_NAMES if self.files.get(s)}
-
-
-@dataclass
-class LocalShards:
-    """Preprocessed Parquet shards read with pyarrow, file by file in order: the part of a Ray
-    Dataset's interface that in-process readers (evaluation, the compression gate) use."""
-
-    files: list[str]
-    columns: list[str] | None = None  # None: all
-
-    def select_columns(self, columns: list[str]) -> "LocalShards":
-        return replace(self, columns=list(columns))
-
-    def iter_batches(self, batch_size: int = 8192, batch_format: str = "pyarrow"):
-        if batch_format != "pyarrow":
-            raise ValueError(f"LocalShards yields pyarrow tables only, got batch_format={batch_format!r}")
-        for path in self.files:
-            for record_batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=self.columns):
-                yield pa.Table.from_batches([record_batch])
-
-    def exact_batches(self, batch_size: int):
-        """Tables of exactly batch_size rows across file boundaries (the last may be short):
-        the batches Ray Data's iter_batches gives over the same files in order."""
-        pending = None
-        for table in self.iter_batches(batch_size):
-            pending = table if pending is None else pa.concat_tables([pending, table])
-            while pending.num_rows >= batch_size:
-                yield pending.slice(0, batch_size)
-                pending = pending.slice(batch_size)
-        if pending is not None and pending.num_rows:
-            yield pending
-
-    @classmethod
-    def on_this_machine(cls, files: list[str] | None) -> "LocalShards | None":
-        """The shards, when every one is a file this process can open; None otherwise (remote
-        storage, or a node that does not share the disk the driver wrote them to)."""
-        if not files or any("://" in f or not os.path.isfile(f) for f in files):
-            return None
-        return cls(list(files))
 
 
 def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None) -> PreprocessResult:
@@ -390,20 +300,4 @@ def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str
         f.write(key.encode())
     return PreprocessResult(out_dir, features, counts, key, cached=False, files=files)
 
-
-def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult | None:
-    """A finished preprocessing folder, or None (unfinished, absent, or another key)."""
-    fs, base = filesystem(out_dir)
-    try:
-        with fs.open_input_stream(f"{base}/_SUCCESS") as f:
-            key = f.read().decode()
-        if expect_key is not None and key != expect_key:
-            return None
-        with fs.open_input_stream(f"{base}/summary.json") as f:
-            summary = json.loads(f.read())
-        with fs.open_input_stream(f"{base}/features.json") as f:
-            features = FittedFeatures.from_json(f.read().decode())
-    except FileNotFoundError:
-        return None
-    return PreprocessResult(out_dir, features, summary["counts"], key, cached=True, files=summary["files"])
 

@@ -64,7 +64,7 @@ class Session:
         seed = self.loader["seed"] * 100_003 + epoch * 1009 + self.rank
         cached = getattr(self, "_train_cache", None)
         if cached is not None and cached[0] == batch_size:
-            return self._shuffled(cached[1], seed)
+            return cached[1].batches(seed)
         stream = self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
         budget = self.loader.get("cache_bytes", 0)
         if not budget or self.cached is False:
@@ -74,7 +74,7 @@ class Session:
             # again before training on it (it fit in the budget before: the same rows), then
             # train in this epoch's seeded order, the one the run would have had uninterrupted.
             self._train_cache = (batch_size, _Rows(list(stream)))
-            return self._shuffled(self._train_cache[1], seed)
+            return self._train_cache[1].batches(seed)
         return self._keeping(stream, batch_size, budget)
 
     # Set by the loop from a restored checkpoint: whether the run kept its training batches in
@@ -88,10 +88,6 @@ class Session:
         if getattr(self, "_train_cache", None) is not None:
             return True
         return False if getattr(self, "_streaming", False) else None
-
-    @staticmethod
-    def _shuffled(rows: "_Rows", seed: int):
-        return rows.batches(seed)
 
     def _keeping(self, stream, batch_size: int, budget: int):
         """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
@@ -265,13 +261,6 @@ class _Rows:
             self.bag_values.append(values)
             self.bag_lengths.append(lengths)
             self.bag_starts.append(torch.cumsum(lengths, 0) - lengths)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def nbytes(self) -> int:
-        tensors = [self.dense, self.sparse, *self.bag_values, *self.bag_lengths, *self.bag_starts]
-        return sum(t.element_size() * t.numel() for t in tensors + ([] if self.label is None else [self.label]))
 
     def batches(self, seed: int):
         order = torch.from_numpy(np.random.default_rng(seed).permutation(int(self.dense.shape[0])))
