@@ -132,3 +132,19 @@ def test_sdk_entry_points_stay_functions_after_their_modules_load():
     import rayload.tuning  # noqa: F401
 
     assert all(callable(getattr(rayload, name)) for name in ("compress", "retrain", "tune", "train", "run"))
+
+
+@pytest.mark.parametrize("derived", [{}, {"hour": {"source": "ts", "part": "hour"}}])
+def test_retrain_rows_carry_the_columns_serving_reads_no_id_or_timestamp_it_does_not_need(derived):
+    """Serving reads an id or timestamp column only when a derived feature uses it, so an
+    exposure's logged features lack it otherwise; declaring it in the retrain job quarantined
+    every row (a missing required value)."""
+    from rayload.retraining import _input_columns
+
+    columns = [{"name": "x", "role": "numeric"}, {"name": "c", "role": "categorical"}, {"name": "sid", "role": "id"},
+               {"name": "ts", "role": "timestamp"}, {"name": "y", "role": "label"}]
+    fitted = dataclasses.replace(features(), columns=columns, derived=derived)
+    names = [c["name"] for c in _input_columns(fitted)]
+    assert names == (["x", "c", "ts"] if derived else ["x", "c"])
+    served = validate_request([{"x": 1.0, "c": "3", "sid": "s", "ts": 1.7e9}], columns, {d["source"] for d in derived.values()})
+    assert served.column_names == names  # the rule serving reads requests by
