@@ -1,20 +1,93 @@
-"""A search's run folder: `search.json` (spec, storage, state, the driver's pid and host) and
-the status of a running, finished or interrupted search."""
+"""A search's run folder: `search.json` (spec, storage, state, the driver's pid and host), the
+status of a running, finished or interrupted search, and what a resume must respect: one driver
+at a time, and the spec the search was started with."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import socket
+import threading
+from typing import TYPE_CHECKING
 
 from .errors import RayloadError
 from .paths import runs_root
+
+if TYPE_CHECKING:
+    from .search_spec import SearchSpec
+
+_DRIVEN: set[str] = set()  # run folders a tune call of this process drives now
+_DRIVEN_LOCK = threading.Lock()
+
+
+class SearchRunningError(RayloadError):
+    pass
+
+
+@contextlib.contextmanager
+def driving(run_dir: str, resume: bool):
+    """This call drives the search in `run_dir` while the block runs. A resume is refused while
+    the run's driver is alive: a second one would re-attach the same running trials, run them
+    twice and tell the same Optuna trials twice."""
+    key = os.path.abspath(run_dir)
+    with _DRIVEN_LOCK:
+        if resume:
+            _refuse_live_driver(key, read_state(key))
+        _DRIVEN.add(key)
+    try:
+        yield
+    finally:
+        _DRIVEN.discard(key)
+
+
+def _refuse_live_driver(run_dir: str, state: dict) -> None:
+    pid, host = state.get("pid"), state.get("host")
+    if state.get("state") not in ("running", "preparing"):
+        return
+    if pid == os.getpid() and host == socket.gethostname():
+        alive = run_dir in _DRIVEN  # this process: only while one of its calls drives the run
+    else:
+        alive = _alive(pid, host)
+    if not alive:
+        return
+    what = f"the search {run_dir} is still {state['state']}: its driver, pid {pid} on {host}, "
+    if host != socket.gethostname():
+        raise SearchRunningError(what + "another machine, may still run it (it cannot be checked from here); two drivers "
+                                 "would run the same trials twice. Resume it once that driver has ended; if it is gone "
+                                 f'(its machine stopped), set "state": "interrupted" in {run_dir}/search.json first')
+    raise SearchRunningError(what + "is alive; two drivers would run the same trials twice. Wait for it to end (rayload "
+                             "tune status) or stop it, then resume")
 
 
 def preparing(resume: str | None) -> dict:
     """A new run's first state: preparing (its data, before the study opens), by this driver."""
     return {} if resume else {"state": "preparing", "pid": os.getpid(), "host": socket.gethostname()}
+
+
+class ResumeSpecError(RayloadError):
+    pass
+
+
+def check_resumed_spec(run_dir: str, stored: dict, given: SearchSpec) -> None:
+    """A resumed search continues the study it made, with the spec it was started with: a
+    different spec (or --set) would be ignored, or would change the search under a study made
+    for another one (its space, its number of trials, its metric). Refuse it, naming the keys."""
+    current = given.model_dump(mode="json")
+    differ = []
+    for key in sorted(set(stored) | set(current)):
+        was, is_ = stored.get(key), current.get(key)
+        if was == is_:
+            continue
+        if isinstance(was, dict) and isinstance(is_, dict) and key in ("space", "fixed"):
+            differ += [f"{key}.{k} (was {was.get(k)!r}, given {is_.get(k)!r})" for k in sorted(set(was) | set(is_)) if was.get(k) != is_.get(k)]
+        else:
+            differ.append(f"{key} (was {was!r}, given {is_!r})")
+    if differ:
+        raise ResumeSpecError(f"the search in {run_dir} was started with another spec; a resume continues it as it was and "
+                              f"cannot change it: differs in {'; '.join(differ)}. Resume with the spec (and --set) it was started "
+                              "with, or start a new search under another name")
 
 
 def find_run(run: str) -> str:

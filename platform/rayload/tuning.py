@@ -23,7 +23,8 @@ from ._ray import ensure_ray
 from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # noqa: F401  (SearchResourceError: public here)
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
-from ._tune_runs import find_run, now, preparing, read_state, status, write_state  # status: public here (__all__)
+from ._tune_runs import (ResumeSpecError, SearchRunningError, check_resumed_spec, driving, find_run, now, preparing,  # noqa: F401
+                         read_state, status, write_state)  # status and the errors: public here
 from .search_job import base_raw, job_from, job_issues, load_search_spec
 from .search_spec import PREPROCESSING, SearchSpec, strategy_issues, trials_wanted
 
@@ -82,16 +83,20 @@ def tune(search: str | SearchSpec | None, resume: str | None = None, address: st
         run_dir = find_run(resume)
         state = read_state(run_dir)
         if search is not None:
-            _check_resumed_spec(run_dir, state["spec"], _load(search, overrides)[0])
+            check_resumed_spec(run_dir, state["spec"], _load(search, overrides)[0])
         elif overrides:
             raise RayloadError("overrides (--set) need the search spec they apply to; a resumed search runs its stored spec")
-    ensure_ray(address)
-    if resume:
         spec, raw = SearchSpec.model_validate(state["spec"]), state["base_raw"]
     else:
         spec, raw = _load(search, overrides)
         _check_new_study(spec)
         run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
+        return _search_job(spec, raw, run_dir, resume, address)
+
+
+def _search_job(spec: SearchSpec, raw: dict, run_dir: str, resume: str | None, address: str | None) -> TuneResult:
+    ensure_ray(address)
     base = job_from(raw, {})
     from .train.resources import SEARCH_FIX, check_storage
 
@@ -148,30 +153,6 @@ def _load(search, overrides) -> tuple[SearchSpec, dict]:
     return spec, base_raw(spec, search)
 
 
-class ResumeSpecError(RayloadError):
-    pass
-
-
-def _check_resumed_spec(run_dir: str, stored: dict, given: SearchSpec) -> None:
-    """A resumed search continues the study it made, with the spec it was started with: a
-    different spec (or --set) would be ignored, or would change the search under a study made
-    for another one (its space, its number of trials, its metric). Refuse it, naming the keys."""
-    now = given.model_dump(mode="json")
-    differ = []
-    for key in sorted(set(stored) | set(now)):
-        was, is_ = stored.get(key), now.get(key)
-        if was == is_:
-            continue
-        if isinstance(was, dict) and isinstance(is_, dict) and key in ("space", "fixed"):
-            differ += [f"{key}.{k} (was {was.get(k)!r}, given {is_.get(k)!r})" for k in sorted(set(was) | set(is_)) if was.get(k) != is_.get(k)]
-        else:
-            differ.append(f"{key} (was {was!r}, given {is_!r})")
-    if differ:
-        raise ResumeSpecError(f"the search in {run_dir} was started with another spec; a resume continues it as it was and "
-                              f"cannot change it: differs in {'; '.join(differ)}. Resume with the spec (and --set) it was started "
-                              "with, or start a new search under another name")
-
-
 def _with_epochs(raw: dict, epochs: int) -> dict:
     import copy
 
@@ -225,20 +206,22 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
            "time_budget_s": time_budget_s}
     spec = validate_model(SearchSpec, raw, check=strategy_issues)
     if resume:
-        _check_resumed_spec(find_run(resume), read_state(find_run(resume))["spec"], spec)
-    ensure_ray(address)
-    _ship_by_value(fn)
-    if not resume:
+        run_dir = find_run(resume)
+        check_resumed_spec(run_dir, read_state(run_dir)["spec"], spec)
+    else:
         _check_new_study(spec)
-    run_dir = find_run(resume) if resume else os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
-    _check_shape(1, cpus, 0, None)
-    max_t = spec.scheduler.max_epochs if spec.scheduler else None
-    plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus}, _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)),
-                 step_attr="training_iteration", max_t=max_t)
-    write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **preparing(resume),
-                total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
-    study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
-    return _finish(plan, study, None)
+        run_dir = os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
+        ensure_ray(address)
+        _ship_by_value(fn)
+        _check_shape(1, cpus, 0, None)
+        max_t = spec.scheduler.max_epochs if spec.scheduler else None
+        plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus},
+                     _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)), step_attr="training_iteration", max_t=max_t)
+        write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **preparing(resume),
+                    total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
+        study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
+        return _finish(plan, study, None)
 
 
 def _ship_by_value(fn) -> None:

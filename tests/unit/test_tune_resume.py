@@ -54,3 +54,65 @@ def test_tune_function_resume_with_other_arguments_is_refused(tmp_path, monkeypa
         tuning.tune_function(lambda c: c["x"], space, strategy="random", num_samples=5, resume=str(run))
     with pytest.raises(Reached):
         tuning.tune_function(lambda c: c["x"], space, strategy="random", num_samples=3, resume=str(run))
+
+
+def running(run, pid, host=None, state="running"):
+    import socket
+
+    write_state(run, state=state, pid=pid, host=host or socket.gethostname())
+
+
+def test_a_resume_is_refused_while_the_runs_driver_is_alive(tmp_path, monkeypatch):
+    """A second driver re-attached the first one's running trial and told the same Optuna
+    trial twice ('Cannot tell a COMPLETE trial'); it is refused, naming the run, pid and host."""
+    import socket
+    import subprocess
+
+    path, run = started(tmp_path, monkeypatch)
+    function_run = str(tmp_path / "function_run")
+    space = {"x": {"uniform": [0, 1]}}
+    spec = tuning.SearchSpec(name="function", base="<python function>", space=space, metric="value", mode="min", max_failures=0)
+    write_state(function_run, kind="function", spec=spec.model_dump(mode="json"))
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        for state in ("running", "preparing"):
+            running(run, live.pid, state=state)
+            with pytest.raises(tuning.SearchRunningError) as info:
+                tuning.tune(path, resume=run)
+            assert f"the search {run} is still {state}: its driver, pid {live.pid} on {socket.gethostname()}, is alive" in str(info.value)
+            running(function_run, live.pid, state=state)
+            with pytest.raises(tuning.SearchRunningError, match=f"the search {function_run} is still {state}: its driver, pid {live.pid}"):
+                tuning.tune_function(lambda c: c["x"], space, resume=function_run)
+    finally:
+        live.kill()
+        live.wait()
+    with pytest.raises(Reached):  # its driver is gone: the resume goes on
+        tuning.tune(None, resume=run)
+    running(run, 4242, host="another-host")  # another machine's driver cannot be checked: assumed alive, with the way out
+    with pytest.raises(tuning.SearchRunningError, match=r"pid 4242 on another-host, another machine.*\"state\": \"interrupted\""):
+        tuning.tune(None, resume=run)
+    write_state(run, state="finished")
+    with pytest.raises(Reached):
+        tuning.tune(None, resume=run)
+
+
+def test_this_process_may_resume_a_run_only_when_none_of_its_calls_drives_it(tmp_path, monkeypatch):
+    """Its own pid is alive whether or not a call of this process still drives the run (a
+    notebook's interrupted search is resumed in the same kernel)."""
+    path, run = started(tmp_path, monkeypatch)
+    running(run, os.getpid())
+    inner = {}
+
+    def nested(address):  # the first resume drives the run now; a second one in this process is refused
+        with pytest.raises(tuning.SearchRunningError, match=f"pid {os.getpid()}") as info:
+            tuning.tune(None, resume=run)
+        inner["refused"] = str(info.value)
+        raise Reached
+
+    monkeypatch.setattr(tuning, "ensure_ray", nested)
+    with pytest.raises(Reached):
+        tuning.tune(None, resume=run)
+    assert inner["refused"]
+    monkeypatch.setattr(tuning, "ensure_ray", lambda address: (_ for _ in ()).throw(Reached()))
+    with pytest.raises(Reached):  # that call has ended (with an error): this process may resume the run
+        tuning.tune(None, resume=run)
