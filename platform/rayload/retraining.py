@@ -17,8 +17,9 @@
    reads as what it is; a test split with fewer than `MIN_GATE_CLASS` rows of either class is
    refused (an AUC on a handful of rows would pass or fail the gate by chance).
 4. Registration: a new A/B spec (`ab.yaml` in the retrain folder) with the champion as control
-   and the new model as challenger, under a new experiment name (so a new salt reshuffles units),
-   ready for `rayload serve`.
+   and the new model as challenger (arm `retrained`, `retrained-2` when the champion has that
+   name), under a new experiment name (so a new salt reshuffles units), ready for `rayload
+   serve`. It is built and validated before step 1, so a spec it would refuse costs no training.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     champion = args["checkpoints"][user["champion"]]
     now = time.time() if now is None else now
     stamp = _dt.datetime.fromtimestamp(now).strftime("%Y%m%d-%H%M%S")
+    name = name or f"{args['experiment']}-r{stamp}"
+    # The next experiment is built and checked before anything is read or trained (the retrained
+    # checkpoint stands in for itself): a spec it would refuse fails now, not after the fine-tune.
+    next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
     out = os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}")
     os.makedirs(out, exist_ok=True)
     table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now)
@@ -111,7 +116,7 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
                             min_auc_gain, None, warm_start=retrain_job.train.init_from, gate_rows=gate.rows,
                             gate_positives=gate.positives, gain_ci=gate.gain_ci, gain_p=gate.gain_p)
     if outcome.passed:
-        ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name or f"{args['experiment']}-r{stamp}", challenger_weight)
+        ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name, challenger_weight)
         outcome = RetrainResult(**{**asdict(outcome), "ab_spec": ab_path})
     with open(os.path.join(out, "retrain.json"), "w") as f:
         json.dump({**outcome.to_dict(), "window": window, "attribution": attribution, "job": retrain_job.model_dump(mode="json")},
@@ -299,17 +304,33 @@ def _where(checkpoint: str) -> str:
     return checkpoint if is_remote(checkpoint) else os.path.abspath(checkpoint)
 
 
-def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> str:
-    """The next experiment: the champion against the retrained model, otherwise as before."""
+def next_ab_spec(args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> dict:
+    """The next experiment, validated: the champion against the retrained model (an arm named
+    apart from the champion's), otherwise as before. SpecError names what the spec refuses."""
+    from .ab_spec import ab_from_dict
+
     prior = args["spec"]
     weight = weight if weight is not None else _first_weight(prior)
     spec = {k: v for k, v in prior.items() if k not in ("name", "salt", "arms", "champion", "shadow")}
     spec.update(name=re.sub(r"[^A-Za-z0-9_.-]", "-", name), champion=champion_arm, arms=[
         {"name": champion_arm, "weight": round(1.0 - weight, 6), "checkpoint": _where(champion)},
-        {"name": "retrained", "weight": weight, "checkpoint": _where(challenger)},
+        {"name": challenger_arm(champion_arm), "weight": weight, "checkpoint": _where(challenger)},
     ])
     if spec.get("events", {}).get("url") is None:
         spec.get("events", {}).pop("url", None)
+    ab_from_dict(spec)
+    return spec
+
+
+def challenger_arm(champion_arm: str) -> str:
+    """'retrained', or 'retrained-2' when the champion has that name already (the model of an
+    earlier retrain, promoted): two arms of one experiment may not share a name."""
+    return "retrained" if champion_arm != "retrained" else "retrained-2"
+
+
+def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> str:
+    """`next_ab_spec` written to `out`/ab.yaml, ready for `rayload serve`."""
+    spec = next_ab_spec(args, champion_arm, champion, challenger, name, weight)
     path = os.path.join(out, "ab.yaml")
     with open(path, "w") as f:
         f.write(f"# rayload serve {path}\n# written by rayload retrain: the champion against the model retrained on its feedback\n")
