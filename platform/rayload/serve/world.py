@@ -1,7 +1,12 @@
 """The simulated world of an A/B spec: held-out MovieLens ratings, or synthetic-ctr truth.
 
 The held-out rows are the champion's job spec test split, computed by the same seeded split
-code that prepared its training data, so no simulated request shows a training rating."""
+code that prepared its training data, so no simulated request shows a training rating.
+
+A champion fine-tuned on other data than the world's (a `rayload retrain` model, trained on
+logged events, promoted) defines no world of its own: its job spec's `train.init_from` names
+the checkpoint it descends from, and the world is that of the first ancestor trained on the
+simulated source (the world the logged events came from)."""
 
 from __future__ import annotations
 
@@ -18,13 +23,7 @@ def world_for(ab: ABSpec, args: dict):
     from .simulate import MovieLensWorld, SyntheticWorld
 
     sim = ab.simulate
-    from ..paths import localize
-
-    checkpoint = localize(args["checkpoints"][args["champion"]])
-    manifest = json.load(open(os.path.join(checkpoint, "manifest.json")))
-    from ..spec import JobSpec
-
-    job = JobSpec.model_validate(manifest["spec"])
+    checkpoint, job = world_checkpoint(args["checkpoints"][args["champion"]], sim.source)
     if sim.source == "synthetic-ctr":
         from ..data.builtin import _synth_params
 
@@ -34,6 +33,32 @@ def world_for(ab: ABSpec, args: dict):
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
     return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed)
+
+
+def world_checkpoint(checkpoint: str, source: str, limit: int = 100):
+    """(local folder, job spec) of the checkpoint whose job defines the world of `source`: the
+    champion's own, or the first ancestor along `train.init_from` trained on `source` (see the
+    module doc). Without such an ancestor, the last one read (the caller names its source)."""
+    from ..errors import RayloadError
+    from ..paths import localize
+    from ..spec import JobSpec
+
+    seen = []
+    while True:
+        try:
+            folder = localize(checkpoint)
+            with open(os.path.join(folder, "manifest.json")) as f:
+                job = JobSpec.model_validate(json.load(f)["spec"])
+        except (OSError, ValueError, KeyError) as exc:
+            if not seen:
+                raise
+            raise RayloadError(f"simulate.source {source}: the champion {seen[0]} was fine-tuned from {checkpoint} (train.init_from), "
+                               f"whose job spec defines the simulated world, and it cannot be read ({exc}); restore it") from exc
+        parent = job.train.init_from
+        if job.data.source.kind == source or not parent or parent in seen or len(seen) >= limit:
+            return folder, job
+        seen.append(checkpoint)
+        checkpoint = parent
 
 
 def held_out_rows(job) -> list[dict]:
