@@ -342,8 +342,11 @@ def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challe
 
 
 def _first_weight(prior: dict) -> float:
+    """The prior experiment's starting challenger weight: its ramp's first step, or its first
+    challenger's weight (the champion: as the spec names it, else its first arm)."""
     ramp = prior.get("ramp") or {}
     if ramp.get("auto") and ramp.get("steps"):  # the controller ramps from its first step
         return float(ramp["steps"][0])
-    others = [a["weight"] for a in prior["arms"] if a["name"] != prior.get("champion")]
+    champion = prior.get("champion") or prior["arms"][0]["name"]
+    others = [a["weight"] for a in prior["arms"] if a["name"] != champion]
     return float(others[0]) if others and others[0] > 0 else 0.5

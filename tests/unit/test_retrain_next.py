@@ -92,3 +92,12 @@ def test_a_first_round_challenger_is_named_retrained(tmp_path):
     args = {"spec": {"name": "exp", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"}, {"name": "b", "weight": 0.5, "checkpoint": "y"}]}}
     spec = next_ab_spec(args, "a", str(tmp_path / "x"), str(tmp_path / "new"), "exp-r1", None)
     assert [a["name"] for a in spec["arms"]] == ["a", "retrained"]
+
+
+def test_the_challenger_weight_comes_from_the_prior_challenger_when_the_champion_is_the_first_arm_by_default(tmp_path):
+    """The prior spec names no `champion:` (the first arm is): the weight was read from the
+    first arm all the same, giving the new model the champion's 0.9."""
+    args = {"spec": {"name": "exp", "arms": [{"name": "control", "weight": 0.9, "checkpoint": "a"},
+                                             {"name": "treatment", "weight": 0.1, "checkpoint": "b"}], "ramp": {"auto": False}}}
+    spec = next_ab_spec(args, "control", str(tmp_path / "a"), str(tmp_path / "new"), "exp-r1", None)
+    assert {a["name"]: a["weight"] for a in spec["arms"]} == {"control": 0.9, "retrained": 0.1}
