@@ -2,7 +2,8 @@
 
 1. Training rows: the run's exposures (the raw features of the row each user was shown,
    logged by the router) in a sliding `window` of recent time, labelled 1 when an outcome of
-   the experiment's event arrived within `attribution` of the exposure. An exposure younger
+   the experiment's event with a value > 0 (a click, as the A/B analysis counts one) arrived
+   within `attribution` of the exposure. An exposure younger
    than `attribution` is left out, with or without an outcome yet: its label is not final, and
    keeping only the young ones already clicked would bias the labels toward positives.
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion

@@ -62,6 +62,21 @@ def test_labels_follow_the_attribution_window_and_unknown_labels_are_left_out(st
     assert table.column("c").to_pylist() == ["3"] * 3
 
 
+def test_an_outcome_of_value_zero_or_less_is_no_click_as_the_ab_analysis_counts_it(store):
+    e, writer = store["exposure"], event_writer.EventWriter(store["url"], flush_ms=1)
+    for rid, value in (("pos", 1.0), ("zero", 0.0), ("negative", -1.0), ("none", None)):
+        e(rid, age=3600)
+        if value is not None:
+            writer.submit("outcome", {"request_id": rid, "event": "click", "value": value, "ts": NOW - 3590}).result()
+    writer.close()
+    reader = events.EventReader(store["url"])
+    clicked = {r: float(o > 0) for r, o in zip(*(reader.frame("exp")[c] for c in ("request_id", "outcome")))}
+    reader.close()
+    table = training_rows(_args(store["url"]), store["champion"], None, parse_duration("30m", "a"), NOW)
+    labels = dict(zip(table.column("request_id").to_pylist(), table.column("y").to_pylist()))
+    assert labels == clicked == {"pos": 1.0, "zero": 0.0, "negative": 0.0, "none": 0.0}
+
+
 def test_recent_exposures_do_not_bias_the_labels_toward_positives():
     rng = np.random.default_rng(0)
     n, ctr, attribution = 100_000, 0.10, 1800.0

@@ -189,12 +189,17 @@ class EventReader:
             return pd.DataFrame(conn.execute(query).mappings().all(), columns=[c.name for c in query.selected_columns])
 
     def training_frame(self, experiment: str | None, since: float | None, until: float | None = None, event: str = "click"):
-        """Exposures with their logged features and the time of their first `event` outcome, for retraining."""
+        """Exposures with their logged features and the time of their first `event` outcome, for retraining.
+
+        Only an outcome with a value > 0 counts (outcome_ts stays null otherwise): the A/B
+        analysis counts a click as outcome > 0, so a feedback call with value 0 (or less) is
+        no click to the retrained model either."""
         import pandas as pd
 
+        clicked = sa.and_(outcomes.c.request_id == exposures.c.request_id, outcomes.c.event == event, outcomes.c.value > 0)
         q = (sa.select(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features,
                        sa.func.min(outcomes.c.ts).label("outcome_ts"))
-             .select_from(exposures.outerjoin(outcomes, sa.and_(outcomes.c.request_id == exposures.c.request_id, outcomes.c.event == event)))
+             .select_from(exposures.outerjoin(outcomes, clicked))
              .where(exposures.c.status == "ok", exposures.c.features.is_not(None))
              .group_by(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features))
         if experiment is not None:
