@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from .errors import SpecIssue
-from .search_spec import MAX_VARIANTS, PREPROCESSING, SearchSpec, strategy_issues
+from .search_spec import MAX_VARIANTS, PREPROCESSING, SearchSpec, metric_mode, strategy_issues
 
 
 def base_path(spec: SearchSpec, spec_file: str | None) -> str:
@@ -60,6 +60,9 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
     if spec.metric not in reported:
         issues.append(SpecIssue("metric", f"a {base.data.label.task} job's epochs report {', '.join(reported)}; "
                                 "pick one of them", spec.metric, True))
+    elif spec.mode is None and metric_mode(spec.metric) is None:
+        issues.append(SpecIssue("mode", f"{spec.metric} has no better direction (neither higher nor lower is better "
+                                "by itself); set mode: max or min"))
     known = known_paths(base)
     for path in list(spec.fixed) + list(spec.space):
         if path not in known:
@@ -105,7 +108,8 @@ def _point_issues(spec: SearchSpec, raw: dict, path: str) -> list[SpecIssue]:
 
 def _reported_metrics(task: str) -> list[str]:
     """What every epoch of the training loop reports that a search can rank trials by
-    (train/loop.py `run`: the training loss, and `val_` + the task's validation metrics)."""
+    (train/loop.py `run`: the training loss, and `val_` + the task's validation metrics); each
+    has its direction in search_spec.METRIC_MODES."""
     names = ["auc", "logloss", "calibration", "ece", "mean_prediction", "observed_rate"] if task == "binary" else ["rmse", "mean_prediction", "observed_rate"]
     return [f"val_{n}" for n in names] + ["train_loss"]
 

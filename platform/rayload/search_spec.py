@@ -21,6 +21,17 @@ from .errors import SpecIssue
 PREPROCESSING = ("data", "split", "rebalance", "features")
 MAX_VARIANTS = 8
 
+# Which way is better for every metric a job's epochs report (search_job._reported_metrics), by
+# its name without val_/train_. None: neither (calibration is best at 1; the mean prediction and
+# the observed rate describe the data), so a search on it must give `mode`.
+METRIC_MODES: dict[str, str | None] = {"loss": "min", "logloss": "min", "rmse": "min", "ece": "min", "auc": "max",
+                                       "calibration": None, "mean_prediction": None, "observed_rate": None}
+
+
+def metric_mode(metric: str) -> str | None:
+    """The mode a metric is better in, or None (no better direction, or not a metric epochs report)."""
+    return METRIC_MODES.get(metric.removeprefix("val_").removeprefix("train_"))
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -188,9 +199,9 @@ class SearchSpec(_Spec):
 
     @property
     def score_mode(self) -> str:
-        from .train.loop import LOWER_IS_BETTER
-
-        return self.mode or ("min" if self.metric.removeprefix("val_") in LOWER_IS_BETTER else "max")
+        """`mode`, else the metric's own (search_job refuses a job metric without one); an
+        objective's metric of another name is maximised."""
+        return self.mode or metric_mode(self.metric) or "max"
 
 
 def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:

@@ -191,3 +191,24 @@ def test_tune_function_refuses_a_bad_point_before_anything_runs(monkeypatch):
         tuning.tune_function(lambda c: c["k"], {"k": {"choice": [1, 2]}}, points_to_evaluate=[{"k": 5}])
     with pytest.raises(SpecError, match=r"points_to_evaluate.0.x: outside the uniform range \[0, 1\] \(got 7.0\)"):
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, points_to_evaluate=[{"x": 7.0}])
+
+
+def test_every_reported_metric_has_its_direction_and_one_without_needs_mode(tmp_path):
+    """train_loss and val_ece were maximised when mode was left out (only logloss and rmse were
+    known to be lower-is-better); calibration, mean_prediction and observed_rate have no better
+    direction, so a search on them must say which way it goes."""
+    from rayload.search_job import _reported_metrics
+    from rayload.search_spec import METRIC_MODES, metric_mode
+
+    for task in ("binary", "regression"):
+        for metric in _reported_metrics(task):
+            assert metric.removeprefix("val_").removeprefix("train_") in METRIC_MODES, metric
+    expected = {"train_loss": "min", "val_logloss": "min", "val_ece": "min", "val_auc": "max", "val_calibration": None}
+    assert {m: metric_mode(m) for m in expected} == expected
+    for metric, mode in [("train_loss", "min"), ("val_ece", "min"), ("val_logloss", "min"), ("val_auc", "max")]:
+        assert load_search_spec(write(tmp_path, metric=metric)).score_mode == mode
+    for metric in ("val_calibration", "val_mean_prediction", "val_observed_rate"):
+        msg = problems(tmp_path, metric=metric)
+        assert f"mode: {metric} has no better direction" in msg and "set mode: max or min" in msg
+        assert load_search_spec(write(tmp_path, metric=metric, mode="min")).score_mode == "min"
+    assert load_search_spec(write(tmp_path, metric="train_loss", mode="max")).score_mode == "max"  # an explicit mode wins
