@@ -41,8 +41,19 @@ def cache_lock(entry: str):
 
 def shared_storage(storage_path: str | None) -> str | None:
     """Where checkpoints go instead of this machine's run folders, if anywhere: a job's
-    train.storage_path, else the cluster's RAYLOAD_STORAGE_PATH (cluster.yaml sets it)."""
-    return storage_path or os.environ.get("RAYLOAD_STORAGE_PATH")
+    train.storage_path, else the cluster's RAYLOAD_STORAGE_PATH (cluster.yaml sets it), as
+    `storage_location` resolves it."""
+    return storage_location(storage_path or os.environ.get("RAYLOAD_STORAGE_PATH"))
+
+
+def storage_location(path: str | None) -> str | None:
+    """A storage path as every reader and writer of a run must name it: a local path with `~`
+    expanded and made absolute against this process's working directory (the in-process loop
+    joined it as given, so `~` became a folder named `~`; Ray Train's pyarrow refused a relative
+    one in a worker, after preprocessing); a URI with a scheme (s3://, gs://, file://) as given."""
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def remote_scratch(remote: str, kind: str) -> str:

@@ -87,6 +87,21 @@ def test_relaunch_with_same_run_name_resumes_and_new_name_starts_fresh(movielens
     assert fresh.history[-1]["restarts"] == 0 and fresh.run_dir != again.run_dir
 
 
+def test_a_relative_or_home_storage_path_names_one_absolute_folder_on_both_paths(movielens_subset, tmp_path, monkeypatch):
+    """`ckpts` on the Ray Train path (pyarrow refused a relative path in the controller, after
+    preprocessing) and `~/ckpts` in-process (it became a folder named `~`)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    small = {"hidden": [16]}
+    on_ray = fit(job(movielens_subset, model=small, train={"epochs": 1, "storage_path": "ckpts", "run_name": "rel"},
+                     resources={"workers": {"min": 1, "max": 1}}), evaluate_test=False)
+    assert on_ray.checkpoint == str(tmp_path / "ckpts" / "rel" / "epoch_0000")
+    here = fit(job(movielens_subset, model=small, train={"epochs": 1, "storage_path": "~/ckpts", "run_name": "home"},
+                   resources={"workers": 1}), evaluate_test=False)
+    assert here.checkpoint == str(tmp_path / "home" / "ckpts" / "home" / "epoch_0000")
+    assert not (tmp_path / "~").exists()
+
+
 def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path):
     start = time.monotonic()
     with pytest.raises(RayloadError, match=r"3 worker\(s\) with CPU=1 each, but the cluster has CPU=2"):
