@@ -48,6 +48,8 @@ class Serving(_Spec):
     max_queued_requests: int = Field(default=256, ge=1, description="beyond it a request gets 503 at once")
     max_body_bytes: int = Field(default=65_536, ge=256)
     max_candidates: int = Field(default=100, ge=1)
+    torchscript: bool = Field(default=True, description="serve each model's frozen TorchScript trace, checked against the eager "
+                              "model at load (models/inference.py; falls back to eager where they differ); false: always eager")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     ingress: Literal["proxy", "direct"] = Field(

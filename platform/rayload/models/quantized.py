@@ -73,7 +73,8 @@ class Int8Embedding(nn.Module):
                                                                       self.MODE, False, None, None, False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._lookup(ids, torch.arange(len(ids), dtype=ids.dtype, device=ids.device))
+        # shape[0], not len(): a trace (models/inference.py) records it as the input's size, len() as a constant
+        return self._lookup(ids, torch.arange(ids.shape[0], dtype=ids.dtype, device=ids.device))
 
 
 class Int8EmbeddingBag(Int8Embedding):
@@ -82,7 +83,8 @@ class Int8EmbeddingBag(Int8Embedding):
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         offsets = offsets.to(values.dtype)
-        sizes = torch.diff(offsets, append=torch.tensor([len(values)], dtype=offsets.dtype, device=offsets.device))
+        end = torch.full((1,), values.shape[0], dtype=offsets.dtype, device=offsets.device)  # traced as a size, as above
+        sizes = torch.diff(offsets, append=end)
         return self._lookup(values, offsets) / sizes.clamp(min=1).unsqueeze(1).to(torch.float32)
 
 

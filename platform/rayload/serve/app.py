@@ -133,7 +133,7 @@ class ABRouter:
         self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
         monitor = monitor_args(args)
-        self.models = None if handles else Models(args["checkpoints"], drift=monitor is not None)
+        self.models = None if handles else Models(args["checkpoints"], drift=monitor is not None, torchscript=serving.get("torchscript", True))
         self.flusher = drift_flusher(monitor, self.models.scorers) if self.models else None
         self.log_features = args["events"].get("log_features", True)
         self.checkpoints = args["checkpoints"]
@@ -384,5 +384,5 @@ def build_app(args: dict):
             handles[arm] = ModelDeployment.options(name=f"model_{arm}", num_replicas=serving["replicas"],
                                                    max_ongoing_requests=serving["max_ongoing_requests"],
                                                    ray_actor_options={"num_cpus": serving["cpus_per_replica"]}).bind(
-                arm, path, serving["max_batch_size"], serving["batch_wait_ms"], monitor_args(args))
+                arm, path, serving["max_batch_size"], serving["batch_wait_ms"], monitor_args(args), serving.get("torchscript", True))
     return ABRouter.options(**options).bind(args, **handles)

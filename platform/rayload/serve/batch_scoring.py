@@ -14,10 +14,10 @@ class Models:
     commits them before any of the batch's callers resumes (one commit per batch, in this
     thread unless the database is locked: see EventWriter.write_now)."""
 
-    def __init__(self, checkpoints: dict[str, str], drift: bool = False):
+    def __init__(self, checkpoints: dict[str, str], drift: bool = False, torchscript: bool = True):
         from .scorer import Scorer
 
-        self.scorers = {arm: Scorer.load(arm, path, drift) for arm, path in checkpoints.items()}
+        self.scorers = {arm: Scorer.load(arm, path, drift, torchscript) for arm, path in checkpoints.items()}
         self.log = None
 
     async def score(self, arm: str, rows: list[dict], exposure: tuple | None = None) -> tuple[list[float], str]:
@@ -76,10 +76,11 @@ def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
 class ModelDeployment:
     """One arm's model (separate mode), batched the same way."""
 
-    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0, monitor: dict | None = None):
+    def __init__(self, arm: str, checkpoint: str, max_batch_size: int = 32, batch_wait_ms: float = 2.0, monitor: dict | None = None,
+                 torchscript: bool = True):
         from .scorer import Scorer
 
-        self.scorers = {arm: Scorer.load(arm, checkpoint, drift=monitor is not None)}
+        self.scorers = {arm: Scorer.load(arm, checkpoint, drift=monitor is not None, torchscript=torchscript)}
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_ms / 1000.0)
         self.flusher = drift_flusher(monitor, self.scorers)

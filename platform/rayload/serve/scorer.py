@@ -23,11 +23,15 @@ class Scorer:
     params: int
     drift: object = None  # serve.drift.DriftCounter of the rows this model scored, when monitoring is on
     transform_key: str = ""  # sha256 of features.json: models with equal keys transform rows identically
+    forward: object = None  # models.inference.ServingForward: the traced graph, or the eager model (see its `mode`)
 
     @classmethod
-    def load(cls, arm: str, checkpoint: str, drift: bool = False) -> "Scorer":
+    def load(cls, arm: str, checkpoint: str, drift: bool = False, torchscript: bool = True) -> "Scorer":
+        """`torchscript`: serve the model's frozen trace where it matches the eager model
+        (models/inference.py: about 2x less time per forward at serving batch sizes)."""
         import torch
 
+        from ..models.inference import for_serving
         from ..train import checkpoint as ckpt
         from ..train.batch import Layout
 
@@ -40,9 +44,11 @@ class Scorer:
             from .drift import DriftCounter
 
             counter = DriftCounter(loaded.features)
-        return cls(arm, checkpoint, model_version(local), loaded.model, loaded.features,
-                   Layout.from_features(loaded.features), loaded.features.label.task == "binary", params, counter,
-                   hashlib.sha256(loaded.features.to_json().encode()).hexdigest())
+        f = loaded.features
+        forward = for_serving(loaded.model, len(f.dense_columns), list(f.sparse_columns.values()), list(f.bag_columns.values()),
+                              enabled=torchscript)
+        return cls(arm, checkpoint, model_version(local), loaded.model, f, Layout.from_features(f), f.label.task == "binary",
+                   params, counter, hashlib.sha256(f.to_json().encode()).hexdigest(), forward)
 
     @property
     def feature_names(self) -> set[str]:
@@ -63,7 +69,7 @@ class Scorer:
             self.drift.observe(rows, table)
         batch = collate(table, self.layout)
         with torch.no_grad():
-            out = self.model(*batch.inputs()).float()
+            out = self.forward(*batch.inputs()).float()
             out = torch.sigmoid(out) if self.binary else out
         return out.numpy().astype(np.float64)
 
