@@ -1,8 +1,10 @@
 """`rayload run`: a pipeline spec's stages in order, each in `runs/<run-id>/<stage>/`.
 
 A stage's fingerprint is a hash of everything it reads: its resolved spec (file contents and
-`set` overrides applied), the content hash of its data, and the fingerprints of the stages
-whose outputs it uses. A stage whose `stage.json` holds the same fingerprint and a finished
+`set` overrides applied), the content hash of its data, and, for each stage whose outputs it
+uses, that stage's fingerprint and execution (an id drawn each time it runs, kept in its
+`stage.json`: a stage run again, by `--force` too, has new outputs, so the stages that use
+them run again as well). A stage whose `stage.json` holds the same fingerprint and a finished
 outcome is skipped and its recorded outputs are used; a changed one starts from an empty
 folder; an interrupted one (same fingerprint, no finished outcome) continues: a training run
 resumes from its checkpoints, a search resumes its study, an experiment keeps its events.
@@ -19,6 +21,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 
 from .errors import RayloadError
@@ -39,6 +42,7 @@ class StageResult:
     fingerprint: str
     outputs: dict = field(default_factory=dict)
     error: str | None = None
+    execution: str | None = None  # drawn when the stage runs; a skipped stage keeps the recorded one
 
 
 @dataclass
@@ -130,11 +134,12 @@ def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, pro
     previous = _read_stage(folder)
     if not force and previous and previous.get("fingerprint") == fingerprint and previous.get("outcome") in FINISHED:
         log.info("stage %s unchanged: skipped", stage.name)
-        return StageResult(stage.name, stage.kind, "skipped", 0.0, fingerprint, previous["outputs"])
+        return StageResult(stage.name, stage.kind, "skipped", 0.0, fingerprint, previous["outputs"], execution=previous.get("execution"))
     if previous and (force or previous.get("fingerprint") != fingerprint):
         shutil.rmtree(folder)  # changed inputs: nothing of the old outputs may leak into the new ones
     os.makedirs(folder, exist_ok=True)
-    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "running", "started": _now()})
+    execution = uuid.uuid4().hex
+    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "running", "started": _now(), "execution": execution})
     start = time.perf_counter()
     from . import _stage_runners as runners
 
@@ -143,13 +148,14 @@ def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, pro
     except Exception as exc:
         seconds = time.perf_counter() - start
         error = f"{type(exc).__name__}: {exc}"
-        _write_stage(folder, {"fingerprint": fingerprint, "outcome": "failed", "seconds": seconds, "error": error})
+        _write_stage(folder, {"fingerprint": fingerprint, "outcome": "failed", "seconds": seconds, "error": error, "execution": execution})
         if not isinstance(exc, RayloadError):
             log.exception("stage %s failed", stage.name)
-        return StageResult(stage.name, stage.kind, "failed", seconds, fingerprint, {}, error)
+        return StageResult(stage.name, stage.kind, "failed", seconds, fingerprint, {}, error, execution)
     seconds = time.perf_counter() - start
-    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "ok", "seconds": seconds, "finished": _now(), "outputs": outputs})
-    return StageResult(stage.name, stage.kind, "ok", seconds, fingerprint, outputs)
+    _write_stage(folder, {"fingerprint": fingerprint, "outcome": "ok", "seconds": seconds, "finished": _now(), "outputs": outputs,
+                          "execution": execution})
+    return StageResult(stage.name, stage.kind, "ok", seconds, fingerprint, outputs, execution=execution)
 
 
 def _plan(spec: PipelineSpec, stage, done: dict[str, StageResult]) -> _Plan:
@@ -157,7 +163,16 @@ def _plan(spec: PipelineSpec, stage, done: dict[str, StageResult]) -> _Plan:
 
     resolved, seed, data_hash = plan_for(spec, stage)
     refs = [getattr(stage, f) for f in ("champion", "challenger", "experiment") if getattr(stage, f, None)]
-    return _Plan(resolved, seed, data_hash, {r: done[r].fingerprint for r in refs})
+    return _Plan(resolved, seed, data_hash, {r: _upstream(done[r]) for r in refs})
+
+
+def _upstream(result: StageResult):
+    """What a stage's fingerprint takes from one whose outputs it uses: its fingerprint and
+    execution. A stage.json from before executions were recorded has none: its fingerprint
+    alone, as then, so an unchanged pipeline recorded then is still skipped."""
+    if result.execution is None:
+        return result.fingerprint
+    return {"fingerprint": result.fingerprint, "execution": result.execution}
 
 
 def _read_stage(folder: str) -> dict | None:

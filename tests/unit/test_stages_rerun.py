@@ -1,0 +1,64 @@
+"""`rayload run` re-runs the stages that use the outputs of a stage that ran again (`--force`),
+and skips the unchanged ones; the stage runners are fakes that record what they were given."""
+
+import itertools
+
+import pytest
+
+from rayload import _stage_runners as runners
+from rayload import stages
+from rayload.pipeline_spec import PipelineSpec
+
+SPEC = PipelineSpec.model_validate({"name": "p", "stages": [
+    {"name": "baseline", "kind": "train", "job": "x.yaml"}, {"name": "other", "kind": "train", "job": "y.yaml"},
+    {"name": "ab", "kind": "ab", "spec": "ab.yaml", "champion": "baseline", "challenger": "other"},
+    {"name": "decide", "kind": "decide", "experiment": "ab"}]})
+
+
+@pytest.fixture()
+def fakes(monkeypatch):
+    counter = itertools.count(1)
+    monkeypatch.setattr(runners, "plan_for", lambda spec, stage: (stage.model_dump(mode="json"), None, None))
+    monkeypatch.setattr(runners, "train", lambda spec, stage, folder, outputs, address, progress: {"checkpoint": f"ckpt-v{next(counter)}"})
+    monkeypatch.setattr(runners, "ab", lambda spec, stage, folder, outputs, address, progress:
+                        {"run_dir": folder, "served": [outputs[stage.champion]["checkpoint"], outputs[stage.challenger]["checkpoint"]],
+                         "n": next(counter)})
+    monkeypatch.setattr(runners, "decide", lambda spec, stage, folder, outputs, address, progress: {"on": outputs[stage.experiment]})
+    monkeypatch.setattr(stages, "_ray_for_direct_ingress", lambda spec, address: None)
+
+
+def _outcomes(result):
+    return {s.name: s.outcome for s in result.stages}
+
+
+def test_a_forced_stage_reruns_the_stages_that_use_it_and_no_other(fakes):
+    first = stages.run(SPEC, "p1")
+    assert set(_outcomes(first).values()) == {"ok"}
+    again = stages.run(SPEC, "p1")
+    assert set(_outcomes(again).values()) == {"skipped"} and again.outputs("decide") == first.outputs("decide")
+    forced = stages.run(SPEC, "p1", force=("baseline",))
+    assert _outcomes(forced) == {"baseline": "ok", "other": "skipped", "ab": "ok", "decide": "ok"}
+    assert forced.outputs("ab")["served"] == [forced.outputs("baseline")["checkpoint"], first.outputs("other")["checkpoint"]]
+    assert forced.outputs("decide")["on"] == forced.outputs("ab")  # it recorded the old experiment's outputs
+    forced = stages.run(SPEC, "p1", force=("ab",))
+    assert _outcomes(forced) == {"baseline": "skipped", "other": "skipped", "ab": "ok", "decide": "ok"}
+    assert forced.outputs("decide")["on"] == forced.outputs("ab")
+    assert set(_outcomes(stages.run(SPEC, "p1")).values()) == {"skipped"}  # and then all unchanged again
+
+
+def test_a_run_recorded_before_executions_were_kept_is_not_rerun(fakes, monkeypatch):
+    """stage.json files from before executions were recorded (fingerprints from upstream
+    fingerprints alone): an unchanged pipeline is still skipped."""
+    import json
+    import os
+
+    with monkeypatch.context() as m:
+        m.setattr(stages, "_upstream", lambda result: result.fingerprint)  # the fingerprints as they were computed then
+        first = stages.run(SPEC, "p2")
+    for s in first.stages:
+        path = os.path.join(first.run_dir, s.name, "stage.json")
+        record = json.load(open(path))
+        del record["execution"]
+        json.dump(record, open(path, "w"))
+    assert set(_outcomes(stages.run(SPEC, "p2")).values()) == {"skipped"}
+    assert _outcomes(stages.run(SPEC, "p2", force=("other",))) == {"baseline": "skipped", "other": "ok", "ab": "ok", "decide": "ok"}
