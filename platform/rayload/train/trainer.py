@@ -57,12 +57,15 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     if issues := check_early_stopping(spec):  # load_spec refuses it; a spec built in code too, before any work
         raise SpecError(issues)
     ensure_ray(address)
-    pre = preprocess(spec, address=address)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
+    in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
+    if not in_process:  # cheap, so before preprocessing: a request that can never run is refused first
+        check_resources(spec.resources)
+        check_storage(storage)
+    pre = preprocess(spec, address=address)
     name = run_name_for(spec)
     context = loop_context(spec, pre)
-    in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     trained_in = None  # a mirrored run's best checkpoint on this machine's disk
     if in_process:
         if is_remote(storage):  # trained on this machine's disk, in a folder of this remote run's own,
@@ -74,8 +77,6 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
         else:
             result = _fit_local(spec, pre, os.path.join(local_path(storage), name), context)  # file:// as its folder
     else:
-        check_resources(spec.resources)
-        check_storage(storage)
         result = _fit_ray(spec, pre, storage, name, context)
     result.preprocessed = pre
     if evaluate_test and pre.files.get(spec.eval.split):
