@@ -30,16 +30,31 @@ class SearchRunningError(RayloadError):
 def driving(run_dir: str, resume: bool):
     """This call drives the search in `run_dir` while the block runs. A resume is refused while
     the run's driver is alive: a second one would re-attach the same running trials, run them
-    twice and tell the same Optuna trials twice."""
+    twice and tell the same Optuna trials twice. Else the run is this driver's from now on:
+    preparing (its data), by this pid and host, so `status` does not call it interrupted."""
     key = os.path.abspath(run_dir)
-    with _DRIVEN_LOCK:
+    with _DRIVEN_LOCK, _locked(key if resume else None):  # two resumes at once: one claims it, the other sees it alive
         if resume:
             _refuse_live_driver(key, read_state(key))
+            write_state(key, state="preparing", pid=os.getpid(), host=socket.gethostname())
         _DRIVEN.add(key)
     try:
         yield
     finally:
         _DRIVEN.discard(key)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: str | None):
+    """An exclusive lock on the run folder's search.lock (none for a folder not made yet)."""
+    if run_dir is None:
+        yield
+        return
+    import fcntl
+
+    with open(os.path.join(run_dir, "search.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _refuse_live_driver(run_dir: str, state: dict) -> None:
@@ -62,7 +77,8 @@ def _refuse_live_driver(run_dir: str, state: dict) -> None:
 
 
 def preparing(resume: str | None) -> dict:
-    """A new run's first state: preparing (its data, before the study opens), by this driver."""
+    """A new run's first state: preparing (its data, before the study opens), by this driver (a
+    resumed run's was written as `driving` claimed it)."""
     return {} if resume else {"state": "preparing", "pid": os.getpid(), "host": socket.gethostname()}
 
 

@@ -116,3 +116,32 @@ def test_this_process_may_resume_a_run_only_when_none_of_its_calls_drives_it(tmp
     monkeypatch.setattr(tuning, "ensure_ray", lambda address: (_ for _ in ()).throw(Reached()))
     with pytest.raises(Reached):  # that call has ended (with an error): this process may resume the run
         tuning.tune(None, resume=run)
+
+
+def test_a_resumed_search_is_preparing_by_its_new_driver_before_it_prepares(tmp_path, monkeypatch):
+    """`rayload tune status` said 'interrupted' while a resumed search prepared its data: the
+    killed driver's state and pid stayed in search.json until the study opened."""
+    import socket
+    import subprocess
+
+    path, run = started(tmp_path, monkeypatch)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    import optuna
+
+    storage = f"sqlite:///{run}/study.db"
+    optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    write_state(run, state="running", pid=dead.pid, host=socket.gethostname(), storage=storage, study="s", total=4,
+                metric="val_auc", mode="max")
+    assert tuning.status(run)["state"].startswith("interrupted")
+    seen = {}
+
+    def preparing(address):  # what search.json and status say once the resume starts to prepare
+        seen["json"], seen["status"] = tuning.read_state(run), tuning.status(run)["state"]
+        raise Reached
+
+    monkeypatch.setattr(tuning, "ensure_ray", preparing)
+    with pytest.raises(Reached):
+        tuning.tune(None, resume=run)
+    assert seen["status"] == "preparing"
+    assert (seen["json"]["state"], seen["json"]["pid"], seen["json"]["host"]) == ("preparing", os.getpid(), socket.gethostname())
