@@ -22,6 +22,8 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
         plan = job.model_dump(mode="json")
         if stage.kind == "train" and (shared := shared_storage(job.train.storage_path)):
             plan["shared_storage"] = shared  # where the run lives: a new place is a new run
+        if stage.kind == "train":
+            plan.update(_init_identity(job))
         return plan, job.train.seed, _data_hash(job)
     if stage.kind == "tune":
         from .search_job import base_raw
@@ -29,7 +31,8 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
 
         search = _search(spec, stage)
         raw = base_raw(search, None)
-        return {"search": search.model_dump(mode="json"), "base": raw}, search.seed, _data_hash(job_from(raw, {}))
+        base = job_from(raw, {})
+        return {"search": search.model_dump(mode="json"), "base": raw, **_init_identity(base)}, search.seed, _data_hash(base)
     if stage.kind == "ab":
         ab = _ab_template(spec, stage)
         # Arms the pipeline does not fill from earlier stages (whose fingerprints cover them)
@@ -71,11 +74,21 @@ def _search(spec, stage):
 
 
 def _data_hash(job) -> str:
-    from .data.pipeline import cache_key
+    """The key of the job's preprocessed shards, as preprocessing computes it: a job that starts
+    from a checkpoint (train.init_from) transforms its data with that checkpoint's features."""
+    from .data.pipeline import cache_key, fixed_features
     from .data.sources import resolve_inputs
     from .paths import cache_root
 
-    return cache_key(job, resolve_inputs(job.data, cache_root()))
+    return cache_key(job, resolve_inputs(job.data, cache_root()), fixed_features(job))
+
+
+def _init_identity(job) -> dict:
+    """The weights a job starts from (train.init_from): a checkpoint replaced at the same path
+    is a new start, so the identity of its model.pt goes into the fingerprint."""
+    if not job.train.init_from:
+        return {}
+    return {"init_from": _arm_identity({"checkpoint": job.train.init_from})}
 
 
 def _arm_identity(arm: dict) -> dict:
@@ -87,7 +100,7 @@ def _arm_identity(arm: dict) -> dict:
         from .spec import load_spec
 
         job = load_spec(arm["job"], arm.get("set") or [])
-        return {"job": job.model_dump(mode="json"), "data": _data_hash(job)}
+        return {"job": job.model_dump(mode="json"), "data": _data_hash(job), **_init_identity(job)}
     path = arm["checkpoint"]
     if is_remote(path):
         return {"checkpoint": path}
