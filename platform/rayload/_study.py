@@ -183,7 +183,21 @@ class StudySearcher(Searcher):
         self.resumable = [t for t in trials if t.state == TrialState.RUNNING]
         self.asked = sum(t.state != TrialState.WAITING for t in trials)  # running ones included
         for point in points or []:  # a resumed study has them already: skip_if_exists
-            study.enqueue_trial({k: encode(v) for k, v in point.items()}, skip_if_exists=True)
+            study.enqueue_trial({k: self._stored(k, v) for k, v in point.items()}, skip_if_exists=True)
+
+    def _stored(self, path: str, value: Any) -> Any:
+        """A point's value as the study holds it: for a choice, that choice's own encoding. A
+        mapping with its keys in another order is the same choice but not the same JSON, and a
+        value that is not one of the categorical choices fails the trial's first suggest. (The
+        encoding itself stays as it was: a study keeps the choices it was made with, and Optuna
+        refuses other ones for the same parameter, so a resumed study must get the same JSON.)"""
+        dist = self.distributions[path]
+        if isinstance(dist, CategoricalDistribution):
+            for choice in dist.choices:
+                was = decode(choice)
+                if was == value and isinstance(was, bool) == isinstance(value, bool):
+                    return choice
+        return encode(value)
 
     @property
     def finished(self) -> int:

@@ -83,3 +83,32 @@ def test_cut_off_can_record_fail():
     s.suggest("a")
     assert s.cut_off("boom", state=TrialState.FAIL) == 1 and study.get_trials()[0].state == TrialState.FAIL
     assert SearchStopper("v", "max", None, None, 0.0).ended(study, budget=True) is None
+
+
+def test_a_point_whose_mapping_lists_a_choices_keys_in_another_order_runs_as_that_choice(tmp_path):
+    """It passed the checks (the mappings are equal), then was enqueued as JSON that is not one of
+    the choices: the first suggest raised and left a RUNNING trial without parameters."""
+    from rayload.search_spec import SearchSpec, strategy_issues
+
+    choices = [{"metric": "auc", "patience": 1}, {"metric": "auc", "patience": 3}]
+    spec = SearchSpec(name="p", base="x", space={"es": {"choice": choices}, "x": {"uniform": [0, 1]}}, strategy="random",
+                      num_samples=2, points_to_evaluate=[{"es": {"patience": 3, "metric": "auc"}, "x": 0.5}])
+    assert strategy_issues(spec) == []
+    storage = f"sqlite:///{tmp_path}/s.db"
+
+    def searcher(create):
+        study = open_study(storage, "p", "max", lambda held: make_sampler("random", None, spec.space, 0, 3, False, held), create)
+        return StudySearcher(study, spec.space, 2, "v", "max", "training_iteration", spec.points_to_evaluate)
+
+    first = searcher(create=True)
+    assert first.suggest("t0") == {"number": 0, "params": {"es": {"metric": "auc", "patience": 3}, "x": 0.5}}
+    first.on_trial_complete("t0", {"v": 1.0, "training_iteration": 1})
+    again = searcher(create=False)  # resumed: the point ran already and is not enqueued twice
+    assert again.suggest("t1")["number"] == 1 and again.suggest("t2") == again.FINISHED
+    assert [t.state for t in again.study.get_trials()] == [TrialState.COMPLETE, TrialState.RUNNING]
+    # the choices' JSON stays as written: a study made by earlier code holds these very strings,
+    # and Optuna refuses other choices for the same parameter ("does not support dynamic value space")
+    from rayload._study import decode, encode
+
+    assert encode({"patience": 3, "metric": "auc"}) == 'json:{"patience": 3, "metric": "auc"}'
+    assert decode('json:{"patience": 3, "metric": "auc"}') == decode('json:{"metric": "auc", "patience": 3}')
