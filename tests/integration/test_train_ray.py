@@ -109,6 +109,15 @@ def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path
     assert time.monotonic() - start < 60
 
 
+def test_a_one_worker_gpu_job_the_machine_cannot_hold_is_refused_in_process_too(movielens_subset, tmp_path):
+    """One worker without an address trains in this process; it trained on the CPU without a
+    word when the machine had no GPU for it."""
+    spec = job(movielens_subset, resources={"workers": 1, "gpus_per_worker": 64}, train={"storage_path": str(tmp_path)})
+    with pytest.raises(RayloadError, match=r"1 worker\(s\) with CPU=1, GPU=64 each, but the cluster has CPU=2, GPU=\d+ in total"):
+        fit(spec)
+    assert not os.listdir(tmp_path)
+
+
 def test_two_gloo_workers_learn_elastically_with_what_the_cluster_holds(movielens_subset, tmp_path):
     """workers: {min: 1, max: 2} on a 2-CPU Ray starts 2 gloo workers, and they learn."""
     res = fit(job(movielens_subset, resources={"workers": {"min": 1, "max": 2}}, train={"storage_path": str(tmp_path)}))

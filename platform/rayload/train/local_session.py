@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from .session import Session
+from .session import Session, cpu_fallback_device
 
 log = logging.getLogger(__name__)
 INDEX = "checkpoints.json"  # a local run's checkpoints and their metrics, best kept
@@ -36,7 +36,7 @@ class LocalSession(Session):
         super().__init__(loader)
         self.datasets, self.run_dir, self.keep, self.score, self.mode = datasets, run_dir, keep, score, mode
         self.remote = remote
-        self.device = torch.device("cuda" if torch.cuda.is_available() and loader.get("use_gpu") else "cpu")
+        self.device = _device(loader)
         os.makedirs(run_dir, exist_ok=True)
         self._remote_names: set[str] = set()  # the checkpoint folders the storage holds, by the last index written
         if remote:
@@ -150,6 +150,17 @@ class LocalSession(Session):
         with open(tmp, "w") as f:
             json.dump(entries, f, indent=1)
         os.replace(tmp, self._index_path)  # the index never points at a half-written list
+
+
+def _device(loader: dict) -> torch.device:
+    """The GPU when the job asks for one (resources.gpus_per_worker) and CUDA sees it; without
+    CUDA, the rule a Ray Train worker follows: an error, or the CPU with a warning when
+    resources.cpu_fallback allows it (it trained on the CPU without a word)."""
+    if not loader.get("use_gpu"):
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return cpu_fallback_device(loader.get("cpu_fallback", False), 0)
 
 
 def _epoch(entry: dict) -> int:

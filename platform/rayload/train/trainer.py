@@ -60,8 +60,10 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
-    if not in_process:  # cheap, so before preprocessing: a request that can never run is refused first
-        check_resources(spec.resources)
+    # Cheap, so before preprocessing: a request that can never run is refused first. In-process
+    # too: its one worker asks for this machine's CPUs and GPUs as a Ray worker would.
+    check_resources(spec.resources)
+    if not in_process:
         check_storage(storage)
     pre = preprocess(spec, address=address)
     name = run_name_for(spec)
@@ -129,8 +131,9 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     datasets = datasets or training_datasets(pre, spec.train.cache_dataset)
     # One process: read blocks in order so a seed reproduces the run exactly.
     datasets["train"].context.execution_options.preserve_order = True
-    use_gpu = spec.resources.gpus_per_worker > 0
-    loader = loader_options(spec, pre.features, use_gpu=use_gpu, val_files=context.get("val_files"))
+    res = spec.resources
+    loader = loader_options(spec, pre.features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback,
+                            val_files=context.get("val_files"))
     session = session_cls(loader, datasets, run_dir, spec.train.keep_checkpoints, score, mode)
     out = run(spec, pre.features, session, context)
     best = best_of(session.index(), score, mode)
