@@ -279,7 +279,9 @@ def sparsity(model: nn.Module) -> float:
 
 def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int, weight_decay: float) -> None:
     """A short fine-tune of the dense layers with the pruning masks applied (cut weights stay 0),
-    at the job's learning rate and weight decay; the embedding tables stay fixed."""
+    at the job's learning rate and weight decay; the embedding tables stay fixed. Batches of
+    batch_size rows across shard files, as the trainer reads them; a one-row batch (the split's
+    tail) is skipped for a batch-norm model, which cannot normalise a single row in training."""
     from .train.batch import collate
 
     for m in model.modules():
@@ -287,14 +289,27 @@ def _finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_s
             m.weight.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     model.train()
+    norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
     for _ in range(epochs):
-        for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+        for table in _train_batches(dataset, batch_size):
+            if norms and table.num_rows < 2:
+                continue
             batch = collate(table, layout)
             loss = nn.functional.binary_cross_entropy_with_logits(model(*batch.inputs()).float(), batch.label)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
     model.eval()
+
+
+def _train_batches(dataset, batch_size: int):
+    """Local shards in exact batches across files (file by file, every shard's tail was a short
+    batch of its own); a Ray Dataset batches across its blocks itself."""
+    from .data.result import LocalShards
+
+    if isinstance(dataset, LocalShards):
+        return dataset.exact_batches(batch_size)
+    return dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow")
 
 
 # ---------------------------------------------------------------- write
