@@ -35,7 +35,7 @@ from .sources import Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
 # the result and its readers, re-exported: callers name them as data.pipeline's
-from .result import SPLIT_NAMES, LocalShards, PreprocessResult, load_result, read_concurrency  # noqa: F401
+from .result import SPLIT_NAMES, LocalShards, PreprocessResult, content_digest, load_result, read_concurrency  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -293,11 +293,12 @@ def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str
     fs, base = filesystem(out_dir)
     with fs.open_output_stream(f"{base}/features.json") as f:
         f.write(features_json.encode())
-    summary = {"cache_key": key, "counts": counts, "files": files}
+    data_hash = content_digest(out_dir, files, features_json)
+    summary = {"cache_key": key, "counts": counts, "files": files, "data_hash": data_hash}
     with fs.open_output_stream(f"{base}/summary.json") as f:
         f.write(json.dumps(summary, indent=1).encode())
     with fs.open_output_stream(f"{base}/_SUCCESS") as f:
         f.write(key.encode())
-    return PreprocessResult(out_dir, features, counts, key, cached=False, files=files)
+    return PreprocessResult(out_dir, features, counts, key, cached=False, files=files, data_hash=data_hash)
 
 

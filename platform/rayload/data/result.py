@@ -5,17 +5,22 @@ Parquet shards read in this process (`LocalShards`), and a finished folder loade
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..features import FittedFeatures
 from ._batch import filesystem
 from .sources import read_parquet
+
+log = logging.getLogger(__name__)
 
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -37,9 +42,10 @@ class PreprocessResult:
     out_dir: str
     features: FittedFeatures
     counts: dict  # input, good, quarantined, reasons, rows per split (train after rebalancing)
-    cache_key: str
+    cache_key: str  # the cache entry's key: the spec's sections and the inputs' paths, sizes and times
     cached: bool = False
     files: dict[str, list[str]] = field(default_factory=dict)
+    data_hash: str | None = None  # sha256 of the prepared data's bytes (content_digest): what a run trained on
 
     def dataset(self, split: str, for_training: bool = False):
         """The preprocessed split as a lazy Ray Dataset (what Ray Train workers stream).
@@ -112,8 +118,27 @@ class LocalShards:
         return cls(list(files))
 
 
+def content_digest(out_dir: str, files: dict[str, list[str]], features_json: str) -> str:
+    """sha256 over the prepared data: features.json, then each split's shards (train, val, test;
+    by file name) as split/name and their bytes. The shards are named by their rows' content and
+    written in a seeded order, so the same rows and preprocessing give the same bytes wherever the
+    input lies and whenever it was touched; the cache key (paths, sizes, times) does not. Computed
+    once, when the cache entry is written, and kept in its summary.json."""
+    fs, _ = filesystem(out_dir)
+    h = hashlib.sha256(b"features.json\0" + features_json.encode())
+    for split in SPLIT_NAMES:
+        for path in sorted(files.get(split, []), key=lambda p: p.rsplit("/", 1)[-1]):
+            h.update(f"\0{split}/{path.rsplit('/', 1)[-1]}\0".encode())
+            shard_fs, where = pafs.FileSystem.from_uri(path) if "://" in path else (fs, path)
+            with shard_fs.open_input_stream(where) as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
 def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult | None:
-    """A finished preprocessing folder, or None (unfinished, absent, or another key)."""
+    """A finished preprocessing folder, or None (unfinished, absent, or another key). A folder
+    written before summary.json kept the data's content digest gets it now, once."""
     fs, base = filesystem(out_dir)
     try:
         with fs.open_input_stream(f"{base}/_SUCCESS") as f:
@@ -123,7 +148,16 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
         with fs.open_input_stream(f"{base}/summary.json") as f:
             summary = json.loads(f.read())
         with fs.open_input_stream(f"{base}/features.json") as f:
-            features = FittedFeatures.from_json(f.read().decode())
+            features_json = f.read().decode()
     except FileNotFoundError:
         return None
-    return PreprocessResult(out_dir, features, summary["counts"], key, cached=True, files=summary["files"])
+    if not summary.get("data_hash"):
+        summary["data_hash"] = content_digest(out_dir, summary["files"], features_json)
+        try:  # whole or not at all: a reader never sees half a summary
+            with fs.open_output_stream(f"{base}/summary.json.tmp") as f:
+                f.write(json.dumps(summary, indent=1).encode())
+            fs.move(f"{base}/summary.json.tmp", f"{base}/summary.json")
+        except OSError as exc:  # a read-only cache: the digest is computed again next time
+            log.warning("could not keep the data's content digest in %s/summary.json: %s", out_dir, exc)
+    return PreprocessResult(out_dir, FittedFeatures.from_json(features_json), summary["counts"], key, cached=True,
+                            files=summary["files"], data_hash=summary["data_hash"])

@@ -107,7 +107,9 @@ def loop_context(spec: JobSpec, pre: PreprocessResult, id_counts: dict | None = 
 
 
 def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
-    return {"versions": ckpt.versions(), "seed": spec.train.seed, "data_hash": pre.cache_key,
+    """data_hash: the prepared data's content digest (the same rows give the same hash wherever
+    they were read from); cache_key: the preprocessing cache entry it came from."""
+    return {"versions": ckpt.versions(), "seed": spec.train.seed, "data_hash": pre.data_hash, "cache_key": pre.cache_key,
             "git_commit": _git_commit(), "spec": spec.model_dump(mode="json")}
 
 
