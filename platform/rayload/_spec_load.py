@@ -30,8 +30,9 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-def apply_overrides(raw: dict, overrides: Sequence[str]) -> list[SpecIssue]:
-    """Apply `a.b.c=value` in place (value parsed as YAML); return the malformed ones."""
+def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], dict] | None = None) -> list[SpecIssue]:
+    """Apply `a.b.c=value` in place (value parsed as YAML); return the malformed ones.
+    `defaults`: see `_set_path`."""
     issues = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -42,15 +43,39 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> list[SpecIssue]:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        _set_path(raw, key.strip().split("."), value, issues)
+        _set_path(raw, key.strip().split("."), value, issues, defaults)
     return issues
 
 
-def _set_path(node, parts: list[str], value, issues: list[SpecIssue]) -> None:
+def dumped_defaults(model_cls: type[BaseModel], raw: dict) -> Callable[[], dict]:
+    """`raw` as `model_cls` would dump it, defaults filled in, computed once when first asked
+    ({} when `raw` is not valid yet)."""
+    import copy
+    import functools
+
+    @functools.cache
+    def dump() -> dict:
+        try:
+            return model_cls.model_validate(copy.deepcopy(raw)).model_dump(mode="json")
+        except ValidationError:
+            return {}
+
+    return dump
+
+
+def _set_path(node, parts: list[str], value, issues: list[SpecIssue], defaults: Callable[[], dict] | None = None) -> None:
+    """Set `value` at the dotted path `parts` in `node`, making the sections on the way. An item
+    of a list that `node` leaves out (model.hidden.0 when model.hidden is left at its default)
+    starts from the list `defaults()` (the spec's dump) has there: made as a section, the list
+    would be {'0': value}."""
     for depth, part in enumerate(parts[:-1]):
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict):
+            if part not in node and parts[depth + 1].isdigit() and defaults is not None:
+                default = _dumped_at(defaults(), parts[: depth + 1])
+                if isinstance(default, list):
+                    node[part] = default
             node = node.setdefault(part, {})
         else:
             where = ".".join(parts[: depth + 1])
@@ -65,9 +90,24 @@ def _set_path(node, parts: list[str], value, issues: list[SpecIssue]) -> None:
         issues.append(SpecIssue(".".join(parts), "cannot set a field inside a value that is not a section"))
 
 
+def _dumped_at(tree, parts: list[str]):
+    """A deep copy of what the dumped `tree` holds at `parts`, or None."""
+    import copy
+
+    for part in parts:
+        if isinstance(tree, dict):
+            tree = tree.get(part)
+        elif isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
+            tree = tree[int(part)]
+        else:
+            return None
+    return copy.deepcopy(tree)
+
+
 def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None):
     raw = read_yaml(path)
-    return validate_model(model_cls, raw, check, file=path, issues=apply_overrides(raw, overrides))
+    issues = apply_overrides(raw, overrides, dumped_defaults(model_cls, raw))
+    return validate_model(model_cls, raw, check, file=path, issues=issues)
 
 
 def validate_model(model_cls: type[BaseModel], raw: dict, check: Check | None = None, file: str | None = None,
@@ -110,7 +150,9 @@ def _fields_at(model_cls: type[BaseModel], loc: list[str]) -> list[str]:
         tp = _descend(tp, part)
         if tp is None:
             return []
-    return sorted(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+    # an optional section (`EarlyStopping | None`) has its model's fields; a union of models has none
+    models = [c for c in _candidates(tp) if isinstance(c, type) and issubclass(c, BaseModel)]
+    return sorted(models[0].model_fields) if len(models) == 1 else []
 
 
 def _descend(tp, part: str):

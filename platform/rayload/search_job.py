@@ -31,12 +31,14 @@ def load_search_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 
 def base_raw(spec: SearchSpec, spec_file: str | None) -> dict:
-    from ._spec_load import _set_path, read_yaml
+    from ._spec_load import _set_path, dumped_defaults, read_yaml
+    from .spec import JobSpec
 
     raw = read_yaml(base_path(spec, spec_file))
     issues: list[SpecIssue] = []
+    defaults = dumped_defaults(JobSpec, raw)  # a list item the base leaves at its default starts from that list
     for key, value in spec.fixed.items():
-        _set_path(raw, key.split("."), value, issues)
+        _set_path(raw, key.split("."), value, issues, defaults)
     if issues:
         from .errors import SpecError
 
@@ -133,14 +135,15 @@ def job_from(raw: dict, params: dict):
     from pydantic import ValidationError
 
     from ._spec_checks import check_job
-    from ._spec_load import _set_path, pydantic_issues
+    from ._spec_load import _set_path, dumped_defaults, pydantic_issues
     from .errors import SpecError
     from .spec import JobSpec
 
     raw = copy.deepcopy(raw)
     issues: list[SpecIssue] = []
+    defaults = dumped_defaults(JobSpec, raw)  # a list item `raw` leaves at its default (known_paths lists it) starts from that list
     for path, value in params.items():
-        _set_path(raw, path.split("."), value, issues)
+        _set_path(raw, path.split("."), value, issues, defaults)
     try:
         job = JobSpec.model_validate(raw)
     except ValidationError as exc:

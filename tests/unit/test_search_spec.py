@@ -212,3 +212,22 @@ def test_every_reported_metric_has_its_direction_and_one_without_needs_mode(tmp_
         assert f"mode: {metric} has no better direction" in msg and "set mode: max or min" in msg
         assert load_search_spec(write(tmp_path, metric=metric, mode="min")).score_mode == "min"
     assert load_search_spec(write(tmp_path, metric="train_loss", mode="max")).score_mode == "max"  # an explicit mode wins
+
+
+def test_fields_of_unset_sections_and_items_of_default_lists_can_be_searched(tmp_path):
+    """train.early_stopping.patience was 'not a field' on a base without early_stopping (an
+    Optional section was not looked into); model.hidden.0 on a base that leaves hidden at its
+    default made hidden {'0': 8}, 'not a valid list'."""
+    from rayload.search_job import base_raw, job_from
+
+    raw = yaml.safe_load(open(BASE))
+    del raw["train"]["early_stopping"], raw["model"]["hidden"]
+    base = tmp_path / "job.yaml"
+    base.write_text("# rayload train job.yaml\n" + yaml.safe_dump(raw))
+    path = write(tmp_path, base=str(base), space={"train.early_stopping.patience": {"int": [1, 3]}, "model.hidden.0": {"choice": [8, 16]}},
+                 fixed={"model.bottom.0": 32})
+    spec = load_search_spec(path)
+    job = job_from(base_raw(spec, path), {"train.early_stopping.patience": 3, "model.hidden.0": 16})
+    assert job.train.early_stopping.patience == 3 and job.model.hidden == [16, 128] and job.model.bottom == [32]  # defaults [256, 128], [64]
+    msg = problems(tmp_path, base=str(base), space={"train.early_stopping.patiance": {"int": [1, 3]}})
+    assert "space.train.early_stopping.patiance: not a field" in msg and "train.early_stopping.patience" in msg

@@ -158,3 +158,11 @@ def test_a_training_seed_outside_what_the_generators_take_is_refused(tmp_path):
             load_spec(write(tmp_path, GOOD), [f"train.seed={bad}"])
         assert [i.path for i in info.value.issues] == ["train.seed"]
     assert load_spec(write(tmp_path, GOOD), [f"train.seed={2**63}"]).train.seed == 2**63
+
+
+def test_an_override_into_a_default_list_or_an_unset_section(tmp_path):
+    """--set model.hidden.0=8 on a spec without model.hidden made hidden {'0': 8}; a misspelt
+    field of an unset section (train.early_stopping) was 'unknown field' without the allowed ones."""
+    assert load_spec(write(tmp_path, GOOD), ["model.hidden.0=8"]).model.hidden == [8, 128]
+    with pytest.raises(SpecError, match=r"train.early_stopping.patiance: unknown field; allowed: metric, min_delta, patience; did you mean 'patience'"):
+        load_spec(write(tmp_path, GOOD), ["train.early_stopping.patiance=3"])
