@@ -19,7 +19,7 @@ def compress(
     finetune_epochs: Annotated[int, typer.Option(help="prune: epochs of fine-tuning with the cut weights held at zero")] = 0,
     max_auc_drop: Annotated[float, typer.Option(help="refuse when the validation AUC drops by more than this")] = 0.002,
     out: Annotated[Optional[str], typer.Option(help="output checkpoint, a folder or a URI (default: CHECKPOINT-int8 / CHECKPOINT-pruneNN beside it, on its storage)")] = None,
-    spec: Annotated[Optional[str], typer.Option(help="the job spec it was trained with (default: the one in its manifest)")] = None,
+    spec: Annotated[Optional[str], typer.Option(help="the job spec it was trained with (default: the one in its manifest; --set applies to either)")] = None,
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Write a compressed copy of a checkpoint if it passes the validation-AUC gate."""
@@ -31,7 +31,7 @@ def compress(
     with console.status(f"{method}: compressing and scoring the validation split..."):
         try:
             result = run(checkpoint, method, amount=amount, structured=structured, finetune_epochs=finetune_epochs,
-                         max_auc_drop=max_auc_drop, out=out, spec=job, address=address)
+                         max_auc_drop=max_auc_drop, out=out, spec=job, address=address, overrides=[] if spec else (set_ or []))
         except GateRefused as exc:
             err_console.print(f"[bold red]refused:[/] {exc}", highlight=False)
             raise typer.Exit(1) from None

@@ -67,12 +67,18 @@ class GateRefused(RayloadError):
 
 
 def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, structured: bool = False, finetune_epochs: int = 0,
-             max_auc_drop: float = 0.002, out: str | None = None, spec=None, address: str | None = None) -> CompressResult:
-    """Compress `checkpoint`; raises GateRefused (with both AUCs) when the gate fails."""
+             max_auc_drop: float = 0.002, out: str | None = None, spec=None, address: str | None = None,
+             overrides=()) -> CompressResult:
+    """Compress `checkpoint`; raises GateRefused (with both AUCs) when the gate fails.
+    `overrides` (key=value, as --set) change the job spec in its manifest; with `spec`, give
+    them to that spec instead."""
     from .evaluate import auc
     from .train import checkpoint as ckpt
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
+    if spec is not None and overrides:
+        raise RayloadError(f"overrides {list(overrides)} change the job spec in the checkpoint's manifest; with a spec given, "
+                           "apply them to that spec (rayload compress --spec FILE --set ... does)")
     suffix = method if method == "int8" else f"prune{round(amount * 100)}"
     origin = checkpoint
     # A checkpoint on shared storage is compressed from its local copy, and its compressed copy
@@ -94,7 +100,7 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         raise RayloadError(f"{checkpoint} is already compressed ({config['compression']['method']}); compress the original")
     if source.features.label.task != "binary":
         raise RayloadError("the compression gate compares validation AUC: it needs a binary-label model")
-    job, pre = _validation_data(checkpoint, source, spec, address)
+    job, pre = _validation_data(checkpoint, source, spec, address, overrides)
     layout = _layout(source.features)
     labels, before = _predict(source.model, pre.batches("val"), layout)
     if method == "int8":
@@ -198,15 +204,15 @@ def _layout(features):
     return Layout.from_features(features)
 
 
-def _validation_data(checkpoint: str, source, spec, address):
-    """The checkpoint's job spec (manifest, or the one given) preprocessed into its splits."""
+def _validation_data(checkpoint: str, source, spec, address, overrides=()):
+    """The checkpoint's job spec (manifest with `overrides` applied, or the one given)
+    preprocessed into its splits."""
     from .data.pipeline import preprocess
-    from .spec import JobSpec
 
     if spec is None:
         if "spec" not in source.manifest:
             raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
-        spec = JobSpec.model_validate(source.manifest["spec"])
+        spec = _manifest_spec(checkpoint, source.manifest["spec"], overrides)
     pre = preprocess(spec, address=address)
     if pre.features != source.features:
         raise DataError(f"{checkpoint} was trained on a different preprocessing than its spec's data now gives (features.json differs); "
@@ -214,6 +220,19 @@ def _validation_data(checkpoint: str, source, spec, address):
     if not pre.files.get("val"):
         raise DataError(f"the spec of {checkpoint} has no validation split to gate on; give split fractions with val > 0")
     return spec, pre
+
+
+def _manifest_spec(checkpoint: str, raw: dict, overrides):
+    """The manifest's job spec, with overrides (--set) applied and checked as a spec file's are."""
+    from ._spec_checks import check_job
+    from ._spec_load import apply_overrides, validate_model
+    from .spec import JobSpec
+
+    if not overrides:
+        return JobSpec.model_validate(raw)
+    raw = copy.deepcopy(raw)
+    issues = apply_overrides(raw, overrides)
+    return validate_model(JobSpec, raw, check_job, file=f"{checkpoint}/manifest.json (its job spec, with --set)", issues=issues)
 
 
 def _predict(model: nn.Module, dataset, layout) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,63 @@
+"""`rayload compress CHECKPOINT --set ...` without --spec: the overrides apply to the job spec in
+the checkpoint's manifest (they were silently dropped); a bad one is named before any work."""
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from helpers import job
+from rayload import compression
+from rayload.errors import SpecError
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.fixture()
+def preprocessed(monkeypatch):
+    seen = []
+
+    def preprocess(spec, address=None):
+        seen.append(spec)
+        raise _Stop
+
+    monkeypatch.setattr("rayload.data.pipeline.preprocess", preprocess)
+    return seen
+
+
+def _source(tmp_path):
+    return SimpleNamespace(manifest={"spec": job(str(tmp_path / "train.parquet")).model_dump(mode="json")}, features=None)
+
+
+def test_overrides_apply_to_the_manifests_job_spec(tmp_path, preprocessed):
+    with pytest.raises(_Stop):
+        compression._validation_data("ck", _source(tmp_path), None, None, ["data.source.path=/data/moved.parquet", "train.batch_size=64"])
+    assert preprocessed[0].data.source.path == "/data/moved.parquet" and preprocessed[0].train.batch_size == 64
+
+
+def test_a_bad_override_is_named_before_preprocessing(tmp_path, preprocessed):
+    with pytest.raises(SpecError, match=r"train.batch_sise: unknown field.*did you mean 'batch_size'") as err:
+        compression._validation_data("ck", _source(tmp_path), None, None, ["train.batch_sise=64"])
+    assert "ck/manifest.json" in str(err.value) and preprocessed == []
+
+
+def test_the_cli_hands_set_to_compress_without_spec_and_to_the_spec_with_it(tmp_path, monkeypatch):
+    from rayload import _cli_life  # noqa: F401  (registers `compress`, as cli.main does)
+    from rayload.cli import app
+
+    calls = []
+    monkeypatch.setattr(compression, "compress", lambda checkpoint, method, **options: calls.append(options) or (_ for _ in ()).throw(_Stop()))
+    CliRunner().invoke(app, ["compress", "ck", "--set", "train.batch_size=64"])
+    assert calls[-1]["overrides"] == ["train.batch_size=64"] and calls[-1]["spec"] is None
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(job(str(tmp_path / "d.parquet")).model_dump(mode="json", exclude_none=True)))
+    CliRunner().invoke(app, ["compress", "ck", "--spec", str(spec), "--set", "train.batch_size=64"])
+    assert calls[-1]["overrides"] == [] and calls[-1]["spec"].train.batch_size == 64
+
+
+def test_overrides_with_a_spec_given_are_refused_naming_both(tmp_path):
+    with pytest.raises(compression.RayloadError, match=r"overrides \['train.epochs=1'\] change the job spec in the checkpoint's manifest"):
+        compression.compress("ck", "int8", spec=job(str(tmp_path / "d.parquet")), overrides=["train.epochs=1"])
