@@ -87,10 +87,12 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
             job_from(raw, {path: inside})
         except SpecError as exc:
             low, high = getattr(param, param.kind)
+            stepped = f" with step {param.step:g}" if param.step is not None else ""
             hint = (f"; an integer field needs {{int: [{int(low)}, {int(high)}]}} or a choice list"
+                    + (" (a step and low on it must be whole)" if stepped else "")
                     if any("integer" in i.message for i in exc.issues) else "")
-            issues += [SpecIssue(f"space.{path}", f"a {param.kind} range draws values such as {inside:.6g}, which make the job "
-                                 f"spec invalid: {i.render()}{hint}") for i in exc.issues]
+            issues += [SpecIssue(f"space.{path}", f"a {param.kind} range{stepped} draws values such as {inside:.6g}, which make "
+                                 f"the job spec invalid: {i.render()}{hint}") for i in exc.issues]
     return issues
 
 

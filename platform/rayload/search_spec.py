@@ -81,7 +81,12 @@ class Param(_Spec):
         at = 0.4142135623730951  # an irrational fraction of the way: never a round value
         if self.step is not None:
             n = int((high - low) // self.step)
-            return low + self.step * max(1, round(n * at)) if n >= 2 else None
+            if n < 2:
+                return None
+            # of two neighbouring steps one has a fractional part when the steps have any (from 8
+            # by 0.5, 31.0 alone would hide 31.5, and the integer field would pass)
+            k = max(1, round(n * at))
+            return next((v for v in (low + self.step * k, low + self.step * (k + 1)) if v != round(v)), low + self.step * k)
         if self.kind == "loguniform" or self.log:
             if low <= 0:
                 return None

@@ -231,3 +231,17 @@ def test_fields_of_unset_sections_and_items_of_default_lists_can_be_searched(tmp
     assert job.train.early_stopping.patience == 3 and job.model.hidden == [16, 128] and job.model.bottom == [32]  # defaults [256, 128], [64]
     msg = problems(tmp_path, base=str(base), space={"train.early_stopping.patiance": {"int": [1, 3]}})
     assert "space.train.early_stopping.patiance: not a field" in msg and "train.early_stopping.patience" in msg
+
+
+def test_a_stepped_float_range_with_fractional_steps_on_an_integer_field_is_refused(tmp_path):
+    """step 0.5 from 8 was accepted because the one value probed (31.0) is whole; the sampler
+    then draws 8.5, 31.5, ... and those trials fail."""
+    for step in (0.5, 0.25, 1.5, 0.3):
+        msg = problems(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": step}})
+        assert f"space.model.embedding_dim: a uniform range with step {step:g} draws values such as" in msg, msg
+        assert "integer" in msg and "{int: [8, 64]} or a choice list" in msg and "a step and low on it must be whole" in msg
+    msg = problems(tmp_path, space={"model.embedding_dim": {"uniform": [8.5, 64], "step": 1}})
+    assert "space.model.embedding_dim: value 8.5 makes the job spec invalid" in msg
+    for step in (1, 4.0):  # whole steps from a whole low draw whole values only
+        assert load_search_spec(write(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": step}})).space
+    assert load_search_spec(write(tmp_path, space={"model.dropout": {"uniform": [0.0, 0.5], "step": 0.5}})).space  # a float field
