@@ -311,6 +311,8 @@ def next_ab_spec(args: dict, champion_arm: str, champion: str, challenger: str, 
     from .ab_spec import ab_from_dict
 
     prior = args["spec"]
+    if weight is not None:
+        _check_weight(weight, champion_arm, challenger_arm(champion_arm))
     weight = weight if weight is not None else _first_weight(prior)
     spec = {k: v for k, v in prior.items() if k not in ("name", "salt", "arms", "champion", "shadow")}
     spec.update(name=re.sub(r"[^A-Za-z0-9_.-]", "-", name), champion=champion_arm, arms=[
@@ -321,6 +323,20 @@ def next_ab_spec(args: dict, champion_arm: str, champion: str, challenger: str, 
         spec.get("events", {}).pop("url", None)
     ab_from_dict(spec)
     return spec
+
+
+def _check_weight(weight: float, champion_arm: str, challenger: str) -> None:
+    """--weight as the next A/B spec checks its arms' weights (`weight_issues`), named as given."""
+    import math
+
+    from .ab_spec import weight_issues
+    from .errors import SpecError, SpecIssue
+
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and 0.0 <= weight <= 1.0):
+        raise SpecError([SpecIssue("--weight", "the challenger's share of the traffic must be in [0, 1]", weight, True)])
+    issues = weight_issues({champion_arm: round(1.0 - weight, 6), challenger: weight}, [champion_arm, challenger], champion_arm)
+    if issues:
+        raise SpecError([SpecIssue("--weight", i.message, weight, True) for i in issues])
 
 
 def challenger_arm(champion_arm: str) -> str:

@@ -101,3 +101,15 @@ def test_the_challenger_weight_comes_from_the_prior_challenger_when_the_champion
                                              {"name": "treatment", "weight": 0.1, "checkpoint": "b"}], "ramp": {"auto": False}}}
     spec = next_ab_spec(args, "control", str(tmp_path / "a"), str(tmp_path / "new"), "exp-r1", None)
     assert {a["name"]: a["weight"] for a in spec["arms"]} == {"control": 0.9, "retrained": 0.1}
+
+
+@pytest.mark.parametrize("weight, message", [(1.5, r"--weight: the challenger's share of the traffic must be in \[0, 1\] \(got 1.5\)"),
+                                             (0.12345, r"--weight: a weight is a whole number of 1/\d+ buckets \(got 0.12345\)")])
+def test_a_weight_the_next_experiment_would_refuse_is_named_before_anything_is_trained(second_round, tmp_path, monkeypatch, weight, message):
+    run, _ = second_round
+    calls = []
+    _stub_fit(monkeypatch, tmp_path, calls)
+    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    with pytest.raises(retraining.RayloadError, match=message):
+        retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", challenger_weight=weight, now=NOW)
+    assert calls == []
