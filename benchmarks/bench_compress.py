@@ -8,9 +8,11 @@ Trains one DeepFM with rayload.train (MovieLens, or synthetic-ctr 200,000 rows),
 it with rayload.compress (the gate must pass: the int8 model written is the one measured),
 loads both checkpoints the way serving does (train.checkpoint.load, 1 intra-op thread as in a
 Serve replica) and times the model's forward pass on real validation batches of 1, 32 and 256
-rows, alternating fp32 and int8 calls so both see the same machine state. Also times the
-whole Scorer.score path (features.json transform + model) at the same sizes.
-Prints: batch | fp32 ms | int8 ms | speed-up (fp32/int8), then size ratio and AUC difference.
+rows, alternating fp32 and int8 calls so both see the same machine state: as served (each
+model's frozen TorchScript trace, models/inference.py, which serve/scorer.py runs) and the
+eager module. Also times the whole Scorer.score path (features.json transform + served
+forward) at the same sizes.
+Prints: batch | fp32 ms | int8 ms | speed-up (fp32/int8) | path, then size ratio and AUC difference.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def main() -> None:
     import torch
 
     from rayload.data.pipeline import preprocess
+    from rayload.models.inference import for_serving
     from rayload.serve.scorer import Scorer
     from rayload.train import checkpoint as ckpt
     from rayload.train.batch import Layout
@@ -101,13 +104,20 @@ def main() -> None:
     fp32, int8 = ckpt.load(result.checkpoint), ckpt.load(q.checkpoint)
     pre = preprocess(spec)
     layout = Layout.from_features(fp32.features)
-    print(f"{args.source}: DeepFM dim {args.embedding_dim}, hidden {args.hidden}; quantized engine {torch.backends.quantized.engine}")
+    f = fp32.features
+    shape = (len(f.dense_columns), list(f.sparse_columns.values()), list(f.bag_columns.values()))
+    served = {"fp32": for_serving(fp32.model, *shape), "int8": for_serving(int8.model, *shape)}
+    print(f"{args.source}: DeepFM dim {args.embedding_dim}, hidden {args.hidden}; quantized engine {torch.backends.quantized.engine}; "
+          f"served forward: fp32 {served['fp32'].mode}, int8 {served['int8'].mode}")
     print("| batch | fp32 ms | int8 ms | speed-up fp32/int8 | path |")
     print("|---|---|---|---|---|")
     for size in SIZES:
         inputs = batches(pre, layout, size)
-        t = time_pair({"fp32": lambda x: fp32.model(*x), "int8": lambda x: int8.model(*x)}, inputs, args.repeats)
-        print(f"| {size} | {t['fp32'] * 1e3:.3f} | {t['int8'] * 1e3:.3f} | **{t['fp32'] / t['int8']:.2f}** | model forward |")
+        t = time_pair({"fp32": lambda x: served["fp32"](*x), "int8": lambda x: served["int8"](*x),
+                       "fp32 eager": lambda x: fp32.model(*x), "int8 eager": lambda x: int8.model(*x)}, inputs, args.repeats)
+        print(f"| {size} | {t['fp32'] * 1e3:.3f} | {t['int8'] * 1e3:.3f} | **{t['fp32'] / t['int8']:.2f}** | model forward, as served |")
+        print(f"| {size} | {t['fp32 eager'] * 1e3:.3f} | {t['int8 eager'] * 1e3:.3f} | {t['fp32 eager'] / t['int8 eager']:.2f} | "
+              "model forward, eager module |")
     scorers = {"fp32": Scorer.load("a", result.checkpoint), "int8": Scorer.load("b", q.checkpoint)}
     names = [c["name"] for c in fp32.features.columns if c["role"] != "label" and c["name"] not in fp32.features.derived]
     for size in SIZES:
