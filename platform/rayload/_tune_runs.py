@@ -32,16 +32,27 @@ def driving(run_dir: str, resume: bool):
     the run's driver is alive: a second one would re-attach the same running trials, run them
     twice and tell the same Optuna trials twice. Else the run is this driver's from now on:
     preparing (its data), by this pid and host, so `status` does not call it interrupted."""
-    key = os.path.abspath(run_dir)
+    key, before = os.path.abspath(run_dir), None
     with _DRIVEN_LOCK, _locked(key if resume else None):  # two resumes at once: one claims it, the other sees it alive
         if resume:
-            _refuse_live_driver(key, read_state(key))
+            before = read_state(key)
+            _refuse_live_driver(key, before)
             write_state(key, state="preparing", pid=os.getpid(), host=socket.gethostname())
         _DRIVEN.add(key)
     try:
         yield
     finally:
         _DRIVEN.discard(key)
+        if before is not None:
+            _unclaim(key, before)
+
+
+def _unclaim(run_dir: str, before: dict) -> None:
+    """A resume that stopped before its search started (no Ray at that address, data that could
+    not be prepared) gives the run the state it had: a finished run must not read interrupted."""
+    state = read_state(run_dir)
+    if state.get("state") == "preparing" and state.get("pid") == os.getpid():
+        write_state(run_dir, **{key: before[key] for key in ("state", "pid", "host") if key in before})
 
 
 @contextlib.contextmanager

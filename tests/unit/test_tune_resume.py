@@ -145,3 +145,14 @@ def test_a_resumed_search_is_preparing_by_its_new_driver_before_it_prepares(tmp_
         tuning.tune(None, resume=run)
     assert seen["status"] == "preparing"
     assert (seen["json"]["state"], seen["json"]["pid"], seen["json"]["host"]) == ("preparing", os.getpid(), socket.gethostname())
+
+
+def test_a_resume_that_fails_before_its_search_starts_leaves_the_runs_state_as_it_was(tmp_path, monkeypatch):
+    """The resume marks the run preparing by itself; if it stops before the search starts (no
+    Ray at that address, data that cannot be prepared) a finished run must not read interrupted."""
+    path, run = started(tmp_path, monkeypatch)
+    write_state(run, state="finished", pid=1, host="elsewhere", ended="all trials finished")
+    with pytest.raises(Reached):
+        tuning.tune(None, resume=run)
+    state = tuning.read_state(run)
+    assert (state["state"], state["pid"], state["host"], state["ended"]) == ("finished", 1, "elsewhere", "all trials finished")
