@@ -102,6 +102,30 @@ def test_a_relative_or_home_storage_path_names_one_absolute_folder_on_both_paths
     assert not (tmp_path / "~").exists()
 
 
+def test_a_relaunch_with_another_worker_count_resumes_where_the_other_path_stopped(movielens_subset, tmp_path):
+    """workers: 2 runs on Ray Train (checkpoint_manager_snapshot.json), workers: 1 in-process
+    (checkpoints.json): each relaunch resumes from the other's latest checkpoint, never trains
+    an epoch again, and never writes over a checkpoint."""
+    def launch(epochs: int, workers: int):
+        return fit(job(movielens_subset, model={"hidden": [16]}, resources={"workers": workers},
+                       train={"epochs": epochs, "run_name": "switch", "storage_path": str(tmp_path), "keep_checkpoints": 3}),
+                   evaluate_test=False)
+
+    def written(epoch: int) -> int:
+        return os.stat(tmp_path / "switch" / f"epoch_{epoch:04d}" / "model.pt").st_mtime_ns
+
+    on_ray = launch(1, 2)
+    first = written(0)
+    here = launch(2, 1)
+    assert [(h["epoch"], h["restarts"], h["world_size"]) for h in here.history] == [(0, 0, 2), (1, 1, 1)]
+    assert here.history[0] == on_ray.history[0] and written(0) == first
+    back = launch(3, 2)
+    assert [(h["epoch"], h["restarts"], h["world_size"]) for h in back.history] == [(0, 0, 2), (1, 1, 1), (2, 2, 2)]
+    assert back.history[:2] == here.history and written(0) == first
+    assert sorted(n for n in os.listdir(tmp_path / "switch") if n.startswith("epoch_")) == ["epoch_0000", "epoch_0001", "epoch_0002"]
+    assert back.checkpoint in {str(tmp_path / "switch" / f"epoch_{e:04d}") for e in range(3)}
+
+
 def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path):
     start = time.monotonic()
     with pytest.raises(RayloadError, match=r"3 worker\(s\) with CPU=1 each, but the cluster has CPU=2"):

@@ -13,10 +13,11 @@ import time
 
 import torch
 
+from . import record
+from .record import INDEX  # noqa: F401  (a local run's checkpoints and their metrics, best kept)
 from .session import Session, cpu_fallback_device
 
 log = logging.getLogger(__name__)
-INDEX = "checkpoints.json"  # a local run's checkpoints and their metrics, best kept
 
 
 class LocalSession(Session):
@@ -30,7 +31,11 @@ class LocalSession(Session):
     cut off). On start the session reconciles the two: lagging or diverged, it drops its own
     checkpoints, downloads the remote latest and resumes from it; leading, it uploads what the
     storage lacks before training on. A local entry is marked `mirrored` only after the remote
-    index that names it is written, so a crash between the two is repaired on the next start."""
+    index that names it is written, so a crash between the two is repaired on the next start.
+
+    Checkpoints a Ray Train launch of the same run wrote (`record`: another worker count) count
+    as the run's own: their entries join the index when the session starts, and Ray's snapshot,
+    which no longer names them all, goes."""
 
     def __init__(self, loader: dict, datasets: dict, run_dir: str, keep: int, score: str, mode: str, remote: str | None = None):
         super().__init__(loader)
@@ -39,16 +44,16 @@ class LocalSession(Session):
         self.device = _device(loader)
         os.makedirs(run_dir, exist_ok=True)
         self._remote_names: set[str] = set()  # the checkpoint folders the storage holds, by the last index written
+        self._ray_snapshot = False  # whether the storage still holds a Ray Train snapshot to retire
         if remote:
             self._reconcile()
+        else:
+            record.adopt_ray_record(run_dir)
 
     def _reconcile(self) -> None:
-        from ..paths import join_uri, read_text
-
-        try:
-            remote = json.loads(read_text(join_uri(self.remote, INDEX)))
-        except FileNotFoundError:
-            remote = []  # a new run, or one whose first upload never finished
+        # [] for a new run, or one whose first upload never finished; Ray Train's entries too
+        remote = record.entries(self.remote)
+        self._ray_snapshot = bool(record.ray_entries(self.remote))
         self._remote_names = {e["name"] for e in remote}
         local = self.index()
         if remote and (not local or _epoch(remote[-1]) > _epoch(local[-1])
@@ -99,6 +104,9 @@ class LocalSession(Session):
                  json.dumps([{"name": n, "metrics": e["metrics"]} for n, e in zip(names, entries)], indent=1))
         for name in sorted(self._remote_names - set(names)):
             _retried(remove_folder, join_uri(self.remote, name))
+        if self._ray_snapshot:  # the index names what the run keeps; Ray's snapshot may name what it dropped
+            _retried(record.remove_ray_snapshot, self.remote)
+            self._ray_snapshot = False
         self._remote_names = set(names)
         self._write_index([{**e, "mirrored": True} for e in entries])
 

@@ -306,11 +306,22 @@ class Fault:
             os._exit(1)  # a hard crash: no exception, no cleanup, like a killed process
 
 
+def _resume_point(context: dict) -> str | None:
+    """The checkpoint a Ray Train launch resumes from when Ray's own record lacks the run's
+    latest (train/record.py: it was written in-process); on object storage, fetched once."""
+    if not context.get("resume_from"):
+        return None
+    from ..paths import localize
+
+    return localize(context["resume_from"])
+
+
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
     steps = steps_per_epoch(context["train_rows"], session.world_size, spec.train.batch_size, spec.train.accumulation)
     trainer = Trainer(spec, features, session, steps, context.get("id_counts"))
     with session.latest_checkpoint() as path:
+        path = path or _resume_point(context)
         if path:
             trainer.restore(path)
             trainer.state.restarts += 1

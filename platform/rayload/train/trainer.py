@@ -15,9 +15,10 @@ from .._ray import embedded, ensure_ray
 from .._spec_checks import check_early_stopping
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError, SpecError
-from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage, uri_for
+from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
 from ..spec import JobSpec
 from . import checkpoint as ckpt
+from . import record
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
 from .resources import alive_nodes, check_resources, check_storage, requested
 from .local_session import LocalSession, best_of
@@ -165,6 +166,9 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
 
     res = spec.resources
     score, mode = score or score_metric(spec, pre.features.label.task)
+    home = join_uri(storage, name)
+    if resume := record.ray_resume_point(home):  # the run went on (or began) in-process: Ray's snapshot lacks it
+        context = dict(context, resume_from=resume)
     workers = res.workers if isinstance(res.workers, int) else (res.workers.min, res.workers.max)
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
     torch_config = None
@@ -191,14 +195,15 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     )
     try:
         with _controller_env(res), _placement_groups_removed_on_error():
-            result = trainer.fit()
+            trainer.fit()
     except ray.train.TrainingFailedError as exc:
         raise TrainingError(_failure_message(exc, spec)) from exc
-    checkpoint, metrics = _best_reported(result.best_checkpoints, score, mode, join_uri(storage, name))
-    # On shared storage (s3://...) Ray Train's Checkpoint.path is a path on that filesystem
-    # without its scheme: the result names checkpoints by URI, which every node can load.
-    history = ckpt.read_history(uri_for(storage, result.checkpoint.path))  # history.json only, not the optimizer state
-    return TrainResult(name, join_uri(storage, name), uri_for(storage, checkpoint.path), metrics, history)
+    # The run's record, not this launch's alone: the best may be an epoch trained in-process. On
+    # shared storage (s3://...) checkpoints are named by URI, which every node can load.
+    kept = record.entries(home)
+    checkpoint, metrics = _best_reported([(e["path"], e["metrics"]) for e in kept], score, mode, home)
+    history = ckpt.read_history(kept[-1]["path"])  # history.json only, not the optimizer state
+    return TrainResult(name, home, checkpoint, metrics, history)
 
 
 def _trainer_class():
