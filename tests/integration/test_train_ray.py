@@ -126,6 +126,31 @@ def test_a_relaunch_with_another_worker_count_resumes_where_the_other_path_stopp
     assert back.checkpoint in {str(tmp_path / "switch" / f"epoch_{e:04d}") for e in range(3)}
 
 
+def test_a_relaunch_under_a_runs_name_with_another_spec_or_other_data_is_refused(movielens_subset, tmp_path):
+    """It went on from the old run's weights and optimizer (or failed in load_state_dict); a
+    finished run relaunched on other data returned the old result."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from rayload.errors import SpecError
+
+    def launch(path, **model):
+        return fit(job(path, model={"hidden": [16], **model}, resources={"workers": 1},
+                       train={"epochs": 1, "run_name": "nightly", "storage_path": str(tmp_path)}), evaluate_test=False)
+
+    first = launch(movielens_subset)
+    with pytest.raises(SpecError, match=r"model.hidden: \[16\] -> \[32\]: run 'nightly' was trained with \[16\]"):
+        launch(movielens_subset, hidden=[32])
+    table = pq.read_table(movielens_subset)
+    other = str(tmp_path / "other.parquet")  # the same columns and IDs, other ratings
+    pq.write_table(table.set_column(table.schema.get_field_index("rating"), "rating", pc.subtract(6.0, table["rating"])), other)
+    with pytest.raises(SpecError, match=r"data_hash: \w+ -> \w+: run 'nightly' was trained on other data"):
+        launch(other)
+    copy = str(tmp_path / "copy.parquet")  # the same bytes elsewhere: the same run, finished
+    pq.write_table(table, copy)
+    assert launch(copy).checkpoint == first.checkpoint
+
+
 def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path):
     start = time.monotonic()
     with pytest.raises(RayloadError, match=r"3 worker\(s\) with CPU=1 each, but the cluster has CPU=2"):

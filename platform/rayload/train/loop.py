@@ -22,7 +22,7 @@ from ..features import FittedFeatures
 from ..models._inputs import FieldEmbeddings
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from . import prior, transfer
+from . import identity, prior, transfer
 from .batch import Batch, Layout
 from .sparse_sync import SparseGradSync
 from .session import RaySession, Session, scratch_dir
@@ -223,14 +223,18 @@ class Trainer:
         weights = torch.load(f"{path}/{ckpt.MODEL}", weights_only=True, map_location="cpu")
         ckpt.unwrap(self.model).load_state_dict(weights)
         for opt, sd in zip(self.optimizers, raw["optimizers"]):
-            kernel = [{k: g.get(k) for k in ("fused", "foreach")} for g in opt.param_groups]
+            settings = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             opt.load_state_dict(sd)
-            for group, keep in zip(opt.param_groups, kernel):
-                group.update(keep)  # the kernel choice follows this device, not the one that saved it
+            for group, keep in zip(opt.param_groups, settings):
+                # The state (moments, step counts) is the checkpoint's; the settings (lr, weight
+                # decay, betas) are this spec's, and the kernel choice this device's. The saved
+                # groups' lr would otherwise override the spec's for the rest of the run.
+                group.update(keep)
         saved = raw["scheduler"]
         if saved is not None:  # a list per scheduled optimizer; one dict (the dense one's) before
             for scheduler, sd in zip(self.schedulers, saved if isinstance(saved, list) else [saved]):
                 scheduler.load_state_dict(sd)
+                scheduler.base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
         if self.scaler and raw["scaler"] is not None:
             self.scaler.load_state_dict(raw["scaler"])
         self.state = raw["state"]
@@ -323,6 +327,9 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
     with session.latest_checkpoint() as path:
         path = path or _resume_point(context)
         if path:
+            # the driver checked before preprocessing; a trial, or a worker's own checkpoint, here
+            identity.check_same_run(spec.train.run_name or os.path.basename(os.path.dirname(path)), path,
+                                    identity.read_manifest(path), context.get("manifest", {}))
             trainer.restore(path)
             trainer.state.restarts += 1
             session.cached_before = trainer.state.cached

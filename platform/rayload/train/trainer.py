@@ -18,7 +18,7 @@ from ..errors import RayloadError, SpecError
 from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from . import record
+from . import identity, record
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
 from .resources import alive_nodes, check_resources, check_storage, requested
 from .local_session import LocalSession, best_of
@@ -66,9 +66,15 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     check_resources(spec.resources)
     if not in_process:
         check_storage(storage)
-    pre = preprocess(spec, address=address)
     name = run_name_for(spec)
+    last = record.latest(join_uri(storage, name))  # a relaunch: the run's latest checkpoint, by either path
+    previous = identity.read_manifest(last["path"]) if last else None
+    if previous:  # the spec now, the data once it is prepared: a changed run is refused before its work
+        identity.check_same_run(name, last["path"], previous, {"spec": spec.model_dump(mode="json")})
+    pre = preprocess(spec, address=address)
     context = loop_context(spec, pre)
+    if previous:
+        identity.check_same_run(name, last["path"], previous, context["manifest"])
     trained_in = None  # a mirrored run's best checkpoint on this machine's disk
     if in_process:
         if is_remote(storage):  # trained on this machine's disk, in a folder of this remote run's own,
