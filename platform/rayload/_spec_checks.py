@@ -117,6 +117,9 @@ def _check_split(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     for name in split.key or []:
         if name not in known:
             issues.append(SpecIssue("split.key", f"unknown column '{name}'; columns: {', '.join(sorted(known))}"))
+    if split.kind == "kfold" and split.group is not None and split.group not in known:
+        issues.append(SpecIssue("split.group", f"kind: kfold with a group keys its folds by that column; columns: {', '.join(sorted(known))}",
+                                split.group, True))
     if split.kind == "group" and split.group not in known:
         issues.append(SpecIssue("split.group", f"kind: group needs a column to group by; columns: {', '.join(sorted(known))}", split.group, True))
     if split.kind == "temporal" and "timestamp" not in roles.values():

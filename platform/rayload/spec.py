@@ -91,7 +91,7 @@ class SplitSpec(_Spec):
     seed: int = 0
     # Columns that identify a row; the split hashes them. None: every declared column.
     key: list[str] | None = None
-    group: str | None = Field(default=None, description="column whose rows stay together (kind=group)")
+    group: str | None = Field(default=None, description="column whose rows stay together (kind=group; kind=kfold: group k-fold)")
     k: int = Field(default=5, ge=2)
     fold: int = Field(default=0, ge=0)
 

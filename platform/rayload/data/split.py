@@ -45,7 +45,7 @@ class SplitPlan:
 
     @classmethod
     def from_spec(cls, split, schema) -> "SplitPlan":
-        if split.kind == "group":
+        if split.kind == "group" or (split.kind == "kfold" and split.group):  # kfold with a group: group k-fold
             key = (split.group,)
         elif split.key:
             key = tuple(split.key)

@@ -333,36 +333,5 @@ def _failure_message(exc, spec: JobSpec) -> str:
     return f"training could not run: {type(cause).__name__}: {cause}"
 
 
-@dataclass
-class KFoldResult:
-    folds: list[TrainResult]
-    mean: dict
-    std: dict
-
-
-def kfold(spec: JobSpec, k: int, address: str | None = None) -> KFoldResult:
-    """Train once per fold (split.kind=kfold); mean and std over folds of each fold's best
-    validation metrics (`val_*`) and, when the split holds out test rows (`split.test`, the
-    same rows for every fold), of its best checkpoint's metrics on them (`test_*`). The val_*
-    figures are optimistic: each fold's validation rows also picked its best epoch; the test_*
-    figures come from rows no fold trained on or chose with."""
-    import numpy as np
-
-    folds = []
-    for fold in range(k):
-        split = spec.split.model_copy(update={"kind": "kfold", "k": k, "fold": fold})
-        train = spec.train.model_copy(update={"run_name": f"{run_name_for(spec)}-fold{fold}"})
-        fold_spec = JobSpec.model_validate(spec.model_copy(update={"split": split, "train": train}).model_dump())
-        folds.append(fit(fold_spec, address=address, evaluate_test=split.test > 0))
-
-    def figures(result) -> dict:
-        out = {key: v for key, v in result.metrics.items() if key.startswith("val_") and isinstance(v, (int, float))}
-        out.update({f"test_{key}": v for key, v in (result.test or {}).items()
-                    if key != "rows" and isinstance(v, (int, float)) and not isinstance(v, bool)})
-        return out
-
-    per_fold = [figures(f) for f in folds]
-    keys = [key for key in per_fold[0] if all(key in p and p[key] is not None for p in per_fold)]
-    values = {key: np.array([p[key] for p in per_fold], dtype=float) for key in keys}
-    return KFoldResult(folds, {k_: float(v.mean()) for k_, v in values.items()},
-                       {k_: float(v.std(ddof=1)) if len(v) > 1 else 0.0 for k_, v in values.items()})
+# k-fold cross-validation (train/kfold.py), re-exported: callers name it as train.trainer's
+from .kfold import KFoldResult, kfold  # noqa: E402,F401
