@@ -189,6 +189,7 @@ def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     tests = [f.test["auc"] for f in result.folds]
     assert result.mean["test_auc"] == pytest.approx(sum(tests) / 2) and result.folds[0].test["rows"] == result.folds[1].test["rows"] > 0
     assert result.folds[0].preprocessed.out_dir != result.folds[1].preprocessed.out_dir  # a split per fold
+    assert all(f.test["rows"] == f.preprocessed.counts["written"]["test"] for f in result.folds)  # the held-out test rows
 
 
 def test_controller_env_polls_often_and_drops_the_preemption_watcher_only_where_one_node_holds_the_group(ray_local, monkeypatch):

@@ -78,3 +78,12 @@ def test_a_kfold_group_that_is_not_a_column_is_refused_at_load(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(str(path))
     assert [i.path for i in info.value.issues] == ["split.group"]
+
+
+def test_each_fold_is_scored_on_the_held_out_test_rows_even_when_the_job_evaluates_val(folds):
+    """eval.split: val made each fold's test_* figures its validation metrics again."""
+    trainer.kfold(helpers.job("/x.parquet", eval={"split": "val"}, split={"train": 0.7, "test": 0.2}), 2)
+    assert [(s.eval.split, evaluate_test) for s, evaluate_test in folds] == [("test", True), ("test", True)]
+    folds.clear()
+    trainer.kfold(helpers.job("/x.parquet", eval={"split": "val"}, split={"kind": "kfold", "test": 0.0}), 2)
+    assert [evaluate_test for _, evaluate_test in folds] == [False, False]  # no test rows: no test_* figures

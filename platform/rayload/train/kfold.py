@@ -22,7 +22,8 @@ class KFoldResult:
 
 
 def fold_spec(spec: JobSpec, k: int, fold: int, run_name: str) -> JobSpec:
-    """Fold `fold` of `k`: split.kind kfold, keyed as the spec's split keeps rows together."""
+    """Fold `fold` of `k`: split.kind kfold, keyed as the spec's split keeps rows together,
+    evaluated on the held-out test rows."""
     if spec.split.kind == "temporal":
         raise SpecError([SpecIssue("split.kind", "--kfold cuts folds by a hash of each row's key, which on a temporal split "
                                    "would train on rows later than the ones it validates on (the future leaks into training); "
@@ -31,7 +32,10 @@ def fold_spec(spec: JobSpec, k: int, fold: int, run_name: str) -> JobSpec:
     grouped = spec.split.kind in ("group", "kfold") and spec.split.group
     split = spec.split.model_copy(update={"kind": "kfold", "k": k, "fold": fold, "group": spec.split.group if grouped else None})
     train = spec.train.model_copy(update={"run_name": f"{run_name}-fold{fold}"})
-    return JobSpec.model_validate(spec.model_copy(update={"split": split, "train": train}).model_dump())
+    # The test_* figures are the held-out test rows' whatever the job evaluates after training
+    # (eval.split: val would score each fold's validation rows again and call them test).
+    evaluation = spec.eval.model_copy(update={"split": "test"})
+    return JobSpec.model_validate(spec.model_copy(update={"split": split, "train": train, "eval": evaluation}).model_dump())
 
 
 def kfold(spec: JobSpec, k: int, address: str | None = None) -> KFoldResult:
