@@ -176,6 +176,26 @@ def test_two_gloo_workers_learn_elastically_with_what_the_cluster_holds(movielen
     assert os.path.exists(os.path.join(res.checkpoint, "model.pt"))
 
 
+def test_an_elastic_group_starts_with_fewer_workers_on_a_partly_busy_cluster(movielens_subset, tmp_path):
+    """Another actor holds one of the 2 CPUs: {min: 1, max: 2} trains with 1 worker. Ray Train's
+    elastic policy sized the group from the cluster's totals and timed out waiting for 2."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def ping(self):
+            return 1
+
+    holder = Holder.remote()
+    ray.get(holder.ping.remote())
+    try:
+        res = fit(job(movielens_subset, model={"hidden": [16]}, resources={"workers": {"min": 1, "max": 2}, "placement_timeout_s": 10},
+                      train={"epochs": 1, "storage_path": str(tmp_path)}), evaluate_test=False)
+    finally:
+        ray.kill(holder)
+    assert res.history[-1]["world_size"] == 1 and res.metrics["val_auc"] > 0.6
+
+
 def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     from rayload.train.trainer import kfold
 

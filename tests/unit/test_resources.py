@@ -46,3 +46,37 @@ def test_ten_workers_of_a_tenth_of_a_cpu_fit_a_one_cpu_node(monkeypatch):
     resources.check_resources(ResourcesSpec(workers=10, cpus_per_worker=0.1))
     with pytest.raises(resources.ResourceError, match="11 worker"):
         resources.check_resources(ResourcesSpec(workers=11, cpus_per_worker=0.1))
+
+
+def _free(monkeypatch, *snapshots, grows: bool = False):
+    """available_resources_per_node answers each snapshot in turn (the last one from then on)."""
+    import ray._private.state as ray_state
+
+    answers = list(snapshots)
+    monkeypatch.setattr(ray_state, "available_resources_per_node",
+                        lambda: {f"node{i}": n for i, n in enumerate(answers.pop(0) if len(answers) > 1 else answers[0])})
+    monkeypatch.setattr(resources, "cluster_can_grow", lambda: grows)
+
+
+def test_an_elastic_group_starts_with_what_the_free_resources_place(monkeypatch, caplog):
+    """Ray's elastic policy sized the group from the totals and waited for CPUs another job held."""
+    import logging
+
+    from rayload.spec import ResourcesSpec
+
+    elastic = ResourcesSpec(workers={"min": 1, "max": 4}, cpus_per_worker=1)
+    _free(monkeypatch, [{"CPU": 1.0}, {"CPU": 1.5}])
+    with caplog.at_level(logging.WARNING, logger="rayload.train.resources"):
+        assert resources.elastic_max(elastic, wait_s=0) == 2  # one worker per node
+    assert "place 2 worker(s) of CPU=1 now" in caplog.text and "at most 2" in caplog.text
+    _free(monkeypatch, [{"CPU": 0.5}])
+    assert resources.elastic_max(elastic, wait_s=0) == 1  # never below min: Ray waits for it, bounded by placement_timeout_s
+    _free(monkeypatch, [{"CPU": 8.0}])
+    assert resources.elastic_max(elastic, wait_s=0) == 4  # never above max
+    _free(monkeypatch, [{"CPU": 1.0}], [{"CPU": 4.0}])  # what a run that just ended released shows a moment later
+    assert resources.elastic_max(elastic, wait_s=0) == 4
+    _free(monkeypatch, [{"CPU": 1.0}], grows=True)  # an autoscaler adds nodes for the rest
+    assert resources.elastic_max(elastic, wait_s=0) == 4
+    gpu = ResourcesSpec(workers={"min": 1, "max": 4}, cpus_per_worker=1, gpus_per_worker=1)
+    _free(monkeypatch, [{"CPU": 8.0, "GPU": 2.0}])
+    assert resources.elastic_max(gpu, wait_s=0) == 2

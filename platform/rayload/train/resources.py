@@ -82,7 +82,50 @@ def _units(amount: float) -> int:
 
 def _placeable(workers: int, per: dict[str, float], nodes: list[dict[str, float]]) -> bool:
     """Whether `workers` workers of `per` each fit on `nodes`, each worker on one node."""
-    return sum(min(_units(n.get(k, 0)) // max(1, _units(v)) for k, v in per.items()) for n in nodes) >= workers
+    return placeable_count(per, nodes) >= workers
+
+
+def placeable_count(per: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers of `per` each fit on `nodes`, each worker on one node."""
+    return sum(min(_units(n.get(k, 0)) // max(1, _units(v)) for k, v in per.items()) for n in nodes)
+
+
+def elastic_max(resources, polls: int = 5, wait_s: float = 0.4) -> int:
+    """The most workers an elastic group ({min, max}) starts with: max, capped at what the
+    cluster's free resources place now (never below min). Ray Train's elastic policy sizes the
+    group from the cluster's total resources, so on a cluster partly held by other work (serving
+    replicas, another job) it asked for max workers and waited for resources that never came,
+    failing after resources.placement_timeout_s instead of starting smaller. With an autoscaler
+    the cap is left out: nodes can come for the rest. Free resources are polled a few times
+    (`polls` x `wait_s`) while they place fewer than max, since what a run that just ended
+    released reaches the cluster's view a moment later."""
+    import time
+
+    import ray
+
+    low, high = resources.workers.min, resources.workers.max
+    _, per = requested(resources)
+    if cluster_can_grow():
+        return high
+    can = 0
+    for attempt in range(polls):
+        can = max(can, placeable_count(per, list(ray._private.state.available_resources_per_node().values())))
+        if can >= high or attempt == polls - 1:
+            break
+        time.sleep(wait_s)
+    capped = max(low, min(high, can))
+    if capped < high:
+        held = ", ".join(f"{k}={v:g}" for k, v in per.items())
+        log.warning("resources.workers {min: %d, max: %d}: the cluster's free resources place %d worker(s) of %s now (other "
+                    "work holds the rest); starting with at most %d", low, high, can, held, capped)
+    return capped
+
+
+def cluster_can_grow() -> bool:
+    """Whether an autoscaler can add nodes (one that publishes its limits, or autoscaler v1)."""
+    from ray._private.state import state
+
+    return bool(state.get_max_resources_from_cluster_config()) or _v1_autoscaler_running()
 
 
 def _fits_total(workers: int, per: dict[str, float], driver: dict[str, float], have: dict[str, float]) -> bool:

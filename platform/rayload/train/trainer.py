@@ -20,7 +20,7 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
-from .resources import alive_nodes, check_resources, check_storage, requested
+from .resources import alive_nodes, check_resources, check_storage, elastic_max, requested
 from .local_session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,8 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     home = join_uri(storage, name)
     if resume := record.ray_resume_point(home):  # the run went on (or began) in-process: Ray's snapshot lacks it
         context = dict(context, resume_from=resume)
-    workers = res.workers if isinstance(res.workers, int) else (res.workers.min, res.workers.max)
+    # elastic: at most what the cluster's free resources place now (Ray sizes it from the totals)
+    workers = res.workers if isinstance(res.workers, int) else (res.workers.min, elastic_max(res))
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
     torch_config = None
     if res.gpus_per_worker and res.cpu_fallback:
