@@ -4,6 +4,7 @@ mixed batch is isolated; request IDs are unique, unguessable and time-ordered.""
 
 import asyncio
 import json
+import re
 import time
 
 import numpy as np
@@ -107,8 +108,8 @@ def test_a_batch_whose_exposures_cannot_be_committed_answers_none_of_them_as_log
 
     scorers, rows = arms
     router = bare_router()
-    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", [{**rows[2], "price": "cheap"}], ("r2", "u2", 0.0)),
-             ("b", rows[3:4], ("r3", "u3", time.perf_counter()))]
+    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter(), True)), ("b", [{**rows[2], "price": "cheap"}], ("r2", "u2", 0.0, True)),
+             ("b", rows[3:4], ("r3", "u3", time.perf_counter(), True))]
     results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
 
     class Broken:
@@ -143,7 +144,7 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
     url = f"sqlite:///{tmp_path / 'events.db'}"
     router = bare_router()
     router.writer = EventWriter(url)
-    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter())), ("b", rows[3:4], ("r2", "u2", time.perf_counter()))]
+    items = [("a", rows[0:2], ("r1", "u1", time.perf_counter(), True)), ("b", rows[3:4], ("r2", "u2", time.perf_counter(), True))]
     results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
 
     assert router.writer.write_now([]) is True
@@ -230,8 +231,8 @@ def test_one_unstorable_exposure_in_a_batch_fails_only_its_own_request(arms, tmp
     router = bare_router()
     url = f"sqlite:///{tmp_path / 'events.db'}"
     router.writer = EventWriter(url)
-    items = [("a", rows[0:1], ("r1", "alice", time.perf_counter())), ("b", rows[1:2], ("r2", "\ud800", time.perf_counter())),
-             ("a", rows[2:3], ("r3", "bob", time.perf_counter()))]
+    items = [("a", rows[0:1], ("r1", "alice", time.perf_counter(), True)), ("b", rows[1:2], ("r2", "\ud800", time.perf_counter(), True)),
+             ("a", rows[2:3], ("r3", "bob", time.perf_counter(), True))]
     results = score_grouped(scorers, [(arm, r) for arm, r, _ in items])
     out = asyncio.run(router._log_batch(items, results))
     router.writer.close()
@@ -252,3 +253,52 @@ def test_a_rows_score_does_not_depend_on_the_types_its_batch_neighbours_send(arm
     out = score_grouped(scorers, items)
     assert out[0][0][0] == pytest.approx(alone, abs=1e-6)
     assert not any(isinstance(o, Exception) for o in out)  # the huge age is a number like any other (then clipped)
+
+
+BODIES = [
+    b'{"unit_id": "u1", "features": {"user": 12, "item": "a|b", "price": 3.25, "new": true, "gone": null}}',
+    b'{"unit_id": 7, "features": {"id": 9223372036854775807, "neg": -9223372036854775808, "u64": 18446744073709551615}}',
+    b'{"unit_id": "u", "features": {"big": 123456789012345678901234567890, "edge": 1234567890123456789}}',
+    b'{"unit_id": "u", "features": {"f": 0.1, "g": 1e-320, "h": 1.7976931348623157e308, "e": 5E3, "z": -0.0}}',
+    b'{"unit_id": "u", "features": {"nan": NaN, "inf": -Infinity, "huge": 1e400}}',
+    b'{"unit_id": "u", "features": {"s": "caf\\u00e9 \\u2603 \\ud83d\\ude00 \\"q\\" \\\\ \\n", "raw": "\xc3\xa9\xe2\x98\x83"}}',
+    b'{"unit_id": "u", "features": {"lone": "\\ud800x"}}',
+    b'{"unit_id": "u", "unit_id": "v", "features": {"a": 1, "a": 2}}',
+    b'  {"unit_id":"u","candidates":[{"a":[1,2,{"b":{}}]},{"a":[]}]}  ',
+]
+
+
+@pytest.mark.parametrize("body", BODIES, ids=range(len(BODIES)))
+def test_the_router_reads_a_body_as_json_loads_does_and_logs_its_rows_as_json_dumps_would(body):
+    """_loads takes orjson's fast path only where orjson reads what json.loads reads (huge
+    integers, NaN, lone surrogates go to json.loads), and an exposure's features JSON, written
+    by orjson for such rows, reads back as json.dumps's would."""
+    from rayload.serve.app import _features_json, _loads
+
+    value, fast = _loads(body)
+    expected = json.loads(body)
+    assert json.dumps(value) == json.dumps(expected)  # NaN-proof equality, int vs float exact
+    assert all(type(a) is type(b) for a, b in zip(_leaves(value), _leaves(expected)))
+    rows = value.get("candidates") or [value["features"]]
+    for row in rows:
+        assert json.dumps(json.loads(_features_json(row, fast))) == json.dumps(row)
+    long_int = any(len(run) >= 19 for run in re.findall(rb"[0-9]+", body))
+    assert fast == (b"NaN" not in body and b"lone" not in body and not long_int)
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def test_features_json_falls_back_to_json_dumps_for_what_orjson_cannot_write():
+    from rayload.serve.app import _features_json
+
+    row = {"big": 10**30, "s": "\ud800"}
+    assert json.loads(_features_json(row, True)) == row

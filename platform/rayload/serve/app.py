@@ -18,102 +18,28 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import time
-from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from ray import serve
 
 from ..errors import DataError
 from .assign import Layout
 from .batch_scoring import ModelDeployment, Models, drift_flusher, monitor_args
 from .event_writer import is_row_error
-from .events import exposures
+from .http_io import (AssignBody, FeedbackBody, PredictBody, RequestIds, _features_json, _loads, _ok, _problem,  # noqa: F401
+                      _validation_detail)
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="rayload A/B router")
 
 
-def _storable(limit: int):
-    """A validator: the value, as the string the event store keeps, fits its column (at most
-    `limit` characters, as PostgreSQL's VARCHAR counts them) and encodes as UTF-8 (JSON's
-    \\ud800 escape decodes to a lone surrogate, which no database driver can bind)."""
-    def check(value):
-        text = str(value)
-        if len(text) > limit:
-            raise ValueError(f"at most {limit} characters, got {len(text)}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"must be valid Unicode text: a lone surrogate {text[exc.start]!r} at position {exc.start}") from None
-        return value
-    return AfterValidator(check)
-
-
-UnitId = Annotated[str | int, _storable(exposures.c.unit_id.type.length)]
-RequestId = Annotated[str, _storable(exposures.c.request_id.type.length)]
-
-
-class PredictBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    unit_id: UnitId = Field(description="the randomisation unit (user)")
-    features: dict[str, Any] | None = None
-    candidates: list[dict[str, Any]] | None = Field(default=None, description="feature dicts to rank; the top one is shown")
-
-
-class AssignBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    unit_ids: list[UnitId] = Field(min_length=1, description="units whose arm to look up (bounded by max_body_bytes)")
-
-
-class FeedbackBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    request_id: RequestId
-    event: str = Field(pattern=r"^(click|conversion)$")
-    value: float = Field(default=1.0, allow_inf_nan=False, description="finite: the store keeps a number")
-
-
-def _problem(status: int, detail) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
-
-
-def _ok(body: dict) -> Response:
-    """A 200 answer serialised here, as JSONResponse would (UTF-8, no NaN): a dict returned to
-    FastAPI goes through jsonable_encoder first, which walks it in Python (about 8 us per
-    /predict answer, on the replica's busiest thread)."""
-    return Response(json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(), media_type="application/json")
-
-
-def _validation_detail(exc: ValidationError) -> list[dict]:
-    return [{"loc": ["body", *err["loc"]], "msg": err["msg"], "type": err["type"]} for err in exc.errors(include_url=False)]
-
-
 class EventStoreError(RuntimeError):
     """The exposures of a batch could not be committed: its requests answer 5xx, not 2xx."""
-
-
-class RequestIds:
-    """Request IDs laid out like UUIDv7: 48 bits of Unix time in milliseconds, then 80 random
-    bits, as 32 hex digits. Time-ordered IDs append to the end of the event store's
-    primary-key index instead of landing on random pages of it (with uuid4 the exposure inserts
-    slowed as the table grew), and the random part keeps them unguessable. The random bytes come
-    from os.urandom in blocks: uuid4 made one getrandom system call per request, and under load
-    the event loop gave up the GIL on each and waited to get it back from Serve's HTTP thread
-    (17-31 us of each request in a profile). Not thread-safe: one per event loop."""
-
-    BLOCK = 256
-
-    def __init__(self):
-        self._buf, self._pos = b"", 0
-
-    def next(self) -> str:
-        if self._pos >= len(self._buf):
-            self._buf, self._pos = os.urandom(10 * self.BLOCK), 0
-        self._pos += 10
-        return f"{time.time_ns() // 1_000_000:012x}{self._buf[self._pos - 10:self._pos].hex()}"
 
 
 def _top(scores: list[float]) -> int:
@@ -181,19 +107,23 @@ class ABRouter:
             if len(body) > self.max_body:
                 return _problem(413, f"body is over the limit of {self.max_body} bytes")
         try:
-            return json.loads(body)
+            return _loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             return _problem(422, [{"loc": ["body"], "msg": f"malformed JSON: {exc}", "type": "json_invalid"}])
         except RecursionError:  # thousands of nested [ or { fit in the size limit
             return _problem(422, [{"loc": ["body"], "msg": "JSON nested too deeply", "type": "json_invalid"}])
 
-    async def _parse(self, request: Request, model: type[BaseModel]):
-        """The request's body as `model`, or the 401/413/422 answer that refuses it."""
+    async def _parse(self, request: Request, model: type[BaseModel], fast: list | None = None):
+        """The request's body as `model`, or the 401/413/422 answer that refuses it; `fast`, when
+        given, gets whether orjson read the body (see _loads)."""
         if denied := self._denied(request):
             return denied
         raw = await self._json_body(request)
         if isinstance(raw, JSONResponse):
             return raw
+        raw, by_orjson = raw
+        if fast is not None:
+            fast.append(by_orjson)
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
@@ -202,9 +132,11 @@ class ABRouter:
     @api.post("/predict")
     async def predict(self, request: Request):
         start = time.perf_counter()
-        body = await self._parse(request, PredictBody)
+        parsed: list[bool] = []
+        body = await self._parse(request, PredictBody, parsed)
         if isinstance(body, JSONResponse):
             return body
+        fast = parsed[0]
         rows = body.candidates if body.candidates is not None else ([body.features] if body.features is not None else None)
         if problem := self._rows_problem(rows, body.candidates is not None):
             return problem
@@ -219,7 +151,7 @@ class ABRouter:
         if shadows:
             results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
         else:  # the usual case: no task per request for gather to wrap the one call in
-            results = [await self._score_or_error(arm, rows, (request_id, unit, start) if batch_logs else None)]
+            results = [await self._score_or_error(arm, rows, (request_id, unit, start, fast) if batch_logs else None)]
         answer = results[0]
         if isinstance(answer, DataError):
             return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
@@ -235,11 +167,12 @@ class ABRouter:
         if not batch_logs:
             await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
                             shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)],
-                            features=json.dumps(rows[top]) if self.log_features else None)
+                            features=_features_json(rows[top], fast) if self.log_features else None)
         out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
         if body.candidates is not None:
             out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
-        return _ok(out)
+            return _ok(out, all(map(math.isfinite, scores)))
+        return _ok(out, math.isfinite(scores[top]))
 
     def _rows_problem(self, rows, ranking: bool) -> JSONResponse | None:
         field = "candidates" if ranking else "features"
@@ -283,10 +216,10 @@ class ABRouter:
         for i, ((arm, rows, exposure), result) in enumerate(zip(items, results)):
             if exposure is None or isinstance(result, BaseException):
                 continue
-            request_id, unit, start = exposure
+            request_id, unit, start, fast = exposure
             scores, version = result
             top = _top(scores)
-            features = json.dumps(rows[top]) if self.log_features else None
+            features = _features_json(rows[top], fast) if self.log_features else None
             events.append(("exposure", self._exposure_row(request_id, unit, arm, version, scores[top], "ok", (perf - start) * 1000,
                                                           now, features)))
             logged.append(i)
