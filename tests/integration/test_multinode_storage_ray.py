@@ -79,7 +79,7 @@ def job(path: str, epochs: int = 1, **train) -> JobSpec:
     return helpers.movielens_job(path, "ml-nodes", 2, epochs, **train)  # one 1-CPU worker per node
 
 
-def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_accepted(subset, tmp_path, monkeypatch):
+def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_accepted(bucket, subset, tmp_path, monkeypatch):
     assert len(alive_nodes()) == 2
     with pytest.raises(RayloadError) as info:
         fit(job(subset, storage_path=str(tmp_path / "ckpts")))
@@ -99,9 +99,11 @@ def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_acc
     monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))  # a mount every node reaches, declared
     check_storage(str(tmp_path / "ckpts"))
     check_storage(f"file://{tmp_path / 'ckpts'}")
-    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", "")  # and nothing declared: the data itself is refused first
-    with pytest.raises(RayloadError, match="on this machine's disk only"):
+    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", "")  # nothing declared: the storage is refused before preprocessing reads anything
+    with pytest.raises(RayloadError, match="is a local folder"):
         fit(job(subset, storage_path=str(tmp_path / "ckpts")))
+    with pytest.raises(RayloadError, match="on this machine's disk only"):  # shared storage: then the local data is refused
+        fit(job(subset, storage_path=join_uri(bucket, "refused")))
 
 
 def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):
