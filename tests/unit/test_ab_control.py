@@ -83,6 +83,24 @@ def test_an_automatic_promotion_is_final_and_not_undone_by_the_swapped_roles(run
     assert [d["decision"] for d in state["decisions"]] == ["promote"] and user(run_dir)["champion"] == "B"
 
 
+def test_a_promote_made_again_changes_nothing_and_a_rollback_after_it_restores_the_original_champion(run):
+    run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    assert control.step(run_dir)[0] == "promote"  # the controller promotes B ...
+    deployed = len(run.box["deployed"])
+    for _ in range(2):  # ... and the operator confirms it by hand, then retries
+        out = control.promote(run_dir)
+        assert out["champion"] == "B" and out["weights"] == {"A": 0.0, "B": 1.0}
+    _, state = control.load_state(run_dir)
+    assert [d["decision"] for d in state["decisions"]] == ["promote"] and len(run.box["deployed"]) == deployed
+    out = control.rollback(run_dir)  # undoes the promote: the experiment's champion A gets it all back
+    assert out["champion"] == "A" and out["weights"] == {"A": 1.0, "B": 0.0} and user(run_dir) == out
+    assert control.rollback(run_dir) == out
+    out = control.promote(run_dir)  # and a promote after that rollback is B's again
+    assert out["champion"] == "B" and out["weights"] == {"A": 0.0, "B": 1.0}
+    _, state = control.load_state(run_dir)
+    assert [(d["decision"], d["champion"]) for d in state["decisions"]] == [("promote", "B"), ("rollback", "A"), ("promote", "B")]
+
+
 def test_two_controllers_looking_at_once_decide_once(run, monkeypatch):
     run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
     deployed = run.box["deployed"]

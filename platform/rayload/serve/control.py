@@ -180,16 +180,23 @@ def rollback(run: str, reason: str = "by hand") -> dict:
 
 
 def _decide(run: str, decision: str, reason: str) -> dict:
+    """A promote or rollback by hand, in the experiment's own roles (the champion it started
+    with and its challenger): a rollback after a promote gives the traffic back to the original
+    champion, and the same decision made again (a retry, or the operator confirming what the
+    controller did) changes nothing."""
     run_dir, _ = load_state(run)
     with _locked(run_dir):
         _, state = load_state(run_dir)
-        return _apply(run_dir, state, *_final_weights(state, decision), reason, decision)
+        if (state.get("final") or {}).get("decision") == decision:
+            log.info("%s: already decided %s (%s); nothing changed", run_dir, decision, state["final"]["reason"])
+            return parts(state["config"])[1]
+        return _apply(run_dir, state, *_final_weights(state, decision, parts(state["config"])[0]["champion"]), reason, decision)
 
 
-def _final_weights(state: dict, decision: str) -> tuple[dict[str, float], str]:
-    """The weights and champion after a promote or rollback."""
-    args, user = parts(state["config"])
-    winner = _challenger(args["arms"], user["champion"]) if decision == "promote" else user["champion"]
+def _final_weights(state: dict, decision: str, champion: str) -> tuple[dict[str, float], str]:
+    """The weights and champion after a promote or rollback of `champion`'s challenger."""
+    args, _ = parts(state["config"])
+    winner = _challenger(args["arms"], champion) if decision == "promote" else champion
     return {a: 1.0 if a == winner else 0.0 for a in args["arms"]}, winner
 
 
@@ -260,7 +267,9 @@ def step(run: str) -> tuple[str, list[str]]:
             return final["decision"], final_reasons(final)
         result, spec = _analysis_of(state)
         if result.decision in FINAL:
-            _apply(run_dir, state, *_final_weights(state, result.decision), "; ".join(result.reasons), result.decision)
+            # The analysis's roles: after a promote and a new ramp by hand they are the swapped ones
+            _apply(run_dir, state, *_final_weights(state, result.decision, result.champion), "; ".join(result.reasons),
+                   result.decision)
             return result.decision, result.reasons
         return "continue", result.reasons + _ramp(run_dir, state, result, spec)
 
