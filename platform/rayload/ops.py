@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import RayloadError
@@ -61,9 +62,13 @@ def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".
     if not os.path.exists(spec):
         raise RayloadError(f"spec file not found: {spec}")
     auth = token()
-    check_job_api(address, auth)
     headers = {"Authorization": f"Bearer {auth}"} if auth else None
-    client = JobSubmissionClient(address, headers=headers)
+    with _address_env_cleared():
+        url = address.rstrip("/")
+        check_job_api(url, auth)
+        client = JobSubmissionClient(url, headers=headers)
+    if client.get_address() != url:  # the job and the token go where the client points: the cluster just checked
+        raise RayloadError(f"the Ray job client resolved {address} to {client.get_address()}, not the checked {url}")
     runtime_env = {"working_dir": working_dir, "excludes": UPLOAD_EXCLUDES,
                    # the uploaded platform/ first: the job runs the code that was submitted
                    "env_vars": {"PYTHONPATH": "platform", **_commit_env(working_dir), **(env or {})}}
@@ -81,6 +86,21 @@ def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".
 
     asyncio.run(tail())
     return job_id, str(client.get_job_status(job_id).value)
+
+
+@contextmanager
+def _address_env_cleared():
+    """Ray's job client takes $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS, over the address it is
+    given: with them left in the shell for another cluster, the job and this cluster's token would
+    go there. The address given is the one used; they are cleared while the client is built."""
+    saved = {k: os.environ.pop(k) for k in _ADDRESS_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+_ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
 
 def _commit_env(working_dir: str) -> dict:

@@ -1,0 +1,66 @@
+"""`rayload submit` and `rayload doctor` without Ray: stub job APIs stand in for clusters."""
+
+import http.server
+import json
+import os
+import threading
+
+import pytest
+
+from rayload import ops
+
+
+@pytest.fixture
+def cluster():
+    """A stub Ray job API answering the version and job-list calls; it logs what reaches it."""
+    servers = []
+
+    def make():
+        hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                hits.append((self.command, self.path, self.headers.get("Authorization")))
+                if self.path.startswith("/api/version"):
+                    body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode()
+                elif self.path.startswith("/api/jobs/") and self.command == "GET":
+                    body = b"[]"
+                else:  # the upload and the submission: refused, the test is only where they go
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = _any
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", hits
+
+    yield make
+    for server in servers:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("var", ["RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"])
+def test_submit_sends_the_job_and_the_token_only_to_the_address_given(cluster, tmp_path, monkeypatch, var):
+    a_url, a_hits = cluster()  # left in the shell for another cluster
+    b_url, b_hits = cluster()
+    monkeypatch.setenv(var, a_url)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "token-for-B")
+    (tmp_path / "job.yaml").write_text("name: x\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception):  # the stub refuses the upload
+        ops.submit("job.yaml", b_url, wait=False)
+    assert a_hits == []
+    assert ("GET", "/api/jobs/", "Bearer token-for-B") in b_hits and any(p.startswith("/api/version") for _, p, _ in b_hits)
+    assert any(p.startswith("/api/packages/") for _, p, _ in b_hits)  # the upload went to B too
+    assert os.environ[var] == a_url  # the caller's environment is left as it was
