@@ -103,14 +103,15 @@ def _ab_section(ab: dict, decided: dict) -> str:
     if not ab.get("run_dir") or not os.path.exists(os.path.join(ab["run_dir"], "serve.json")):
         return "<p>no A/B experiment in this run</p>"
     from .serve.control import analysis_for
-    from .serve.report import drift_table, plots
+    from .serve.report import drift_table, lift_text, plots
 
     result = analysis_for(ab["run_dir"])
     rows = "".join(f"<tr><td>{html.escape(a.arm)}</td><td>{a.units}</td><td>{a.exposures}</td><td>{a.clicks}</td>"
                    f"<td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td></tr>" for a in result.arms)
-    lift = "" if result.lift is None else (f"<p>lift <b>{result.lift:+.2%}</b> [{result.lift_ci[0]:+.2%}, {result.lift_ci[1]:+.2%}]; "
-                                            f"fixed-horizon p {result.z_p_value:.4g}; sequential p {result.sequential_p:.4g}; "
-                                            f"sample ratio p {result.srm_p:.4g}</p>")
+    # lift_text: the lift has no interval when an arm has no clicks, and none at all at a champion CTR of 0
+    lift = "" if result.diff is None else (f"<p><b>{html.escape(lift_text(result))}</b>; "
+                                           f"fixed-horizon p {_num(result.z_p_value, '.4g')}; sequential p {_num(result.sequential_p, '.4g')}; "
+                                           f"sample ratio p {_num(result.srm_p, '.4g')}</p>")
     images = "".join(_img(name, png) for name, png in plots(result).items())
     return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th></tr>{rows}</table>"
             f"{lift}{drift_table(result.drift)}{images}")
