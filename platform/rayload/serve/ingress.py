@@ -7,9 +7,12 @@ recognised from the same table and refused with the fix.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from ..errors import RayloadError
+
+log = logging.getLogger(__name__)
 
 
 def direct_ingress_env() -> dict[str, str]:
@@ -34,6 +37,25 @@ NO_DIRECT_INGRESS = (
 
 def _proxy_url(serving: dict) -> str:
     return f"http://{serving['host']}:{serving['port']}{serving['route_prefix'].rstrip('/')}"
+
+
+def proxy_serving(serving: dict) -> dict:
+    """`serving` with the host and port Serve's proxy really listens on: Serve keeps the HTTP
+    options it was first started with (another experiment's, or `serve start`'s) and ignores
+    a later deploy's, so this spec's serving.port can be one where nothing answers."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:  # Serve not running: nothing to read (the deploy starts it with this spec's)
+        return serving
+    live = client.http_config
+    # A wildcard bind is reached at the spec's host (its own loopback or address); a fixed one only there
+    host = serving["host"] if live.host in ("0.0.0.0", "::", "") else live.host
+    if (host, live.port) != (serving["host"], serving["port"]):
+        log.warning("Serve's proxy was started earlier on %s:%s and keeps it: serving.host:port %s:%s of this spec is "
+                    "ignored (stop Serve first, or set serving.port: %s, to have them agree)",
+                    live.host, live.port, serving["host"], serving["port"], live.port)
+    return {**serving, "host": host, "port": live.port}
 
 
 def check_direct_ingress(serving: dict) -> None:
@@ -62,7 +84,7 @@ def ingress_urls(serving: dict, app: str, wait_s: float = 30, every_replica: boo
     gets a new port, so callers that use the URLs later ask again (`live_urls`, which takes
     the replicas that answer now: `every_replica=False`)."""
     if serving.get("ingress", "proxy") == "proxy":
-        return [_proxy_url(serving)]
+        return [_proxy_url(proxy_serving(serving))]
     import ray
     from ray.serve.context import _get_global_client
 
