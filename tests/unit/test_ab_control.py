@@ -170,3 +170,37 @@ def test_a_ramp_step_waits_until_the_challengers_guardrails_can_be_judged(run):
     run.box["frame"] = pd.concat([frame, events(4_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}, seed=1, start=1_200)], ignore_index=True)
     control.step(run_dir)
     assert user(run_dir)["weights"]["B"] == 0.25
+
+
+def test_restarting_the_same_experiment_keeps_its_promote_and_decision_log(run, monkeypatch):
+    import types
+
+    import ray
+
+    import rayload._ray
+
+    run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    args = control.parts(control.load_state(run_dir)[1]["config"])[0]
+    deployed = []
+    monkeypatch.setattr(rayload._ray, "ensure_ray", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(gcs_address="127.0.0.1:1"))
+    monkeypatch.setattr(control, "resolve_checkpoints", lambda spec, address=None: {})
+    monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(args, spec=spec.model_dump(mode="json"),
+                                                                                      salt=spec.experiment_salt))
+    monkeypatch.setattr(control, "deploy", lambda config: deployed.append(control.parts(config)[1]))
+    monkeypatch.setattr(control, "ingress_urls", lambda serving, app, **k: ["http://127.0.0.1:8000"])
+    monkeypatch.setattr(control, "check_direct_ingress", lambda serving: None)
+    control.start(spec_of(0.5), run_dir=run_dir)  # the first start: the spec's weights
+    assert deployed[-1]["weights"] == {"A": 0.5, "B": 0.5}
+    control.promote(run_dir)
+    _, before = control.load_state(run_dir)
+    control.start(spec_of(0.5), run_dir=run_dir)  # `rayload serve SPEC` again
+    _, after = control.load_state(run_dir)
+    assert deployed[-1]["weights"] == {"A": 0.0, "B": 1.0} and deployed[-1]["champion"] == "B"
+    assert deployed[-1]["final"]["decision"] == "promote" and user(run_dir) == deployed[-1]
+    assert after["decisions"] == before["decisions"] and after["final"] == before["final"]
+    assert control.step(run_dir)[0] == "promote" and len(control.load_state(run_dir)[1]["decisions"]) == 1
+    monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(args, checkpoints={"A": "/x", "B": "/new"},
+                                                                                      spec=spec.model_dump(mode="json")))
+    control.start(spec_of(0.5), run_dir=run_dir)  # other models under the same name: a new experiment
+    assert deployed[-1]["weights"] == {"A": 0.5, "B": 0.5} and control.load_state(run_dir)[1]["decisions"] == []

@@ -74,6 +74,9 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
     config = serve_config(args)
+    kept = _earlier_state(run_dir, args)
+    if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
+        parts(config)[1].update(parts(kept["config"])[1])
     check_direct_ingress(args["serving"])
     deploy(config)
     try:
@@ -86,8 +89,33 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
             raise RayloadError(f"{exc}; the app {spec.name} was removed again") from exc
         raise
     save_state(run_dir, {"config": config, "url": urls[0], "urls": urls, "address": ray.get_runtime_context().gcs_address,
-                         "decisions": []})
+                         "decisions": [], **{k: kept[k] for k in _KEPT if k in (kept or {})}})
     return Deployment(run_dir, urls[0], config, urls)
+
+
+_KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config
+_SAME = ("experiment", "salt", "arms", "checkpoints", "shadow")  # what makes a restart the same experiment
+
+
+def _earlier_state(run_dir: str, args: dict) -> dict | None:
+    """serve.json of this experiment's earlier start, when it is the same experiment (same
+    name, arms, models, salt and shadow mode): `rayload serve SPEC` again after a crash, a
+    reboot or a `--detach` re-run goes on where it was (a promote stays promoted, the decision
+    log and ramp step are kept) instead of deploying the spec's weights and deciding afresh on
+    the same events. Anything else starts afresh, said in the log."""
+    path = os.path.join(run_dir, "serve.json")
+    if not os.path.exists(path):
+        return None
+    _, state = load_state(run_dir)
+    before = parts(state["config"])[0]
+    changed = [k for k in _SAME if before.get(k) != args.get(k)]
+    if changed:
+        log.warning("%s: the experiment there had other %s; it starts afresh (the earlier decision log is dropped)",
+                    path, ", ".join(changed))
+        return None
+    log.info("%s: restarting %s with its weights, champion and decisions in force (%d decisions, final: %s)", path,
+             args["experiment"], len(state.get("decisions") or []), (state.get("final") or {}).get("decision"))
+    return state
 
 
 def save_state(run_dir: str, state: dict) -> None:
