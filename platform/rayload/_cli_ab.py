@@ -69,14 +69,23 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
                     console.print(f"[bold]{decision}[/]: {'; '.join(reasons)}")
                 said = (decision, reasons)
     except KeyboardInterrupt:
-        import ray
-        from ray import serve as ray_serve
-
-        ray_serve.delete(ab.name)  # this experiment only; others on a shared cluster keep running
-        if not address and not os.environ.get("RAY_ADDRESS"):
-            ray_serve.shutdown()
-            ray.shutdown()
+        _stop_serving(ab.name)
         console.print(f"stopped {ab.name}")
+
+
+def _stop_serving(name: str) -> None:
+    """Ctrl-C on `rayload serve`: this experiment's app goes; Serve and Ray end only where this
+    process started them (a Ray it joined, e.g. found through `ray start`'s address file without
+    --address, keeps Serve for the other apps on it)."""
+    import ray
+    from ray import serve as ray_serve
+
+    from ._ray import embedded
+
+    ray_serve.delete(name)  # this experiment only; others on a shared cluster keep running
+    if embedded():
+        ray_serve.shutdown()
+        ray.shutdown()
 
 
 def _stop_on_signals() -> None:

@@ -1,0 +1,41 @@
+"""`rayload serve` and `rayload ab ...` as commands, without Ray: what they hand to rayload.serve."""
+
+import pytest
+from typer.testing import CliRunner
+
+from rayload import _cli_ab
+from rayload.cli import app
+
+SPEC = "name: trial1\narms: [{name: A, weight: 0.95, checkpoint: /x}, {name: B, weight: 0.05, checkpoint: /y}]\ndrift: {enabled: false}\n"
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "ab.yaml"
+    path.write_text(SPEC)
+    return str(path)
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+def test_ctrl_c_on_serve_ends_serve_and_ray_only_where_this_process_started_them(spec, monkeypatch, embedded):
+    """Without --address and RAY_ADDRESS, `rayload serve` may still have joined a `ray start`
+    cluster (its address file): Ctrl-C then removes this experiment only."""
+    import ray
+    from ray import serve
+
+    import rayload._ray
+    from rayload.serve import control
+
+    calls = []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(rayload._ray, "embedded", lambda: embedded)
+    monkeypatch.setattr(control, "start", lambda ab, address=None: control.Deployment("/tmp/run", "http://h:1", {
+        "applications": [{"args": {"mode": "combined"}, "deployments": [{"user_config": {}}]}]}))
+    monkeypatch.setattr(_cli_ab, "_stop_on_signals", lambda: None)
+    monkeypatch.setattr(_cli_ab.time, "sleep", lambda s: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(serve, "delete", lambda name: calls.append(("delete", name)))
+    monkeypatch.setattr(serve, "shutdown", lambda: calls.append(("serve.shutdown",)))
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append(("ray.shutdown",)))
+    r = CliRunner().invoke(app, ["serve", spec])
+    assert r.exit_code == 0, r.output
+    assert calls == [("delete", "trial1")] + ([("serve.shutdown",), ("ray.shutdown",)] if embedded else [])
