@@ -272,5 +272,18 @@ def _db(url: str) -> Check:
             conn.execute(sqlalchemy.text("select 1"))
         engine.dispose()
     except Exception as exc:  # noqa: BLE001
-        return Check(f"database {url}", False, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-    return Check(f"database {url}", True, "reachable")
+        detail = str(exc).splitlines()[0].replace(driver_url, _shown(driver_url)).replace(url, _shown(url))
+        return Check(f"database {_shown(url)}", False, f"{type(exc).__name__}: {detail}")
+    return Check(f"database {_shown(url)}", True, "reachable")
+
+
+def _shown(url: str) -> str:
+    """The URL as printed: doctor's table ends up in terminals and CI logs, its password must not."""
+    import re
+
+    import sqlalchemy
+
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: mask user:password@ by hand
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
