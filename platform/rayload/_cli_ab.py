@@ -19,13 +19,18 @@ ABArg = Annotated[str, typer.Argument(help="A/B spec YAML (jobs/ab_*.yaml)")]
 RunArg = Annotated[str, typer.Argument(help="the experiment: its name, run folder, or A/B spec")]
 
 
-def _run_of(run: str) -> str:
-    """A spec path names its experiment's run folder; a name or folder is used as is."""
+def _run_of(run: str, overrides: list[str] | None = None) -> str:
+    """A spec path names its experiment's run folder, with the `--set` overrides `rayload serve`
+    was given (`--set name=trial2` serves another experiment than the file's); a name or
+    folder is used as is."""
     if run.endswith((".yaml", ".yml")) and os.path.exists(run):
         from .ab_spec import load_ab_spec
         from .serve.control import run_dir_for
 
-        return run_dir_for(load_ab_spec(run))
+        return run_dir_for(load_ab_spec(run, overrides or []))
+    if overrides:
+        raise typer.BadParameter(f"--set applies to an A/B spec file, and {run!r} is an experiment's name or run folder: "
+                                 "name the spec the experiment was served from, or leave --set out", param_hint="--set")
     return run
 
 
@@ -117,11 +122,12 @@ def _build(ab, spec: str, out: str, address) -> None:
 
 @ab_app.command("status")
 @_friendly
-def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="print the analysis as JSON")] = False) -> None:
+def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="print the analysis as JSON")] = False,
+           set_: SetOpt = None) -> None:
     """The live analysis: CTR per arm, lift, tests, SRM, guardrails, the decision."""
     from .serve.control import analysis_for
 
-    result = analysis_for(_run_of(run))
+    result = analysis_for(_run_of(run, set_))
     if as_json:
         console.print_json(json.dumps(result.to_dict()))
         return
@@ -158,7 +164,8 @@ def print_analysis(result) -> None:
 
 @ab_app.command("set-weights")
 @_friendly
-def set_weights(run: RunArg, weights: Annotated[list[str], typer.Argument(help="arm=share ... (summing to 1)")]) -> None:
+def set_weights(run: RunArg, weights: Annotated[list[str], typer.Argument(help="arm=share ... (summing to 1)")],
+                set_: SetOpt = None) -> None:
     """Change the traffic split of a running experiment in place (Serve user_config)."""
     from .errors import RayloadError
     from .serve.control import set_weights as apply
@@ -170,25 +177,25 @@ def set_weights(run: RunArg, weights: Annotated[list[str], typer.Argument(help="
             parsed[name] = float(value)
         except ValueError:
             raise RayloadError(f"weights: {item!r} is not arm=share (for example control=0.9 challenger=0.1)") from None
-    console.print(f"weights now {apply(_run_of(run), parsed)['weights']}")
+    console.print(f"weights now {apply(_run_of(run, set_), parsed)['weights']}")
 
 
 @ab_app.command("promote")
 @_friendly
-def promote(run: RunArg) -> None:
+def promote(run: RunArg, set_: SetOpt = None) -> None:
     """The challenger takes all traffic and becomes the champion."""
     from .serve.control import promote as apply
 
-    console.print(f"promoted: {apply(_run_of(run))}")
+    console.print(f"promoted: {apply(_run_of(run, set_))}")
 
 
 @ab_app.command("rollback")
 @_friendly
-def rollback(run: RunArg) -> None:
+def rollback(run: RunArg, set_: SetOpt = None) -> None:
     """The challenger gets no traffic."""
     from .serve.control import rollback as apply
 
-    console.print(f"rolled back: {apply(_run_of(run))}")
+    console.print(f"rolled back: {apply(_run_of(run, set_))}")
 
 
 @ab_app.command("simulate")
@@ -196,14 +203,15 @@ def rollback(run: RunArg) -> None:
 def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="simulated users")] = None,
              requests: Annotated[Optional[int], typer.Option(help="requests in all")] = None,
              url: Annotated[Optional[str], typer.Option(help="default: the running experiment's URL")] = None,
-             decide: Annotated[bool, typer.Option(help="run the automatic controller while traffic flows")] = True) -> None:
+             decide: Annotated[bool, typer.Option(help="run the automatic controller while traffic flows")] = True,
+             set_: SetOpt = None) -> None:
     """Send simulated users to the live endpoint and report the analysis and decision."""
     from .ab_spec import load_ab_spec
     from .serve import control
     from .serve.world import world_for
     from .serve.simulate import simulate_and_decide
 
-    ab = load_ab_spec(spec)
+    ab = load_ab_spec(spec, set_ or [])
     run_dir, state = control.load_state(control.run_dir_for(ab))
     sim = ab.simulate
     world = world_for(ab, control.parts(state["config"])[0])
@@ -222,12 +230,13 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
 
 @ab_app.command("report")
 @_friendly
-def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None) -> None:
+def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None,
+           set_: SetOpt = None) -> None:
     """Write an HTML page: cumulative CTR per arm with bands, lift over time, the decision."""
     from .serve.control import analysis_for, load_state
     from .serve.report import render
 
-    run_dir, _ = load_state(_run_of(run))
+    run_dir, _ = load_state(_run_of(run, set_))
     path = out or os.path.join(run_dir, "report.html")
     with open(path, "w") as f:
         f.write(render(analysis_for(run_dir)))

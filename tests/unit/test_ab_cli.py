@@ -4,6 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rayload import _cli_ab
+from rayload.ab_spec import load_ab_spec
 from rayload.cli import app
 
 SPEC = "name: trial1\narms: [{name: A, weight: 0.95, checkpoint: /x}, {name: B, weight: 0.05, checkpoint: /y}]\ndrift: {enabled: false}\n"
@@ -39,3 +40,31 @@ def test_ctrl_c_on_serve_ends_serve_and_ray_only_where_this_process_started_them
     r = CliRunner().invoke(app, ["serve", spec])
     assert r.exit_code == 0, r.output
     assert calls == [("delete", "trial1")] + ([("serve.shutdown",), ("ray.shutdown",)] if embedded else [])
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("command", [["status"], ["set-weights", "A=0.9", "B=0.1"], ["promote"], ["rollback"], ["report"], ["simulate"]])
+def test_ab_commands_given_the_spec_act_on_the_experiment_its_set_overrides_name(spec, monkeypatch, command):
+    """`rayload serve ab.yaml --set name=trial2` serves trial2: `rayload ab ... ab.yaml --set
+    name=trial2` reaches trial2's run folder, not the file's trial1."""
+    from rayload.serve import control
+
+    seen = []
+
+    def record(run, *args, **kwargs):
+        seen.append(run)
+        raise _Stop
+
+    for name in ("analysis_for", "set_weights", "promote", "rollback", "load_state"):
+        monkeypatch.setattr(control, name, record)
+    r = CliRunner().invoke(app, ["ab", command[0], spec, *command[1:], "--set", "name=trial2"])
+    assert isinstance(r.exception, _Stop), r.output
+    assert seen == [control.run_dir_for(load_ab_spec(spec, ["name=trial2"]))] and seen[0].endswith("trial2")
+
+
+def test_set_on_an_ab_command_given_a_run_name_is_refused_naming_the_option():
+    r = CliRunner().invoke(app, ["ab", "promote", "trial1", "--set", "name=trial2"])
+    assert r.exit_code == 2 and "--set" in r.output and "trial1" in r.output
