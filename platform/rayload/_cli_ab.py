@@ -200,8 +200,8 @@ def rollback(run: RunArg, set_: SetOpt = None) -> None:
 
 @ab_app.command("simulate")
 @_friendly
-def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="simulated users")] = None,
-             requests: Annotated[Optional[int], typer.Option(help="requests in all")] = None,
+def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(min=1, help="simulated users (default: the spec's)")] = None,
+             requests: Annotated[Optional[int], typer.Option(min=1, help="requests in all (default: the spec's)")] = None,
              url: Annotated[Optional[str], typer.Option(help="default: the running experiment's URL")] = None,
              decide: Annotated[bool, typer.Option(help="run the automatic controller while traffic flows")] = True,
              set_: SetOpt = None) -> None:
@@ -216,9 +216,10 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(help="sim
     sim = ab.simulate
     world = world_for(ab, control.parts(state["config"])[0])
     key = os.environ.get(ab.serving.api_key_env) if ab.serving.api_key_env else None
-    total = requests or sim.requests
+    total = sim.requests if requests is None else requests  # `or` would take an explicit 0 for the spec's value
+    users = sim.users if users is None else users
     with console.status("simulating...") as line:
-        out = simulate_and_decide(run_dir, url or control.live_urls(run_dir), world, users or sim.users, total, sim.concurrency, sim.seed, key,
+        out = simulate_and_decide(run_dir, url or control.live_urls(run_dir), world, users, total, sim.concurrency, sim.seed, key,
                                   auto=decide and ab.ramp.auto,
                                   on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
     for s in out.steps:

@@ -68,3 +68,23 @@ def test_ab_commands_given_the_spec_act_on_the_experiment_its_set_overrides_name
 def test_set_on_an_ab_command_given_a_run_name_is_refused_naming_the_option():
     r = CliRunner().invoke(app, ["ab", "promote", "trial1", "--set", "name=trial2"])
     assert r.exit_code == 2 and "--set" in r.output and "trial1" in r.output
+
+
+def test_simulate_takes_the_users_and_requests_given_and_refuses_fewer_than_one_naming_the_option(spec, monkeypatch):
+    import rayload.serve.simulate
+    import rayload.serve.world
+    from rayload.serve import control
+
+    got = []
+    monkeypatch.setattr(control, "load_state", lambda run: (run, {"config": {"applications": [{"args": {}, "deployments": [{"user_config": {}}]}]}}))
+    monkeypatch.setattr(rayload.serve.world, "world_for", lambda ab, args: None)
+    monkeypatch.setattr(rayload.serve.simulate, "simulate_and_decide",
+                        lambda run_dir, url, world, users, requests, *a, **k: got.append((users, requests)) or (_ for _ in ()).throw(_Stop()))
+    r = CliRunner().invoke(app, ["ab", "simulate", spec, "--url", "http://h:1", "--users", "1", "--requests", "1"])
+    assert isinstance(r.exception, _Stop) and got == [(1, 1)], r.output
+    CliRunner().invoke(app, ["ab", "simulate", spec, "--url", "http://h:1"])
+    assert got[-1] == (2000, 20000)  # the spec's simulate.users and .requests
+    for option, value in (("--users", "0"), ("--requests", "0"), ("--requests", "-5"), ("--users", "-3")):
+        r = CliRunner().invoke(app, ["ab", "simulate", spec, "--url", "http://h:1", option, value])
+        assert r.exit_code == 2 and option in r.output and ("x>=1" in r.output or "greater than or equal to 1" in r.output), r.output
+    assert len(got) == 2
