@@ -234,11 +234,11 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(min=1, he
 def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default: report.html in the run folder")] = None,
            set_: SetOpt = None) -> None:
     """Write an HTML page: cumulative CTR per arm with bands, lift over time, the decision."""
-    from .serve.control import analysis_for, load_state
+    from .serve.control import analysis_for, events_of, load_state
     from .serve.report import render
 
     run_dir, _ = load_state(_run_of(run, set_))
     path = out or os.path.join(run_dir, "report.html")
     with open(path, "w") as f:
-        f.write(render(analysis_for(run_dir)))
+        f.write(render(analysis_for(run_dir), events_of(run_dir)))
     console.print(f"wrote {path}")

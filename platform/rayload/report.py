@@ -102,7 +102,7 @@ def _best_trial_history(best: dict) -> list[dict]:
 def _ab_section(ab: dict, decided: dict) -> str:
     if not ab.get("run_dir") or not os.path.exists(os.path.join(ab["run_dir"], "serve.json")):
         return "<p>no A/B experiment in this run</p>"
-    from .serve.control import analysis_for
+    from .serve.control import analysis_for, events_of
     from .serve.report import drift_table, lift_text, plots
 
     result = analysis_for(ab["run_dir"])
@@ -112,7 +112,7 @@ def _ab_section(ab: dict, decided: dict) -> str:
     lift = "" if result.diff is None else (f"<p><b>{html.escape(lift_text(result))}</b>; "
                                            f"fixed-horizon p {_num(result.z_p_value, '.4g')}; sequential p {_num(result.sequential_p, '.4g')}; "
                                            f"sample ratio p {_num(result.srm_p, '.4g')}</p>")
-    images = "".join(_img(name, png) for name, png in plots(result).items())
+    images = "".join(_img(name, png) for name, png in plots(result, events_of(ab["run_dir"])).items())
     return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th></tr>{rows}</table>"
             f"{lift}{drift_table(result.drift)}{images}")
 

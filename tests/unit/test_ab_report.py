@@ -12,3 +12,23 @@ def test_the_pipeline_report_shows_a_lift_without_an_interval_when_the_challenge
     assert result.lift == -1.0 and result.lift_ci is None  # the case: a lift of -100% with no interval
     section = report._ab_section({"run_dir": run_dir}, {})
     assert "lift -100.00% [n/a]" in section and "sequential p" in section
+
+
+def test_the_lift_over_time_is_the_analysis_lift_within_ramp_periods_not_a_ratio_of_pooled_ctrs():
+    """A ramp 5% -> 50% while the CTR falls for both arms alike (no effect): pooled cumulative
+    CTRs give the challenger, mostly seen late, a large negative 'lift'."""
+    import pandas as pd
+
+    from rayload.serve.analysis import analyze
+    from rayload.serve.report import lift_over_time, plots
+
+    early = events(20_000, {"A": 0.20, "B": 0.20}, {"A": 0.95, "B": 0.05}, seed=1)
+    late = events(20_000, {"A": 0.05, "B": 0.05}, {"A": 0.5, "B": 0.5}, seed=2, start=20_000)
+    frame = pd.concat([early, late], ignore_index=True)
+    result = analyze(frame, spec_of(0.95), {"A": 0.5, "B": 0.5}, "A")
+    lifts = lift_over_time(result, frame)
+    assert lifts[-1][0] == result.timeline[-1]["ts"] and abs(lifts[-1][1] - result.lift) < 1e-9
+    assert all(abs(lift) < 0.25 for _, lift in lifts[len(lifts) // 2:])  # no effect, read as none
+    raw = lift_over_time(result)[-1][1]
+    assert raw < -0.3  # what the plot showed: the pooled ratio
+    assert set(plots(result, frame)) == {"ctr", "lift"}

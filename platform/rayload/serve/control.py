@@ -248,6 +248,13 @@ def analysis_for(run: str):
     return result
 
 
+def events_of(run: str):
+    """The experiment's events (EventReader rows), as its analysis reads them."""
+    _, state = load_state(run)
+    args, _ = parts(state["config"])
+    return _events_frame(args, ABSpec.model_validate(args["spec"]))
+
+
 def _analysis_of(state: dict):
     from .analysis import analyze
 

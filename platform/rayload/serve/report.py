@@ -16,8 +16,9 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def plots(result: Analysis) -> dict[str, str]:
-    """PNG (base64) per plot name; empty when there is no traffic yet."""
+def plots(result: Analysis, frame=None) -> dict[str, str]:
+    """PNG (base64) per plot name; empty when there is no traffic yet. `frame`: the events, for
+    the lift within weight periods (lift_over_time)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,25 +40,48 @@ def plots(result: Analysis) -> dict[str, str]:
     out = {"ctr": _png(fig)}
     plt.close(fig)
     if result.challenger:
-        lifts = [(x, row[result.challenger]["ctr"] / row[result.champion]["ctr"] - 1) for x, row in zip(xs, result.timeline)
-                 if row[result.challenger]["ctr"] is not None and row[result.champion]["ctr"]]
+        lifts = lift_over_time(result, frame)
         if lifts:
             fig, ax = plt.subplots(figsize=(7, 3))
-            ax.plot([p[0] for p in lifts], [100 * p[1] for p in lifts], color="tab:purple")
+            ax.plot([(ts - t0) / 60 for ts, _ in lifts], [100 * lift for _, lift in lifts], color="tab:purple")
             ax.axhline(0, color="grey", lw=0.8)
-            ax.set(xlabel="minutes since the first exposure", ylabel="lift %", title=f"{result.challenger} over {result.champion}")
+            how = ("within weight periods, as the analysis compares them" if frame is not None
+                   else "raw ratio of the pooled CTRs: it mixes ramp periods")
+            ax.set(xlabel="minutes since the first exposure", ylabel="lift %", title=f"{result.challenger} over {result.champion} ({how})")
             out["lift"] = _png(fig)
             plt.close(fig)
     return out
 
 
-def render(result: Analysis) -> str:
+def lift_over_time(result: Analysis, frame=None) -> list[tuple[float, float]]:
+    """(time, lift) at the timeline's times. With the events (`frame`, EventReader rows): the
+    lift the analysis reports, from the arms compared within each weight period (a CTR that
+    drifts while the ramp moves the challenger's share is not read as an effect). Without: the
+    raw ratio of the arms' cumulative CTRs, which mixes the periods."""
+    champion, challenger = result.champion, result.challenger
+    if frame is None:
+        return [(row["ts"], row[challenger]["ctr"] / row[champion]["ctr"] - 1) for row in result.timeline
+                if row[challenger]["ctr"] is not None and row[champion]["ctr"]]
+    import numpy as np
+
+    from . import stats
+    from .analysis import Pairs
+
+    ok = frame[frame["status"] == "ok"]  # as analyze counts: ok rows, a click is an outcome > 0
+    pairs = Pairs.of(ok.assign(clicked=(ok["outcome"] > 0).astype(float)), champion, challenger)
+    times = [row["ts"] for row in result.timeline]
+    looks = np.searchsorted(pairs.ts, times, side="right")
+    points = [(t, stats.comparison(est).lift if est is not None else None) for t, est in zip(times, pairs.at_looks(looks))]
+    return [(t, lift) for t, lift in points if lift is not None]
+
+
+def render(result: Analysis, frame=None) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(a.arm)}</td><td>{result.weights.get(a.arm, 0):.2f}</td><td>{a.units}</td><td>{a.exposures}</td>"
         f"<td>{a.clicks}</td><td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td><td>{a.error_rate:.2%}</td>"
         f"<td>{a.p99_ms:.1f}</td><td>{'ok' if a.guardrail_ok else html.escape('; '.join(a.guardrail_reasons))}</td></tr>"
         for a in result.arms)
-    images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result).items())
+    images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result, frame).items())
     lift = ""
     if result.diff is not None:
         lift = (f"<p>difference {result.diff:+.4f} [{result.diff_ci[0]:+.4f}, {result.diff_ci[1]:+.4f}], {html.escape(lift_text(result))}; "
