@@ -219,7 +219,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(min=1, he
     total = sim.requests if requests is None else requests  # `or` would take an explicit 0 for the spec's value
     users = sim.users if users is None else users
     with console.status("simulating...") as line:
-        out = simulate_and_decide(run_dir, url or control.live_urls(run_dir), world, users, total, sim.concurrency, sim.seed, key,
+        out = simulate_and_decide(run_dir, url or (lambda: control.live_urls(run_dir)), world, users, total, sim.concurrency, sim.seed, key,
                                   auto=decide and ab.ramp.auto,
                                   on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
     for s in out.steps:

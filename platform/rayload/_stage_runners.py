@@ -196,8 +196,9 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
     try:
         if stage.traffic == "simulate":
             sim = experiment.simulate
-            out = simulate_and_decide(dep.run_dir, dep.urls or dep.url, world_for(experiment, dep.args), sim.users, sim.requests, sim.concurrency,
-                                      sim.seed, on_chunk=lambda done, status: progress(done / sim.requests))
+            # the router's URLs asked again for each slice: a replaced direct-ingress replica has a new port
+            out = simulate_and_decide(dep.run_dir, lambda: control.live_urls(dep.run_dir), world_for(experiment, dep.args), sim.users,
+                                      sim.requests, sim.concurrency, sim.seed, on_chunk=lambda done, status: progress(done / sim.requests))
             decision, reasons, requests = out.decision, out.reasons, out.requests
         else:
             decision, reasons = _watch_live(folder, stage, progress)

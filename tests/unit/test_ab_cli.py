@@ -88,3 +88,18 @@ def test_simulate_takes_the_users_and_requests_given_and_refuses_fewer_than_one_
         r = CliRunner().invoke(app, ["ab", "simulate", spec, "--url", "http://h:1", option, value])
         assert r.exit_code == 2 and option in r.output and ("x>=1" in r.output or "greater than or equal to 1" in r.output), r.output
     assert len(got) == 2
+
+
+def test_simulate_without_url_reads_the_routers_urls_for_each_slice(spec, monkeypatch):
+    import rayload.serve.simulate
+    import rayload.serve.world
+    from rayload.serve import control
+
+    asked = []
+    monkeypatch.setattr(control, "load_state", lambda run: (run, {"config": {"applications": [{"args": {}, "deployments": [{"user_config": {}}]}]}}))
+    monkeypatch.setattr(control, "live_urls", lambda run: asked.append(run) or [f"http://h:{30000 + len(asked)}"])
+    monkeypatch.setattr(rayload.serve.world, "world_for", lambda ab, args: None)
+    monkeypatch.setattr(rayload.serve.simulate, "simulate_and_decide",
+                        lambda run_dir, url, *a, **k: (url(), url(), (_ for _ in ()).throw(_Stop())))
+    r = CliRunner().invoke(app, ["ab", "simulate", spec])
+    assert isinstance(r.exception, _Stop) and len(asked) == 2, r.output

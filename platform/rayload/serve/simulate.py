@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,10 +138,13 @@ class Outcome:
     steps: list[dict] = field(default_factory=list)  # what the controller did after each chunk
 
 
-def simulate_and_decide(run_dir: str, url: str | list[str], world, users: int, requests: int, concurrency: int = 8, seed: int = 0,
-                        api_key: str | None = None, auto: bool = True, chunks: int = 10, on_chunk=None) -> Outcome:
+def simulate_and_decide(run_dir: str, url: str | list[str] | Callable[[], str | list[str]], world, users: int, requests: int,
+                        concurrency: int = 8, seed: int = 0, api_key: str | None = None, auto: bool = True, chunks: int = 10,
+                        on_chunk=None) -> Outcome:
     """Traffic in `chunks` slices; after each, the automatic controller looks once (ramp,
-    promote, rollback). Stops at the first promote or rollback."""
+    promote, rollback). Stops at the first promote or rollback. `url`: the router's URL(s), or
+    a function that gives them, asked before each slice (with direct ingress a router replica
+    that Serve replaced answers at a new port: control.live_urls reads them again)."""
     from . import control
 
     done, status, steps = 0, {}, []
@@ -148,7 +152,7 @@ def simulate_and_decide(run_dir: str, url: str | list[str], world, users: int, r
     size = max(1, -(-requests // chunks))
     while done < requests:
         n = min(size, requests - done)
-        out = simulate(url, world, users, n, concurrency, seed + done, api_key)
+        out = simulate(url() if callable(url) else url, world, users, n, concurrency, seed + done, api_key)
         done += n
         for code, count in out.status.items():
             status[code] = status.get(code, 0) + count
