@@ -105,7 +105,7 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
     issues = []
     for i, command in starts:
         where = f"{section}[{i}]"
-        if not re.search(r"(^|\s)RAY_AUTH_MODE=token(\s|$)", command):
+        if "RAY_AUTH_MODE=token" not in _words(command):  # `VAR=v ray start`, `export VAR=v; ray start`, `&&`
             issues.append(SpecIssue(where, "must start Ray with RAY_AUTH_MODE=token (token authentication)", command, True))
         for host in _options(command, "--dashboard-host"):
             if host in _LOOPBACK:
@@ -115,12 +115,21 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
     return issues
 
 
+def _words(command: str) -> list[str]:
+    """The shell words of a command, with `;`, `&&`, `|` as words of their own, and the words of
+    any quoted command inside it (`bash -lc 'conda activate x && ray start ...'`) after it."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # an unbalanced quote: the plain words
+        words = command.split()
+    return words + [w for word in words if any(c.isspace() for c in word) for w in _words(word)]
+
+
 def _options(command: str, name: str) -> list[str]:
     """Every value given to `name` (a repeated flag: Ray takes the last, we check them all)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
+    words = _words(command)
     found = []
     for i, word in enumerate(words):
         if word == name and i + 1 < len(words):

@@ -49,6 +49,27 @@ def test_dashboard_on_all_interfaces_fails(config):
     assert any("--dashboard-host must be 127.0.0.1" in i.message for i in issues)
 
 
+@pytest.mark.parametrize("command", [
+    "RAY_AUTH_MODE=token bash -lc 'conda activate rl && ray start --head --port=6379 --dashboard-host=0.0.0.0'",
+    'export RAY_AUTH_MODE=token; sh -c "ray start --head --dashboard-host 0.0.0.0"',
+    "RAY_AUTH_MODE=token ray start --head --dashboard-host=0.0.0.0;",
+])
+def test_an_open_dashboard_inside_a_shell_wrapped_start_command_fails(config, command):
+    config["head_start_ray_commands"][1] = command
+    issues = [i for i in security_issues(config) if i.path == "head_start_ray_commands[1]"]
+    assert [i.message.split(":")[0] for i in issues] == ["--dashboard-host must be 127.0.0.1"], issues
+
+
+@pytest.mark.parametrize("command", [
+    "export RAY_AUTH_MODE=token; ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "export RAY_AUTH_MODE=token && ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "bash -lc 'export RAY_AUTH_MODE=token; ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+])
+def test_token_auth_exported_before_ray_start_passes(config, command):
+    config["head_start_ray_commands"][1] = command
+    assert "head_start_ray_commands[1]" not in _paths(security_issues(config))
+
+
 def test_missing_token_auth_fails_on_head_and_workers(config):
     config["head_start_ray_commands"][1] = config["head_start_ray_commands"][1].replace("RAY_AUTH_MODE=token", "")
     config["worker_start_ray_commands"][1] = config["worker_start_ray_commands"][1].replace("RAY_AUTH_MODE=token ", "")
