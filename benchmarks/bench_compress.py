@@ -92,6 +92,7 @@ def main() -> None:
     import torch
 
     from rayload.data.pipeline import preprocess
+    from rayload.models import InputShape
     from rayload.models.inference import for_serving
     from rayload.serve.scorer import Scorer
     from rayload.train import checkpoint as ckpt
@@ -104,9 +105,8 @@ def main() -> None:
     fp32, int8 = ckpt.load(result.checkpoint), ckpt.load(q.checkpoint)
     pre = preprocess(spec)
     layout = Layout.from_features(fp32.features)
-    f = fp32.features
-    shape = (len(f.dense_columns), list(f.sparse_columns.values()), list(f.bag_columns.values()))
-    served = {"fp32": for_serving(fp32.model, *shape), "int8": for_serving(int8.model, *shape)}
+    shape = InputShape.from_features(fp32.features)
+    served = {"fp32": for_serving(fp32.model, shape), "int8": for_serving(int8.model, shape)}
     print(f"{args.source}: DeepFM dim {args.embedding_dim}, hidden {args.hidden}; quantized engine {torch.backends.quantized.engine}; "
           f"served forward: fp32 {served['fp32'].mode}, int8 {served['int8'].mode}")
     print("| batch | fp32 ms | int8 ms | speed-up fp32/int8 | path |")

@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
     """(resolved spec, seed, data content hash) of a stage, without running anything."""
+    from .data.pipeline import job_cache_key
+
     if stage.kind in ("prepare", "train"):
         job = _job(spec, stage)
         plan = job.model_dump(mode="json")
@@ -24,7 +26,7 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
             plan["shared_storage"] = shared  # where the run lives: a new place is a new run
         if stage.kind == "train":
             plan.update(_init_identity(job))
-        return plan, job.train.seed, _data_hash(job)
+        return plan, job.train.seed, job_cache_key(job)
     if stage.kind == "tune":
         from .search_job import base_raw
         from .tuning import job_from
@@ -32,7 +34,7 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
         search = _search(spec, stage)
         raw = base_raw(search, None)
         base = job_from(raw, {})
-        return {"search": search.model_dump(mode="json"), "base": raw, **_init_identity(base)}, search.seed, _data_hash(base)
+        return {"search": search.model_dump(mode="json"), "base": raw, **_init_identity(base)}, search.seed, job_cache_key(base)
     if stage.kind == "ab":
         ab = _ab_template(spec, stage)
         # Arms the pipeline does not fill from earlier stages (whose fingerprints cover them)
@@ -73,16 +75,6 @@ def _search(spec, stage):
     return load_search_spec(spec.path(stage.search), stage.set)
 
 
-def _data_hash(job) -> str:
-    """The key of the job's preprocessed shards, as preprocessing computes it: a job that starts
-    from a checkpoint (train.init_from) transforms its data with that checkpoint's features."""
-    from .data.pipeline import cache_key, fixed_features
-    from .data.sources import resolve_inputs
-    from .paths import cache_root
-
-    return cache_key(job, resolve_inputs(job.data, cache_root()), fixed_features(job))
-
-
 def _init_identity(job) -> dict:
     """The weights a job starts from (train.init_from): a checkpoint replaced at the same path
     is a new start, so the identity of its model.pt goes into the fingerprint."""
@@ -97,10 +89,11 @@ def _arm_identity(arm: dict) -> dict:
     from .paths import is_remote
 
     if arm.get("job"):
+        from .data.pipeline import job_cache_key
         from .spec import load_spec
 
         job = load_spec(arm["job"], arm.get("set") or [])
-        return {"job": job.model_dump(mode="json"), "data": _data_hash(job), **_init_identity(job)}
+        return {"job": job.model_dump(mode="json"), "data": job_cache_key(job), **_init_identity(job)}
     path = arm["checkpoint"]
     if is_remote(path):
         return {"checkpoint": path}

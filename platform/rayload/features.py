@@ -176,8 +176,12 @@ class FittedFeatures:
         """
         from .data.validate import validate_request
 
-        needed = {d["source"] for d in self.derived.values()}
-        return self.transform_table(validate_request(rows, self.columns, needed))
+        return self.transform_table(validate_request(rows, self.columns, self.derived_sources))
+
+    @property
+    def derived_sources(self) -> set[str]:
+        """The raw columns derived features are computed from (a request carries them)."""
+        return {d["source"] for d in self.derived.values()}
 
 
 def clip_log(x: np.ndarray, low: float | None, high: float | None, log: bool) -> np.ndarray:

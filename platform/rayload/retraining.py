@@ -167,14 +167,13 @@ def _labelled(frame, attribution_s: float | None, now: float):
 
 
 def _input_columns(features) -> list[dict]:
-    """The raw columns a request carries: the training schema less the label and derived columns,
-    and less the id and timestamp columns no derived feature is computed from. Serving reads
-    those only for a derived feature (`validate_request`'s `needed`, as `transform_request`
-    builds it), so a logged exposure lacks them, and declaring them here (an id or a timestamp
-    is required) would quarantine every row."""
-    needed = {d["source"] for d in features.derived.values()}
-    return [c for c in features.columns if c["role"] != "label" and c["name"] not in features.derived
-            and (c["role"] not in ("id", "timestamp") or c["name"] in needed)]
+    """The raw columns a request carries, as serving reads them (`request_columns`: no id or
+    timestamp column that no derived feature is computed from, so a logged exposure lacks them,
+    and declaring them here, where they are required, would quarantine every row), less the
+    derived columns."""
+    from .data.validate import request_columns
+
+    return [c for c in request_columns(features.columns, features.derived_sources) if c["name"] not in features.derived]
 
 
 def _check_rows(rows: int, positives: int, run: str) -> None:

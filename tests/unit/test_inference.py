@@ -24,17 +24,17 @@ def model(name: str, shape: InputShape = SHAPE) -> nn.Module:
     with torch.no_grad():  # non-trivial batch-norm statistics
         m.train()
         for seed in range(3):
-            m(*synthetic_inputs(shape.dense, list(shape.sparse), list(shape.bags), 128, seed=seed))
+            m(*synthetic_inputs(shape, 128, seed=seed))
     return m.eval()
 
 
 def serve(m: nn.Module, shape: InputShape = SHAPE, **kw):
-    return for_serving(m, shape.dense, list(shape.sparse), list(shape.bags), **kw)
+    return for_serving(m, shape, **kw)
 
 
 def unseen_batches(shape: InputShape = SHAPE):
     """Sizes and bag lengths other than the trace's and the load check's."""
-    out = [synthetic_inputs(shape.dense, list(shape.sparse), list(shape.bags), n, seed=500 + n) for n in (1, 3, 64, 257)]
+    out = [synthetic_inputs(shape, n, seed=500 + n) for n in (1, 3, 64, 257)]
     if shape.bags:  # long bags: lengths the synthetic batches never have
         d, s, _, _ = out[1]
         values = [torch.randint(0, n, (40,)) for n in shape.bags]
@@ -101,7 +101,7 @@ def test_a_trace_that_is_wrong_on_other_batches_is_not_served(broadcast, mode):
     m = _SizeFrozen(broadcast).eval()
     forward = serve(m, InputShape(dense=3, sparse=(), bags=()))
     assert forward.mode.startswith(mode)
-    batch = synthetic_inputs(3, [], [], 11, seed=3)
+    batch = synthetic_inputs(InputShape(dense=3, sparse=(), bags=()), 11, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(forward(*batch), m(*batch))
 

@@ -48,7 +48,7 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     schema = Schema.from_spec(spec.data)
     inputs = resolve_inputs(spec.data, cache_root())
     fixed = fixed_features(spec)
-    key = cache_key(spec, inputs, fixed)
+    key = cache_key(spec, inputs, fixed)  # job_cache_key(spec), with the inputs and features kept for the run
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
     if engine == "ray":
         check_reachable(inputs, out_dir)
@@ -177,6 +177,13 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
     # write, _batch._row_order): shards written before it are not reused
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, "train_rows": "seeded-order", **extra})
+
+
+def job_cache_key(spec) -> str:
+    """The key `preprocess(spec)` files its shards under, computed without preprocessing: the
+    spec's data sections, its inputs' identity (paths, sizes, mtimes) and, for a job that starts
+    from a checkpoint, that checkpoint's features."""
+    return cache_key(spec, resolve_inputs(spec.data, cache_root()), fixed_features(spec))
 
 
 def fixed_features(spec) -> FittedFeatures | None:

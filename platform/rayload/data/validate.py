@@ -215,11 +215,16 @@ def malformed_rows(items: list[tuple[str, str]], source: str) -> pa.Table:
     )
 
 
-def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = frozenset()) -> pa.Table:
-    """Serving path: request dicts through the same column validation as training data.
+def request_columns(columns: list[dict], needed=frozenset()) -> list[dict]:
+    """The columns a served request carries: the schema less the label, and less the id and
+    timestamp columns except those a derived feature is computed from (`needed`)."""
+    return [c for c in columns if c["role"] not in ("label", "id", "timestamp") or c["name"] in needed]
 
-    Timestamps are read only when a derived feature needs them (`needed`)."""
-    feature_cols = [c for c in columns if c["role"] not in ("label", "id", "timestamp") or c["name"] in needed]
+
+def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = frozenset()) -> pa.Table:
+    """Serving path: request dicts through the same column validation as training data, over
+    `request_columns(columns, needed)`."""
+    feature_cols = request_columns(columns, needed)
     raw = {}
     for col in feature_cols:
         values = [r.get(col["name"]) for r in rows]

@@ -32,6 +32,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ._inputs import InputShape
+
 log = logging.getLogger(__name__)
 TOLERANCE = 1e-6  # largest |traced - eager| logit accepted; probabilities then differ by at most a quarter of it
 CHECK_SIZES = (1, 2, 7, 33)  # rows per synthetic check batch; the trace itself uses 5
@@ -61,24 +63,26 @@ class _Flat(nn.Module):
         return self.model(dense, sparse, list(bags[:self.bags]), list(bags[self.bags:]))
 
 
-def synthetic_inputs(dense: int, sparse: list[int], bags: list[int], rows: int, seed: int = 0, empty_bags: bool = False) -> tuple:
-    """A batch shaped as train.batch.collate makes it: dense [rows, dense] float32, IDs [rows,
-    len(sparse)] int64 (each column within its table), and per bag column flat int64 values
-    with int64 offsets (bag lengths 0-4, or all 0 with `empty_bags`)."""
+def synthetic_inputs(shape: InputShape, rows: int, seed: int = 0, empty_bags: bool = False) -> tuple:
+    """A batch shaped as train.batch.collate makes it: dense [rows, shape.dense] float32, IDs
+    [rows, len(shape.sparse)] int64 (each column within its table), and per bag column flat
+    int64 values with int64 offsets (bag lengths 0-4, or all 0 with `empty_bags`)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, dense, generator=g)
-    ids = torch.stack([torch.randint(0, n, (rows,), generator=g) for n in sparse], 1) if sparse else torch.zeros(rows, 0, dtype=torch.int64)
+    x = torch.randn(rows, shape.dense, generator=g)
+    ids = (torch.stack([torch.randint(0, n, (rows,), generator=g) for n in shape.sparse], 1) if shape.sparse
+           else torch.zeros(rows, 0, dtype=torch.int64))
     values, offsets = [], []
-    for n in bags:
+    for n in shape.bags:
         lengths = torch.zeros(rows, dtype=torch.int64) if empty_bags else torch.randint(0, 5, (rows,), generator=g)
         offsets.append(torch.cumsum(lengths, 0) - lengths)
         values.append(torch.randint(0, n, (int(lengths.sum()),), generator=g))
     return x, ids, values, offsets
 
 
-def for_serving(model: nn.Module, dense: int, sparse: list[int], bags: list[int], enabled: bool = True) -> ServingForward:
-    """The forward a scorer should call: the frozen trace when it matches eager on every check
-    batch, else the eager model (eval mode, no autograd either way)."""
+def for_serving(model: nn.Module, shape: InputShape, enabled: bool = True) -> ServingForward:
+    """The forward a scorer should call (`shape`: the model's inputs, InputShape.from_features):
+    the frozen trace when it matches eager on every check batch, else the eager model (eval
+    mode, no autograd either way)."""
     model = model.eval()
 
     def eager(d, s, v, o):
@@ -88,8 +92,8 @@ def for_serving(model: nn.Module, dense: int, sparse: list[int], bags: list[int]
     if not enabled:
         return ServingForward(eager, "eager: torchscript off")
     try:
-        flat = _Flat(model, len(bags)).eval()
-        example = synthetic_inputs(dense, sparse, bags, 5, seed=1)
+        flat = _Flat(model, len(shape.bags)).eval()
+        example = synthetic_inputs(shape, 5, seed=1)
         with torch.no_grad(), warnings.catch_warnings():
             # TracerWarning: branches on the configuration (recorded once, as intended); DeprecationWarning:
             # torch.jit is deprecated in favour of torch.compile (see the module docstring)
@@ -98,9 +102,9 @@ def for_serving(model: nn.Module, dense: int, sparse: list[int], bags: list[int]
     except Exception as exc:  # noqa: BLE001 - any failure to trace means: serve eager
         log.warning("serving the eager model: tracing failed (%s: %s)", type(exc).__name__, exc)
         return ServingForward(eager, f"eager: tracing failed ({type(exc).__name__})")
-    checks = [synthetic_inputs(dense, sparse, bags, n, seed=10 + n) for n in CHECK_SIZES]
-    if bags:
-        checks.append(synthetic_inputs(dense, sparse, bags, 3, seed=99, empty_bags=True))
+    checks = [synthetic_inputs(shape, n, seed=10 + n) for n in CHECK_SIZES]
+    if shape.bags:
+        checks.append(synthetic_inputs(shape, 3, seed=99, empty_bags=True))
     worst = 0.0
     try:
         with torch.no_grad():

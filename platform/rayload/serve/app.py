@@ -113,30 +113,27 @@ class ABRouter:
         except RecursionError:  # thousands of nested [ or { fit in the size limit
             return _problem(422, [{"loc": ["body"], "msg": "JSON nested too deeply", "type": "json_invalid"}])
 
-    async def _parse(self, request: Request, model: type[BaseModel], fast: list | None = None):
-        """The request's body as `model`, or the 401/413/422 answer that refuses it; `fast`, when
-        given, gets whether orjson read the body (see _loads)."""
+    async def _parse(self, request: Request, model: type[BaseModel]):
+        """(the request's body as `model`, whether orjson read it: see _loads), or the
+        401/413/422 answer that refuses it."""
         if denied := self._denied(request):
             return denied
         raw = await self._json_body(request)
         if isinstance(raw, JSONResponse):
             return raw
         raw, by_orjson = raw
-        if fast is not None:
-            fast.append(by_orjson)
         try:
-            return model.model_validate(raw)
+            return model.model_validate(raw), by_orjson
         except ValidationError as exc:
             return _problem(422, _validation_detail(exc))
 
     @api.post("/predict")
     async def predict(self, request: Request):
         start = time.perf_counter()
-        parsed: list[bool] = []
-        body = await self._parse(request, PredictBody, parsed)
-        if isinstance(body, JSONResponse):
-            return body
-        fast = parsed[0]
+        parsed = await self._parse(request, PredictBody)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        body, fast = parsed
         rows = body.candidates if body.candidates is not None else ([body.features] if body.features is not None else None)
         if problem := self._rows_problem(rows, body.candidates is not None):
             return problem
@@ -249,9 +246,10 @@ class ABRouter:
 
     @api.post("/feedback")
     async def feedback(self, request: Request):
-        body = await self._parse(request, FeedbackBody)
-        if isinstance(body, JSONResponse):
-            return body
+        parsed = await self._parse(request, FeedbackBody)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        body, _ = parsed
         if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
             return _problem(404, f"unknown request_id {body.request_id!r}")
         duplicate = await asyncio.to_thread(self.reader.outcome_exists, body.request_id, body.event)
@@ -267,9 +265,10 @@ class ABRouter:
     async def assign(self, request: Request):
         """Which arm each unit is in under the live weights: a lookup, not an exposure (nothing is
         logged), for support questions ("what does user X see?") and for checking stickiness."""
-        body = await self._parse(request, AssignBody)
-        if isinstance(body, JSONResponse):
-            return body
+        parsed = await self._parse(request, AssignBody)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        body, _ = parsed
         return {"arms": {str(u): self.layout.assign(self.salt, str(u)) for u in body.unit_ids}, "weights": self.weights,
                 "champion": self.champion}
 

@@ -34,6 +34,7 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
                 raise RayloadError(f"arms.{arm.name}.checkpoint: no model.pt in {arm.checkpoint}")
             out[arm.name] = arm.checkpoint
             continue
+        from ..data.pipeline import job_cache_key
         from ..spec import load_spec
         from ..train.trainer import fit
 
@@ -45,7 +46,7 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
         # preprocessing cache key: spec sections, input paths, sizes, mtimes). An unchanged arm
         # finds its finished run and reuses it; an edited job or new data trains a run of its own
         # (one name for both would be a relaunch of the old run, which train refuses).
-        fingerprint = hashlib.sha256(f"{key}|{_data_key(job)}".encode()).hexdigest()[:10]
+        fingerprint = hashlib.sha256(f"{key}|{job_cache_key(job)}".encode()).hexdigest()[:10]
         job = job.model_copy(update={"train": job.train.model_copy(update={"run_name": f"ab-{spec.name}-{arm.name}-{fingerprint}"})})
         if key in trained:  # an A/A test: the same job trains to the same model (one seed), once
             log.info("arm %s: the same job as arm %s; sharing its checkpoint", arm.name, trained[key])
@@ -55,14 +56,6 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
         out[arm.name] = fit(job, address=address, evaluate_test=False).checkpoint
         trained[key] = arm.name
     return out
-
-
-def _data_key(job) -> str:
-    from ..data.pipeline import cache_key, fixed_features
-    from ..data.sources import resolve_inputs
-    from ..paths import cache_root
-
-    return cache_key(job, resolve_inputs(job.data, cache_root()), fixed_features(job))
 
 
 def serving_mode(spec: ABSpec, checkpoints: dict[str, str]) -> str:
