@@ -36,8 +36,18 @@ def as_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if not pa.types.is_string(arr.type):
-        arr = pc.cast(arr, pa.string())
+        arr = value_text(arr)
     return arr
+
+
+def value_text(arr: pa.Array) -> pa.Array:
+    """Numbers and booleans as the text a categorical value is known by (3.0 -> "3", True ->
+    "true"); a floating NaN is missing (null), as a numeric column reads it, never the text "nan":
+    NaN is how a float column (pandas', numpy's) holds a gap, an integer ID column's with gaps too."""
+    text = pc.cast(arr, pa.string())
+    if pa.types.is_floating(arr.type):
+        text = pc.if_else(pc.is_nan(arr), pa.scalar(None, pa.string()), text)
+    return text
 
 
 def hash_strings(values: pa.Array | pa.ChunkedArray, key: str) -> np.ndarray:

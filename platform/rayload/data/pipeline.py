@@ -174,9 +174,12 @@ class LocalEngine:
 def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     sections = spec.model_dump(include={"data", "split", "rebalance", "features"}, mode="json")
     extra = {"fixed_features": digest(fixed.to_json())} if fixed is not None else {}
+    # Markers of changes to what preprocessing writes, so shards written before one are not reused:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
-    # write, _batch._row_order): shards written before it are not reused
-    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, "train_rows": "seeded-order", **extra})
+    # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
+    # missing value (validate.as_string), no longer the category "nan".
+    markers = {"train_rows": "seeded-order", "categorical_nan": "missing"}
+    return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
 def job_cache_key(spec) -> str:

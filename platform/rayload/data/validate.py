@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DataError
-from ..hashing import as_array
+from ..hashing import as_array, value_text
 
 RAW_LABEL = "__label_raw"  # the label before thresholding (target statistics may use it)
 QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
@@ -94,7 +94,7 @@ def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
 
 def as_string(column, name: str) -> pa.Array:
     """A categorical column as text, the way fitting, serving, drift and retraining all read it
-    (booleans as "true"/"false", whole-number floats without ".0")."""
+    (booleans as "true"/"false", whole-number floats without ".0", NaN and "" as missing)."""
     arr = as_array(column)
     t = arr.type
     if pa.types.is_dictionary(t):
@@ -103,7 +103,7 @@ def as_string(column, name: str) -> pa.Array:
         arr = arr.cast(pa.string())
         return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
-        return pc.cast(arr, pa.string())
+        return value_text(arr)
     raise DataError(f"column '{name}' has type {t}; a categorical column must hold strings, integers or booleans")
 
 
@@ -252,6 +252,8 @@ def json_texts(values: list) -> pa.Array:
     10**22 -> "10000000000000000000000"; lists and objects as JSON), so a value's text does not
     depend on the values beside it (the other rows of a request, the other lines of a file).
 
+    A NaN is missing (None), as a column of numbers reads it (`as_string`), not the text "nan".
+
     Values of one Python type are cast together: a cast is per element, and one cast per type
     instead of one per value keeps a large mixed JSONL column fast."""
     out = list(values)
@@ -259,6 +261,8 @@ def json_texts(values: list) -> pa.Array:
     for i, v in enumerate(values):
         if isinstance(v, (list, dict)):
             out[i] = json.dumps(v)
+        elif isinstance(v, float) and v != v:
+            out[i] = None
         elif v is not None and not isinstance(v, str):
             by_type.setdefault(type(v), []).append(i)
     for where in by_type.values():
