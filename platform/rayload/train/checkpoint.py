@@ -1,7 +1,8 @@
 """The checkpoint contract: a directory that serving, evaluation and resumption all read.
 
     model.pt        CPU state dict of the unwrapped model (no "module." prefix)
-    train_state.pt  optimizers, scheduler, grad scaler, RNG states, epoch, step, early-stop state
+    train_state.pt  optimizers, scheduler, grad scaler, every rank's RNG states, epoch, step,
+                    early-stop state
     features.json   the fitted preprocessor (requests are transformed with it)
     model.json      architecture: model config and input shape
     manifest.json   package versions, seed, data content hash, the resolved spec, metrics
@@ -63,22 +64,44 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def rank_rng_states(world_size: int) -> list[dict]:
+    """Every rank's RNG states, by rank, on every rank (a collective: every rank calls it).
+    Ranks draw different dropout masks (setup.seed_rank); a resume restores each its own."""
+    state = rng_state()
+    if world_size == 1:
+        return [state]
+    states: list = [None] * world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def saved_rng_state(raw: dict, rank: int, world_size: int) -> dict | None:
+    """This rank's RNG states from a loaded train_state.pt, or None when it holds none for this
+    rank: it was saved with another world size, or before every rank's were kept ("rng" alone:
+    rank 0's, which is a one-worker run's whole state)."""
+    states = raw.get("rng_ranks") or [raw["rng"]]
+    return states[rank] if len(states) == world_size else None
+
+
 def _as_tuple(x):
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 def save(path: str, model, features: FittedFeatures, model_config: dict, train: dict, manifest: dict) -> None:
-    """train: optimizers, scheduler, scaler state dicts and a TrainState."""
+    """train: optimizers, scheduler, scaler state dicts, a TrainState and "rng", every rank's
+    RNG states (`rank_rng_states`; this process's alone when absent)."""
     os.makedirs(path, exist_ok=True)
     weights = {k: v.detach().to("cpu").clone() for k, v in unwrap(model).state_dict().items()}
     torch.save(weights, os.path.join(path, MODEL))
     ts: TrainState = train["state"]
+    rngs = train.get("rng") or [rng_state()]
     torch.save({
         "optimizers": [o.state_dict() for o in train["optimizers"]],
         # one per optimizer that follows the schedule (a dict alone in checkpoints from before)
         "scheduler": [sch.state_dict() for sch in train["schedulers"]] if train.get("schedulers") else None,
         "scaler": train["scaler"].state_dict() if train.get("scaler") else None,
-        "rng": rng_state(),
+        # "rng": rank 0's (what readers from before the per-rank states restore on every rank)
+        "rng": rngs[0], "rng_ranks": rngs,
         "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs, "restarts": ts.restarts, "cached": ts.cached,
         "history": json.dumps(ts.history),
     }, os.path.join(path, STATE))

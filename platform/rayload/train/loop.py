@@ -27,7 +27,7 @@ from .batch import Batch, Layout
 from .sparse_sync import SparseGradSync
 from .session import RaySession, Session, scratch_dir
 # set-up names, re-exported: callers and tests name them as train.loop's
-from .setup import lr_lambda, make_model, make_optimizers, resolve_precision, steps_per_epoch  # noqa: F401
+from .setup import lr_lambda, make_model, make_optimizers, resolve_precision, seed_rank, steps_per_epoch  # noqa: F401
 
 log = logging.getLogger(__name__)
 LOWER_IS_BETTER = {"logloss", "rmse"}
@@ -239,7 +239,11 @@ class Trainer:
             self.scaler.load_state_dict(raw["scaler"])
         self.state = raw["state"]
         self._plan_schedule()
-        ckpt.set_rng_state(raw["rng"])
+        own = ckpt.saved_rng_state(raw, self.session.rank, self.session.world_size)
+        if own is not None:  # each rank goes on with its own streams, as if never stopped
+            ckpt.set_rng_state(own)
+        else:  # saved with another world size (or, before per-rank states, by rank 0 alone): fresh streams
+            seed_rank(self.spec.train.seed, self.session.rank, self.state.epoch + 1)
 
     def _plan_schedule(self) -> None:
         """The decay's total for a resumed run: the steps already taken plus the epochs left at
@@ -256,11 +260,13 @@ class Trainer:
                 group["lr"] = base * factor(scheduler.last_epoch)
 
     def save(self, manifest: dict) -> str | None:
+        rngs = ckpt.rank_rng_states(self.session.world_size)  # every rank takes part; rank 0 writes
         if self.session.rank != 0:
             return None
         path = scratch_dir()
         ckpt.save(path, self.model, self.features, self.spec.model.model_dump(),
-                  {"optimizers": self.optimizers, "schedulers": self.schedulers, "scaler": self.scaler, "state": self.state},
+                  {"optimizers": self.optimizers, "schedulers": self.schedulers, "scaler": self.scaler, "state": self.state,
+                   "rng": rngs},
                   manifest)
         return path
 

@@ -45,7 +45,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_rank(seed: int, rank: int, epoch: int = 0) -> None:
+    """Seed this rank's random streams (torch's, CUDA's, numpy's and Python's) for training
+    from `epoch` on: drawn from (seed, rank, epoch), so ranks draw different dropout masks and a
+    run draws the same ones again. Initialisation uses `seed` alone, the same on every rank."""
+    state = np.random.SeedSequence(seed, spawn_key=(rank, epoch)).generate_state(4, np.uint32)
+    torch.manual_seed(int(state[0]) << 32 | int(state[1]))  # every CUDA device's too
+    np.random.seed(int(state[2]))
+    random.seed(int(state[3]))
+
+
 def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.Module:
+    """The model, initialised alike on every rank (the same seed), prepared by the session (DDP);
+    it returns with this rank's own random streams seeded for training (`seed_rank`)."""
     seed_everything(spec.train.seed)  # the same initial weights on every rank
     model = build_model(spec.model.model_dump(), InputShape.from_features(features))
     if spec.train.init_from:
@@ -60,7 +72,11 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
         raise ValueError(f"train.freeze={spec.train.freeze} leaves no dense parameters to train; freeze fewer parts")
     if session.world_size > 1:
         keep_out_of_ddp(model, tables)  # sparse tables: averaged by SparseGradSync, not by DDP
-    return session.prepare(model)
+    model = session.prepare(model)
+    # Without it every rank would go on from the shared initialisation seed: one torch stream
+    # per rank, all alike, so every rank would draw the same dropout masks.
+    seed_rank(spec.train.seed, session.rank)
+    return model
 
 
 def make_optimizers(model: nn.Module, spec: JobSpec, fused: bool | None = None) -> list[torch.optim.Optimizer]:
