@@ -204,9 +204,20 @@ class SearchSpec(_Spec):
 
     @property
     def score_mode(self) -> str:
-        """`mode`, else the metric's own (search_job refuses a job metric without one); an
-        objective's metric of another name is maximised."""
+        """`mode`, else the metric's own. A new search refuses a metric without either (search_job
+        for a job's metric, `mode_issues` for tune_function's); "max" is left only for a search
+        started before tune_function refused it, which a resume continues as it was made."""
         return self.mode or metric_mode(self.metric) or "max"
+
+
+def mode_issues(spec: SearchSpec) -> list[SpecIssue]:
+    """An objective's metric with no known better direction needs `mode`: without it the search
+    would pick one (maximise) whatever the metric means ("error" and "value" are minimised)."""
+    if spec.mode is not None or metric_mode(spec.metric) is not None:
+        return []
+    known = ", ".join(f"{name} ({mode})" for name, mode in METRIC_MODES.items() if mode)
+    return [SpecIssue("mode", f"the metric {spec.metric!r} has no known better direction (known: {known}, also with val_ or "
+                      "train_); pass mode='min' or mode='max'", spec.mode, True)]
 
 
 def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:

@@ -26,7 +26,7 @@ from .paths import is_remote, join_uri, runs_root, shared_storage
 from ._tune_runs import (ResumeSpecError, SearchRunningError, check_resumed_spec, driving, find_run, now, preparing,  # noqa: F401
                          read_state, status, write_state)  # status and the errors: public here
 from .search_job import base_raw, job_from, job_issues, load_search_spec
-from .search_spec import PREPROCESSING, SearchSpec, strategy_issues, trials_wanted
+from .search_spec import PREPROCESSING, SearchSpec, mode_issues, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,9 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
                   resume: str | None = None, address: str | None = None) -> TuneResult:
     """Search `fn(config) -> float | dict` with the same strategies, scheduler and storage as
     job specs. `space` uses the search-spec syntax: {"x": {"uniform": [-5, 10]}, "k": [1, 2]}.
-    `fn` may instead call `ray.tune.report({...})` once per step (for ASHA) and return None."""
+    `fn` may instead call `ray.tune.report({...})` once per step (for ASHA) and return None.
+    `mode=None` takes the direction of a metric rayload knows (val_auc: max, loss: min, ...) and
+    raises SpecError for any other metric name, before Ray starts."""
     from ._spec_load import validate_model
 
     raw = {"name": name, "base": "<python function>", "space": space, "strategy": strategy, "sampler": sampler,
@@ -204,7 +206,9 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
            "max_concurrent": max_concurrent, "max_failures": max_failures, "storage": storage,
            "points_to_evaluate": points_to_evaluate or [], "startup_trials": startup_trials, "target": target,
            "time_budget_s": time_budget_s}
-    spec = validate_model(SearchSpec, raw, check=strategy_issues)
+    # mode=None with a metric of no known direction is refused for a new search (a resumed one
+    # goes on in the direction its study was made with).
+    spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)))
     if resume:
         run_dir = find_run(resume)
         check_resumed_spec(run_dir, read_state(run_dir)["spec"], spec)

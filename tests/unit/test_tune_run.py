@@ -45,8 +45,8 @@ def test_tune_function_stores_the_mode_the_search_ranks_by(tmp_path, monkeypatch
 
     monkeypatch.setattr(tuning, "_run", run)
     with pytest.raises(RuntimeError, match="stop here"):
-        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, mode=None, storage=f"sqlite:///{tmp_path}/s.db")
-    assert seen["state"]["mode"] == seen["score"] == "max"
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, metric="loss", mode=None, storage=f"sqlite:///{tmp_path}/s.db")
+    assert seen["state"]["mode"] == seen["score"] == "min"  # mode=None: the metric's own
 
 
 def test_a_search_tune_fails_leaves_its_trials_failed_and_search_json_failed(tmp_path, monkeypatch):
