@@ -1,7 +1,6 @@
 """A real head (`ray start --head`, token auth) and real jobs: `ray job submit --working-dir .`
-runs every training spec in jobs/ (test_job_submit_serving.py runs the serving ones),
-`rayload submit` wraps it, the job API refuses a missing or wrong token, and `rayload doctor`
-checks the cluster."""
+runs every spec in jobs/ (the pipeline's run is test_demo.py's), `rayload submit` wraps it, the
+job API refuses a missing or wrong token, and `rayload doctor` checks the cluster."""
 
 import glob
 import json
@@ -11,16 +10,16 @@ import subprocess
 import httpx
 import pytest
 from ray_head import BIN, ROOT, ensure_token
-from small_jobs import SERVING, SMALL, sets, submit_and_check
+from small_jobs import ELSEWHERE, SMALL, sets, submit_and_check
 
 pytestmark = pytest.mark.e2e
 
 
 def test_every_job_spec_has_a_small_run():
-    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "jobs", "*.yaml"))) == sorted(SMALL)
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "jobs", "*.yaml"))) == sorted([*SMALL, *ELSEWHERE])
 
 
-@pytest.mark.parametrize("spec", sorted(set(SMALL) - set(SERVING)))
+@pytest.mark.parametrize("spec", sorted(SMALL))
 def test_ray_job_submit_runs_every_job_spec(head, spec):
     submit_and_check(head, spec)
 

@@ -106,11 +106,31 @@ def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_acc
         fit(job(subset, storage_path=join_uri(bucket, "refused")))
 
 
-def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset):
+def test_two_workers_on_two_nodes_checkpoint_to_s3(bucket, subset, tmp_path, monkeypatch):
+    """The workers write the checkpoints to the bucket, and everything after training (history,
+    test metrics, loading, serving) reads them back by URI."""
+    import numpy as np
     import ray
 
-    res = fit(job(subset, epochs=2, storage_path=join_uri(bucket, "nodes"), run_name="spread"))
-    assert res.checkpoint.startswith("s3://rayload/nodes/spread/") and res.test["auc"] > 0.6, res.test
+    from rayload.paths import localize
+    from rayload.serve.scorer import Scorer
+
+    monkeypatch.chdir(tmp_path)  # a storage URI joined as a local path would show up here as ./s3:
+    storage = join_uri(bucket, "nodes")
+    res = fit(job(subset, epochs=2, storage_path=storage, run_name="spread"))
+    assert res.run_dir == join_uri(bucket, "nodes", "spread")
+    assert res.checkpoint.startswith("s3://rayload/nodes/spread/") and res.checkpoint.endswith("?" + bucket.partition("?")[2])
+    name = res.checkpoint.partition("?")[0].removeprefix("s3://")
+    fs, _ = pafs.FileSystem.from_uri(bucket)
+    written = {i.path for i in fs.get_file_info(pafs.FileSelector("rayload/nodes/spread", recursive=True))}
+    assert {f"{name}/{f}" for f in ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json", "history.json")} <= written
+    assert [h["epoch"] for h in res.history] == [0, 1] and res.test["auc"] > 0.6, (res.history, res.test)  # read back from S3
+    assert not os.path.exists(tmp_path / "s3:")
+    scorer = Scorer.load("a", res.checkpoint)  # what a Serve replica on any node does with the URI
+    assert scorer.version.startswith(f"spread/{os.path.basename(name)}@")
+    rows = [{"userId": 1, "movieId": 31, "genres": "Drama", "year": 1995}, {"userId": 7, "movieId": 1, "genres": "Comedy|Drama", "year": 1990}]
+    assert rayload.load_checkpoint(res.checkpoint).manifest["spec"]["train"]["storage_path"] == storage
+    np.testing.assert_allclose(scorer.score(rows), Scorer.load("b", localize(res.checkpoint)).score(rows), atol=1e-7)
     placed = {a["Address"]["NodeID"] for a in ray._private.state.actors().values() if a["ActorClassName"] == "RayTrainWorker"}
     assert len(placed) == 2  # one rank per node: neither could have read the other's local disk
     cleaners = [a for a in ray._private.state.actors().values() if a["ActorClassName"] == "PlacementGroupCleaner"]

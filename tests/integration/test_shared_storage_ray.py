@@ -1,20 +1,20 @@
 """Training on a cluster's shared object storage (train.storage_path / RAYLOAD_STORAGE_PATH
-set to s3://, as cluster.yaml does): Ray Train's workers write the checkpoints to a real S3
-endpoint (moto's server on loopback), and everything after training (history, test metrics,
-loading, serving, the pipeline's train stage) reads them by URI."""
+set to s3://, as cluster.yaml does): in-process runs mirror their checkpoints to a real S3
+endpoint (moto's server on loopback) and everything after training (history, test metrics,
+compression, transfer, the pipeline's train stage) reads them by URI. Ray Train's workers
+writing to the bucket: test_multinode_storage_ray.py, one worker per node."""
 
 import json
 import os
 import re
 
 import helpers
-import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
 import rayload
 from rayload.errors import RayloadError
-from rayload.paths import cache_root, join_uri, localize
+from rayload.paths import cache_root, join_uri
 from rayload.paths import read_text as localize_text
 from rayload.train.trainer import fit
 
@@ -39,26 +39,6 @@ def job(path: str, workers: int = 2, epochs: int = 2, **train):
 def keys(bucket: str, prefix: str) -> set[str]:
     fs, _ = pafs.FileSystem.from_uri(bucket)
     return {i.path for i in fs.get_file_info(pafs.FileSelector(f"rayload/{prefix}", recursive=True, allow_not_found=True))}
-
-
-def test_two_workers_checkpoint_to_s3_and_the_result_names_them_by_uri(bucket, subset, tmp_path, monkeypatch):
-    from rayload.serve.scorer import Scorer
-
-    monkeypatch.chdir(tmp_path)  # a storage URI joined as a local path would show up here as ./s3:
-    storage = join_uri(bucket, "runs")
-    res = fit(job(subset, storage_path=storage, run_name="two"))
-    assert res.run_dir == join_uri(bucket, "runs", "two")
-    assert res.checkpoint.startswith("s3://rayload/runs/two/") and res.checkpoint.endswith("?" + bucket.partition("?")[2])
-    name = res.checkpoint.partition("?")[0].removeprefix("s3://")
-    assert {f"{name}/{f}" for f in ("model.pt", "train_state.pt", "features.json", "model.json", "manifest.json", "history.json")} <= keys(bucket, "runs/two")
-    assert [h["epoch"] for h in res.history] == [0, 1] and res.test["auc"] > 0.6, (res.history, res.test)  # read back from S3
-    assert not os.path.exists(tmp_path / "s3:")
-    scorer = Scorer.load("a", res.checkpoint)  # what a Serve replica on any node does with the URI
-    assert scorer.version.startswith(f"two/{os.path.basename(name)}@")
-    rows = [{"userId": 1, "movieId": 31, "genres": "Drama", "year": 1995}, {"userId": 7, "movieId": 1, "genres": "Comedy|Drama", "year": 1990}]
-    loaded = rayload.load_checkpoint(res.checkpoint)
-    assert loaded.manifest["spec"]["train"]["storage_path"] == storage
-    np.testing.assert_allclose(scorer.score(rows), Scorer.load("b", localize(res.checkpoint)).score(rows), atol=1e-7)
 
 
 def test_one_worker_in_process_trains_locally_then_uploads(bucket, subset, tmp_path, monkeypatch):
