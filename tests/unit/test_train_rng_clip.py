@@ -5,6 +5,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 import torch
 
 from rayload.spec import JobSpec
@@ -86,7 +87,7 @@ def _dropout_ranks(rank: int, port: int, out) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    spec = dropout_job(sparse=True, epochs=1, sparse_lr=0.05, grad_clip=0.1, batch_size=64)
+    spec = dropout_job(sparse=True, epochs=1, sparse_lr=0.05, grad_clip=0.01, batch_size=64)
     session = RankSession(rank, table(256, 10 + rank), table(64, 1), ".")
     trainer = Trainer(spec, features(), session, 4)
     first = masked_output(trainer)  # this rank's first dropout masks
@@ -114,3 +115,39 @@ def test_two_gloo_ranks_draw_their_own_masks_keep_equal_weights_and_resume_their
     for r in (r0, r1):
         np.testing.assert_array_equal(r["resumed"], r["expected"])
     assert not np.array_equal(r0["expected"], r1["expected"])
+
+
+def grad_norm(params) -> float:
+    """The whole model's gradient norm: a sparse gradient's rows coalesced (summed) first."""
+    grads = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_clipping_bounds_the_sparse_tables_gradients_too(monkeypatch, precision):
+    """train.grad_clip holds for dense and sparse gradients together, measured on what the
+    optimizers apply (after the grad scaler unscaled them all, under fp16)."""
+    bound = 1e-3
+    spec = JobSpec.model_validate({**job(grad_clip=bound, precision=precision).model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "sparse_embeddings": True}})
+    trainer = Trainer(spec, features(), MemorySession(table(64, 0), table(64, 1), "."), 1)
+    params = [p for opt in trainer.optimizers for group in opt.param_groups for p in group["params"]]
+    tables = {id(p) for group in trainer.optimizers[1].param_groups for p in group["params"]}
+    seen = []
+    last = trainer.optimizers[-1]
+    step = last.step
+
+    def measured(*args, **kwargs):  # the last optimizer to step: every gradient unscaled by then
+        seen.append((grad_norm(params), grad_norm([p for p in params if id(p) in tables])))
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(last, "step", measured)
+    batch = collate(table(64, 2), LAYOUT)
+    loss = trainer.loss(batch) * 10  # a large loss: gradients far over the bound (fp16 would overflow at 1e3)
+    (trainer.scaler.scale(loss) if trainer.scaler else loss).backward()
+    before = grad_norm(params) / (trainer.scaler.get_scale() if trainer.scaler else 1.0)
+    assert before > 100 * bound, before
+    trainer._apply()
+    (total, sparse), = seen
+    assert sparse > 0  # the tables' gradients took part
+    assert bound * 0.999 <= total <= bound * (1 + 1e-5), (before, total, sparse)

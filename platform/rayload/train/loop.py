@@ -24,7 +24,7 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, prior, transfer
 from .batch import Batch, Layout
-from .sparse_sync import SparseGradSync
+from .sparse_sync import SparseGradSync, clip_grad_norm_
 from .session import RaySession, Session, scratch_dir
 # set-up names, re-exported: callers and tests name them as train.loop's
 from .setup import lr_lambda, make_model, make_optimizers, resolve_precision, seed_rank, steps_per_epoch  # noqa: F401
@@ -147,11 +147,11 @@ class Trainer:
         if self.sparse_sync:
             self.sparse_sync()
         if self.scaler:
-            for opt in self.optimizers[:1]:
+            for opt in self.optimizers:
                 self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
-        if self.spec.train.grad_clip:
-            dense = [p for p in self.optimizers[0].param_groups[0]["params"] if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(dense, self.spec.train.grad_clip)
+        if self.spec.train.grad_clip:  # the whole model's norm: the sparse tables' rows count too
+            params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
+            clip_grad_norm_(params, self.spec.train.grad_clip)
         for opt in self.optimizers:
             self.scaler.step(opt) if self.scaler else opt.step()
         if self.scaler:

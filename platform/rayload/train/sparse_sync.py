@@ -104,3 +104,31 @@ class SparseGradSync:
         out = torch.empty(self.world_size * length, dtype=tensor.dtype, device=tensor.device)
         _ALL_GATHER(out, padded)  # gloo wants the flat (world * length) output
         return out.view(self.world_size, length)
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over dense and sparse gradients together: the total norm
+    counts a sparse gradient's rows once each (coalesced: duplicate rows summed, as the
+    optimizer applies them), and every gradient is scaled by the same factor, so the bound
+    holds for the whole model. Returns the total norm before clipping.
+
+    Call it on the gradients the optimizers will apply: after SparseGradSync averaged the
+    tables' over the ranks (every rank then computes the same factor) and after a GradScaler
+    unscaled them."""
+    grads = []
+    for p in params:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+            grads.append(p.grad.values())  # a view: scaling it scales the sparse gradient
+        else:
+            grads.append(p.grad)
+    if not grads:
+        return torch.tensor(0.0)
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
+    factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(factor.to(g.dtype))
+    return total
