@@ -327,6 +327,10 @@ def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str
     state.vocab = [str(v) for v in values[keep]]
     total = float(freq.sum())
     stats.update({"distinct": int(len(values)), "vocab_size": len(state.vocab), "coverage": float(freq[keep].sum() / total) if total else 0.0})
+    # The share of fresh values the training split never saw (Good-Turing: the share of values
+    # seen exactly once). `coverage` is measured on the rows the vocabulary was fitted on, so
+    # its OOV share understates what new traffic of a long-tailed column shows (serve/drift.py).
+    stats["unseen_share"] = float(np.count_nonzero(freq == 1) / total) if total else 0.0
     # The most frequent values' shares: the reference for served traffic's drift (PSI).
     top = keep[:TOP_SHARES]
     stats.update({"top_values": [str(v) for v in values[top]], "top_shares": [float(f / total) for f in freq[top]] if total else []})

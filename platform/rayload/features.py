@@ -59,7 +59,7 @@ class CategoricalState(Memo):
     vocab: list[str] | None = None
     buckets: int = 0
     max_bag: int = 16
-    stats: dict = field(default_factory=dict)  # count, null_rate, distinct, coverage
+    stats: dict = field(default_factory=dict)  # count, null_rate, distinct, coverage, unseen_share, top_values/shares
 
     @property
     def cardinality(self) -> int:

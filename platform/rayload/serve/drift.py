@@ -161,9 +161,14 @@ def _categorical_bins(state) -> Bins:
     if state.encode == "hash" or state.vocab is None:
         return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null))
     coverage = float(state.stats.get("coverage", 1.0))
+    # Fresh traffic brings values the training split never had: their expected share (Good-Turing,
+    # mostly the tail's mass) moves from the rest of the vocabulary to out-of-vocabulary. A
+    # features.json written before `unseen_share` was kept: the training split's own OOV share.
+    unseen = float(state.stats.get("unseen_share", 0.0))
     top, shares = state.stats.get("top_values", []), state.stats.get("top_shares", [])
-    rest = max(coverage - sum(shares), 0.0)
-    expected = (null, *[(1 - null) * s for s in shares], (1 - null) * rest, (1 - null) * (1 - coverage))
+    rest = max(coverage - sum(shares) - unseen, 0.0)
+    oov = min(1.0 - coverage + unseen, 1.0)
+    expected = (null, *[(1 - null) * s for s in shares], (1 - null) * rest, (1 - null) * oov)
     labels = ("missing", *top, "other (in vocabulary)", "out of vocabulary")
     return Bins(state.name, "categorical", labels, expected, top=tuple(top), vocab=frozenset(state.vocab),
                 multi=state.multi, separator=state.separator, ids=tuple(state.vocab) if state.encode == "vocab" else (),
