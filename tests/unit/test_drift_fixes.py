@@ -48,3 +48,15 @@ def test_an_old_features_json_without_unseen_share_keeps_the_training_oov_share(
     user.stats.pop("unseen_share")
     b = drift._categorical_bins(user)
     assert b.expected[-1] == (1 - user.stats["null_rate"]) * (1 - user.stats["coverage"])
+
+
+def test_a_hashed_bag_with_empty_rows_is_not_flagged_on_unshifted_traffic():
+    features, _ = fit(frame(3000, seed=1), {"categorical": {"tags": {"encode": "hash", "buckets": 64}}})
+    tags = next(c for c in features.categorical if c.name == "tags")
+    assert 0.1 < tags.stats["null_rate"] < 0.4  # a quarter of the training bags are empty
+    out = _report(features, _rows(frame(2000, seed=9)))["tags"]
+    assert out["kind"] == "missing-only" and out["psi"] < 0.05 and not out["flagged"], out
+    rows = _rows(frame(2000, seed=9))
+    for r in rows:
+        r["tags"] = ""  # every bag empty: flagged
+    assert _report(features, rows)["tags"]["flagged"]

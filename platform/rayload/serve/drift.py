@@ -157,9 +157,10 @@ def _numeric_bins(state) -> Bins:
 
 
 def _categorical_bins(state) -> Bins:
-    null = 0.0 if state.multi else float(state.stats.get("null_rate", 0.0))
-    if state.encode == "hash" or state.vocab is None:
+    null = float(state.stats.get("null_rate", 0.0))
+    if state.encode == "hash" or state.vocab is None:  # rows, bags included: a null or empty one is missing
         return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null))
+    null = 0.0 if state.multi else null  # a vocabulary bag's bins count its tokens, and an empty bag has none
     coverage = float(state.stats.get("coverage", 1.0))
     # Fresh traffic brings values the training split never had: their expected share (Good-Turing,
     # mostly the tail's mass) moves from the rest of the vocabulary to out-of-vocabulary. A
