@@ -177,8 +177,9 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # Markers of changes to what preprocessing writes, so shards written before one are not reused:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
     # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
-    # missing value (validate.as_string), no longer the category "nan".
-    markers = {"train_rows": "seeded-order", "categorical_nan": "missing"}
+    # missing value (validate.as_string), no longer the category "nan"; "csv_records": a quoted
+    # newline is part of its value (readers._read_csv_records), no longer a split row.
+    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

@@ -8,9 +8,11 @@ split into columns is returned as a quarantine row instead of being dropped.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,21 +23,21 @@ from .validate import json_texts, python_array
 
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
-    """Declared columns as strings; lines that cannot be split into them, or are not UTF-8, are
+    """Declared columns as strings; records that cannot be split into them, or are not UTF-8, are
     returned as quarantine rows.
 
-    A stray quote makes pyarrow read on past the end of its line (quoted fields may not hold
-    newlines here, but its chunker still follows the quote): to the end of the file as one bad
-    row, or up to the next stray quote as one "good" row holding many lines. Either shows
-    (a bad row, or a value, holding a newline); such a file is parsed again line by line."""
+    A quoted value may hold a newline (RFC 4180). pyarrow reads such a file right, but a stray
+    quote makes it read on past its line as well: to the end of the file as one bad row, or up to
+    the next stray quote as one "good" row holding many lines. So any file in which a record spans
+    lines is parsed again record by record (`_read_csv_records`), which tells the two apart."""
     try:
         table, bad, spanned = _read_csv(data, names, source)
         malformed = []
     except _NotUtf8:  # rare: only then is every line decoded, to set the bad ones aside
         data, malformed = _utf8_lines(data)
         table, bad, spanned = _read_csv(data, names, source)
-    if spanned or any(pc.any(pc.match_substring(table.column(n), "\n")).as_py() for n in names):
-        table, bad = _read_csv_by_line(data, names, source)
+    if spanned or _spans_lines(data, table.num_rows + len(bad)):
+        table, bad = _read_csv_records(data, names, source)
     return table, malformed + bad
 
 
@@ -52,7 +54,7 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     try:
         table = pacsv.read_csv(
             io.BytesIO(data),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid, newlines_in_values=False),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid, newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(
                 include_columns=names,
                 column_types={n: pa.string() for n in names},
@@ -70,32 +72,86 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     return table, malformed, any(spanned)
 
 
+def _spans_lines(data: bytes, records: int) -> bool:
+    """Whether some record (a row, good or bad) took more than one physical line: the records
+    pyarrow read, the header and the blank lines it skips do not add up to the lines of the file."""
+    if not data:
+        return False
+    lines = data.count(b"\n") + (not data.endswith(b"\n"))
+    if records + 1 == lines:
+        return False
+    blank = len(re.findall(rb"^\r?$", data, re.M)) - data.endswith(b"\n")  # the match after a final newline is no line
+    return records + 1 + blank != lines
+
+
 def _missing_columns(data: bytes, names: list[str], source: str):
     header = data.split(b"\n", 1)[0].decode(errors="replace")
     raise DataError(f"{source}: declared columns {names} are not all in the CSV header: {header!r}") from None
 
 
-def _read_csv_by_line(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
-    """Each line parsed on its own (Python's csv module): a quote never reaches past its line."""
-    lines = data.decode("utf-8").split("\n")
-    header = next(csv.reader([lines[0].rstrip("\r")]))
-    if any(n not in header for n in names):
-        _missing_columns(data, names, source)
-    where = [header.index(n) for n in names]
+def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """Record by record, with Python's csv module. A record is one line, or the lines up to the
+    one that closes a quote opened on its first line (a line with an odd number of quotes). Such
+    a multi-line record is accepted only when it parses strictly (each closing quote followed by
+    a comma or the end) into the header's columns; otherwise its first line holds a stray quote
+    and is quarantined alone, and reading resumes at the next line. A fragment of a row is never
+    accepted: the line that closes a quoted value has an odd number of quotes, so it cannot be
+    read alone as a good row."""
+    lines = data.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    odd = [i for i, line in enumerate(lines) if line.count(b'"') % 2]
+    header = None
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
-    for number, line in enumerate(lines[1:], start=2):
-        line = line.rstrip("\r")
-        if not line:
+    i = 0
+    while i < len(lines):
+        first = i
+        if odd and lines[i].count(b'"') % 2:
+            k = bisect.bisect_right(odd, i)
+            last = odd[k] if k < len(odd) else None
+        else:
+            last = i
+        if last is None:  # the quote is never closed: a stray quote
+            last, fields, error = i, *_fields(lines[i], strict=False)
+            error = error or "an unterminated quote"
+        else:
+            fields, error = _fields(b"\n".join(lines[first:last + 1]).rstrip(b"\r"), strict=last > first)
+        text = b"\n".join(lines[first:last + 1]).rstrip(b"\r").decode(errors="replace")
+        i = last + 1
+        if fields == [""] and not error:  # a blank line
             continue
-        fields = next(csv.reader([line]))
-        if len(fields) != len(header):
-            quote = " (an unterminated quote)" if line.count('"') % 2 else ""
-            malformed.append((line, f"malformed CSV line {number}: expected {len(header)} columns, got {len(fields)}{quote}"))
+        if header is None:
+            header = fields
+            if any(n not in header for n in names):
+                _missing_columns(data, names, source)
+            where = [header.index(n) for n in names]
             continue
-        for n, i in zip(names, where):
-            columns[n].append(fields[i] or None)
+        if error is None and len(fields) == len(header):
+            for n, j in zip(names, where):
+                columns[n].append(fields[j] or None)
+            continue
+        if last > first:  # not a record after all: its first line holds a stray quote
+            last, i = first, first + 1
+            text = lines[first].rstrip(b"\r").decode(errors="replace")
+            fields, error = _fields(lines[first].rstrip(b"\r"), strict=False)
+            error = error or "an unterminated quote"
+        got = f"got {len(fields)}" + (f" ({error})" if error else "")
+        malformed.append((text, f"malformed CSV line {first + 1}: expected {len(header)} columns, {got}"))
+    if header is None:
+        raise DataError(f"{source}: the CSV file has no header line")
     return pa.table({n: pa.array(v, pa.string()) for n, v in columns.items()}), malformed
+
+
+def _fields(record: bytes, strict: bool) -> tuple[list[str], str | None]:
+    """The fields of one record, and why it cannot be read (None when it can)."""
+    text = record.rstrip(b"\r").decode("utf-8", errors="replace")
+    if b'"' not in record:
+        return text.split(","), None
+    try:
+        return next(csv.reader([text], strict=strict), [""]), None
+    except csv.Error as exc:
+        return [], str(exc)
 
 
 class _NotUtf8(Exception):
