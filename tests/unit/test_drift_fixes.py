@@ -60,3 +60,61 @@ def test_a_hashed_bag_with_empty_rows_is_not_flagged_on_unshifted_traffic():
     for r in rows:
         r["tags"] = ""  # every bag empty: flagged
     assert _report(features, rows)["tags"]["flagged"]
+
+
+def _ranking(features, requests: int, candidates: int, seed: int, shift_age: float = 0.0) -> tuple[drift.DriftCounter, dict]:
+    """Ranking requests: each request's candidates share its user and age (request-level)."""
+    pool = _rows(frame(requests * (candidates + 1), seed=seed))
+    counter = drift.DriftCounter(features)
+    for q in range(requests):
+        user = pool[q]
+        age = None if user["age"] is None else user["age"] + shift_age
+        rows = [dict(pool[requests + q * candidates + j], user=user["user"], age=age) for j in range(candidates)]
+        counter.observe(rows, features.transform_rows(rows), [len(rows)])
+    return counter, {r["feature"]: r for r in drift.report(list(counter.bins.values()), counter.snapshot())}
+
+
+def test_ranking_requests_count_request_level_values_once_and_judge_by_requests():
+    features, _ = fit(frame(5000, seed=1), {})
+    counter, out = _ranking(features, 5, 100, seed=7)  # 500 candidate rows, but 5 requests: too few to judge
+    assert counter.rows == 5 and out["user"]["rows"] == 5 and out["age"]["rows"] == 5 and out["price"]["rows"] == 500
+    assert not any(r["flagged"] for r in out.values()), out
+    for seed in (11, 12):
+        counter, out = _ranking(features, 600, 10, seed=seed)  # the training distribution: not flagged
+        assert counter.rows == 600 and out["user"]["rows"] == 600 and out["item"]["rows"] == 6000
+        assert not any(r["flagged"] for r in out.values()), out
+    _, out = _ranking(features, 600, 10, seed=13, shift_age=40)  # a shifted request-level feature still is
+    assert out["age"]["flagged"] and not out["user"]["flagged"], out
+
+
+def test_requests_with_one_row_each_count_as_before():
+    features, _ = fit(frame(1500, seed=1), {})
+    rows = _rows(frame(300, seed=3))
+    for r in rows[1:]:
+        r["user"] = rows[0]["user"]  # the same value in consecutive single-row requests still counts per request
+    a, b = drift.DriftCounter(features), drift.DriftCounter(features)
+    a.observe(rows, features.transform_rows(rows))
+    b.observe(rows, features.transform_rows(rows), [1] * len(rows))
+    assert a.snapshot() == b.snapshot() and b.rows == 300 and sum(b.counts["user"]) == 300
+
+
+def test_score_grouped_hands_each_requests_row_count_to_the_scorer():
+    from rayload.serve.batch_scoring import score_grouped
+
+    features, _ = fit(frame(1500, seed=1), {})
+
+    class Fake:
+        transform_key, version = "k", "v"
+
+        def __init__(self):
+            self.features, self.seen = features, []
+
+        def score_table(self, table, rows, sizes=None):
+            self.seen.append((len(rows), sizes))
+            return np.zeros(len(rows))
+
+    rows = _rows(frame(10, seed=4))
+    scorers = {"a": Fake(), "b": Fake()}
+    out = score_grouped(scorers, [("a", rows[:1]), ("b", rows[1:4]), ("a", rows[4:9]), ("b", rows[9:])])
+    assert [len(o[0]) for o in out] == [1, 3, 5, 1]
+    assert scorers["a"].seen == [(6, [1, 5])] and scorers["b"].seen == [(4, [3, 1])]

@@ -54,7 +54,7 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
         offset = 0
         for arm in arms:
             scorer, n = scorers[arm], len(rows[arm])
-            scores = scorer.score_table(table.slice(offset, n), rows[arm])
+            scores = scorer.score_table(table.slice(offset, n), rows[arm], [len(items[i][1]) for i in by_arm[arm]])
             offset += n
             pos = 0
             for i in by_arm[arm]:
@@ -67,7 +67,7 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
 def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
     for i in idx:
         try:
-            out[i] = (scorer.score(items[i][1]).tolist(), scorer.version)
+            out[i] = (scorer.score(items[i][1], [len(items[i][1])]).tolist(), scorer.version)
         except DataError as exc:
             out[i] = exc
 

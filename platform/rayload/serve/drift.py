@@ -22,7 +22,9 @@ PSI = sum over bins of (observed - expected) * ln(observed / expected), with emp
 floored at EPS. With n rows and B bins a sample from the training distribution itself gives
 PSI of about (B - 1) / n on average, so a feature is flagged only past `threshold` (0.2, the
 usual "significant shift") and after `min_rows` rows, which keeps false alarms rare
-(tests/unit/test_drift.py measures the rate).
+(tests/unit/test_drift.py measures the rate). A ranking request's candidates are one
+observation, not many: a value the same in all of them (a request-level feature) is counted
+once per request, and `min_rows` counts requests (tests/unit/test_drift_fixes.py).
 """
 
 from __future__ import annotations
@@ -135,6 +137,20 @@ def _float(v) -> float:
         return np.nan
 
 
+def _varying(values: list, starts: list[int]) -> list[int] | None:
+    """The rows to count: a request's first row where its value is the same in all its rows,
+    all of them otherwise; None when that is every row."""
+    keep, dropped = [], False
+    for s, e in zip(starts[:-1], starts[1:]):
+        first = values[s]
+        if e - s > 1 and all(v is first or (type(v) is type(first) and v == first) for v in values[s + 1:e]):
+            keep.append(s)
+            dropped = True
+        else:
+            keep.extend(range(s, e))
+    return keep if dropped else None
+
+
 def bins_for(features) -> list[Bins]:
     """The bins of every raw input column a model reads, with the training shares."""
     inputs = {c["name"] for c in features.columns if c["role"] not in ("label", "timestamp", "id")}
@@ -185,19 +201,32 @@ class DriftCounter:
         self.rows = 0
         self.version = 0  # bumps on every observe: the flusher writes only what changed
 
-    def observe(self, rows: list[dict], table: pa.Table | None = None) -> None:
+    def observe(self, rows: list[dict], table: pa.Table | None = None, sizes: list[int] | None = None) -> None:
         """Count raw request rows; `table`, when given, is their transform by this model's
         features (`FittedFeatures.transform_rows`), whose IDs stand in for the raw values of
-        vocabulary-encoded columns."""
+        vocabulary-encoded columns.
+
+        `sizes`: how many of the rows each request gave, in order (None: one each). A ranking
+        request's candidates repeat its request-level values (the user's ID and age): a value
+        the same in all of a request's rows is counted once, and `rows` counts requests, the
+        independent observations `report`'s min_rows asks for."""
+        starts = None if sizes is None or len(sizes) == len(rows) else np.cumsum([0, *sizes]).tolist()
         for name, b in self.bins.items():
+            if starts is None:  # one row per request, the usual case: nothing to select
+                keep, values = None, None
+            else:
+                values = [r.get(name) for r in rows]
+                keep = _varying(values, starts)
+                values = values if keep is None else [values[i] for i in keep]
             idx = None
             if table is not None and b.ids and name in table.column_names:
-                idx = b.index_ids(table.column(name))
+                column = table.column(name)
+                idx = b.index_ids(column if keep is None else column.take(keep))
             if idx is None:
-                idx = b.index([r.get(name) for r in rows])
+                idx = b.index([r.get(name) for r in rows] if values is None else values)
             if len(idx):
                 self.counts[name] += np.bincount(idx, minlength=len(b.labels))
-        self.rows += len(rows)
+        self.rows += len(rows) if sizes is None else len(sizes)
         self.version += 1
 
     def snapshot(self) -> dict:
@@ -226,7 +255,8 @@ def psi(expected, counts) -> float:
 
 
 def report(bins: list[Bins], snapshot: dict, threshold: float = 0.2, min_rows: int = 500) -> list[dict]:
-    """Per feature: rows seen, PSI, OOV rate (categoricals), and whether it is flagged."""
+    """Per feature: values counted, PSI, OOV rate (categoricals), and whether it is flagged: only
+    past `min_rows` values and as many requests (a snapshot's `rows`)."""
     out = []
     for b in bins:
         counts = snapshot["counts"].get(b.feature)
@@ -234,7 +264,8 @@ def report(bins: list[Bins], snapshot: dict, threshold: float = 0.2, min_rows: i
             continue
         n = int(sum(counts))
         value = psi(b.expected, counts)
-        row = {"feature": b.feature, "kind": b.kind, "rows": n, "psi": value, "flagged": bool(n >= min_rows and value > threshold)}
+        enough = n >= min_rows and snapshot.get("rows", n) >= min_rows  # values counted, and requests they came from
+        row = {"feature": b.feature, "kind": b.kind, "rows": n, "psi": value, "flagged": bool(enough and value > threshold)}
         if b.kind == "categorical":
             row["oov_rate"] = counts[-1] / n if n else 0.0
             row["training_oov_rate"] = b.expected[-1] / max(sum(b.expected), EPS)

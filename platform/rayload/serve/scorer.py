@@ -54,19 +54,20 @@ class Scorer:
     def feature_names(self) -> set[str]:
         return {c["name"] for c in self.features.columns if c["role"] not in ("label",)}
 
-    def score(self, rows: list[dict]) -> np.ndarray:
+    def score(self, rows: list[dict], sizes: list[int] | None = None) -> np.ndarray:
         """Scores (probabilities for binary tasks) for raw feature dicts; DataError names a bad row."""
-        return self.score_table(self.features.transform_rows(rows), rows)
+        return self.score_table(self.features.transform_rows(rows), rows, sizes)
 
-    def score_table(self, table, rows: list[dict]) -> np.ndarray:
+    def score_table(self, table, rows: list[dict], sizes: list[int] | None = None) -> np.ndarray:
         """Scores for rows already transformed by `features.transform_rows` (this model's or one
-        with the same `transform_key`); `rows` are the raw dicts, for the drift counts."""
+        with the same `transform_key`); `rows` are the raw dicts, for the drift counts, and
+        `sizes` the rows of each request they came from (None: one each; see DriftCounter.observe)."""
         import torch
 
         from ..train.batch import collate
 
         if self.drift is not None:  # rows that passed the transform are the traffic this model saw
-            self.drift.observe(rows, table)
+            self.drift.observe(rows, table, sizes)
         batch = collate(table, self.layout)
         with torch.no_grad():
             out = self.forward(*batch.inputs()).float()
