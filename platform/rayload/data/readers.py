@@ -15,7 +15,6 @@ import json
 import re
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ..errors import DataError
@@ -24,21 +23,25 @@ from .validate import json_texts, python_array
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
     """Declared columns as strings; records that cannot be split into them, or are not UTF-8, are
-    returned as quarantine rows.
+    returned as quarantine rows, each reason naming the record's physical line in the file.
 
     A quoted value may hold a newline (RFC 4180). pyarrow reads such a file right, but a stray
     quote makes it read on past its line as well: to the end of the file as one bad row, or up to
     the next stray quote as one "good" row holding many lines. So any file in which a record spans
-    lines is parsed again record by record (`_read_csv_records`), which tells the two apart."""
+    lines is parsed again record by record (`_read_csv_records`), which tells the two apart. So is
+    a file with a bad row or a line that is not UTF-8 (rare): pyarrow's multithreaded reader does
+    not know the line number of a bad row, and stops at the first byte that is not UTF-8."""
+    try:
+        data.split(b"\n", 1)[0].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{source}: the header line (line 1) is not UTF-8 text: {exc}") from None
     try:
         table, bad, spanned = _read_csv(data, names, source)
-        malformed = []
-    except _NotUtf8:  # rare: only then is every line decoded, to set the bad ones aside
-        data, malformed = _utf8_lines(data)
-        table, bad, spanned = _read_csv(data, names, source)
-    if spanned or _spans_lines(data, table.num_rows + len(bad)):
-        table, bad = _read_csv_records(data, names, source)
-    return table, malformed + bad
+    except _NotUtf8:
+        return _read_csv_records(data, names, source)
+    if bad or spanned or _spans_lines(data, table.num_rows):
+        return _read_csv_records(data, names, source)
+    return table, []
 
 
 def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]], bool]:
@@ -48,7 +51,7 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     def on_invalid(row) -> str:
         text = row.text or ""
         spanned.append("\n" in text)
-        malformed.append((text, f"malformed CSV line {row.number}: expected {row.expected_columns} columns, got {row.actual_columns}"))
+        malformed.append((text, "malformed CSV row"))  # read again by `_read_csv_records`, which knows its line
         return "skip"
 
     try:
@@ -100,6 +103,7 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()
+    not_utf8 = _not_utf8(data, lines)
     odd = [i for i, line in enumerate(lines) if line.count(b'"') % 2]
     header = None
     columns: dict[str, list] = {n: [] for n in names}
@@ -107,11 +111,20 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
     i = 0
     while i < len(lines):
         first = i
+        if i in not_utf8:
+            exc = not_utf8[i]
+            if header is None:
+                raise DataError(f"{source}: the header line (line {i + 1}) is not UTF-8 text: {exc}")
+            malformed.append((lines[i].decode(errors="replace"), f"line {i + 1} is not UTF-8 text ({exc.reason} at byte {exc.start})"))
+            i += 1
+            continue
         if odd and lines[i].count(b'"') % 2:
             k = bisect.bisect_right(odd, i)
             last = odd[k] if k < len(odd) else None
         else:
             last = i
+        if last is not None and any(j in not_utf8 for j in range(first + 1, last + 1)):
+            last = None  # a "record" through a line that is not text: the quote on the first line is a stray one
         if last is None:  # the quote is never closed: a stray quote
             last, fields, error = i, *_fields(lines[i], strict=False)
             error = error or "an unterminated quote"
@@ -143,6 +156,22 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
     return pa.table({n: pa.array(v, pa.string()) for n, v in columns.items()}), malformed
 
 
+def _not_utf8(data: bytes, lines: list[bytes]) -> dict[int, UnicodeDecodeError]:
+    """The index of each line that is not UTF-8, and why."""
+    try:
+        data.decode("utf-8")
+        return {}
+    except UnicodeDecodeError:
+        pass
+    out = {}
+    for i, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            out[i] = exc
+    return out
+
+
 def _fields(record: bytes, strict: bool) -> tuple[list[str], str | None]:
     """The fields of one record, and why it cannot be read (None when it can)."""
     text = record.rstrip(b"\r").decode("utf-8", errors="replace")
@@ -156,21 +185,6 @@ def _fields(record: bytes, strict: bool) -> tuple[list[str], str | None]:
 
 class _NotUtf8(Exception):
     pass
-
-
-def _utf8_lines(data: bytes) -> tuple[bytes, list[tuple[str, str]]]:
-    """The lines that are UTF-8, and a quarantine row for each line that is not (the header,
-    line 1, must be)."""
-    kept, malformed = [], []
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        try:
-            line.decode("utf-8")
-            kept.append(line)
-        except UnicodeDecodeError as exc:
-            if number == 1:
-                raise DataError(f"the header line is not UTF-8 text: {exc}") from None
-            malformed.append((line.decode(errors="replace"), f"line {number} is not UTF-8 text ({exc.reason} at byte {exc.start})"))
-    return b"\n".join(kept), malformed
 
 
 def parse_jsonl(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
