@@ -3,6 +3,7 @@ an out-of-sample OOV share for long-tailed vocabularies, the missing rate of has
 ranking requests counted per request, values read as the model reads them (no Ray)."""
 
 import numpy as np
+import pytest
 from helpers import frame
 from test_features import fit
 
@@ -118,3 +119,41 @@ def test_score_grouped_hands_each_requests_row_count_to_the_scorer():
     out = score_grouped(scorers, [("a", rows[:1]), ("b", rows[1:4]), ("a", rows[4:9]), ("b", rows[9:])])
     assert [len(o[0]) for o in out] == [1, 3, 5, 1]
     assert scorers["a"].seen == [(6, [1, 5])] and scorers["b"].seen == [(4, [3, 1])]
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_drift_row_counts_past_int32_are_stored_and_a_version_2_store_is_migrated(dialect, tmp_path):
+    import contextlib
+
+    import sqlalchemy as sa
+    from helpers import pg_database
+
+    from rayload.serve import events
+
+    def snapshot(rows: int) -> dict:
+        return {"experiment": "e", "arm": "a", "replica": "r", "model_version": "v", "rows": rows, "counts": "{}", "ts": 1.0}
+
+    with contextlib.ExitStack() as stack:
+        url = f"sqlite:///{tmp_path / 'events.db'}" if dialect == "sqlite" else stack.enter_context(pg_database("rayload_drift"))
+        events.EventReader(url).close()  # a new store
+        engine = events.engine_for(url)
+        events.upsert_drift(engine, [snapshot(2**31 + 5)])
+        reader = events.EventReader(url)
+        assert reader.drift("e")["a"][0]["rows"] == 2**31 + 5
+        reader.close()
+        if dialect == "postgresql":  # a store written by schema version 2: rows was INTEGER (int32)
+            with engine.begin() as conn:
+                conn.execute(sa.text('DELETE FROM ab_drift'))
+                conn.execute(sa.text('ALTER TABLE ab_drift ALTER COLUMN "rows" TYPE INTEGER'))
+                conn.execute(sa.text("UPDATE ab_meta SET value = '2'"))
+                conn.execute(sa.text("INSERT INTO ab_drift VALUES ('e', 'a', 'r', 'v', 7, '{}', 1.0)"))
+            with pytest.raises(sa.exc.DBAPIError, match="out of range"):
+                events.upsert_drift(engine, [snapshot(2**31 + 5)])
+            reader = events.EventReader(url)  # opening it migrates it
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT value FROM ab_meta")).scalar_one() == str(events.SCHEMA_VERSION)
+            assert reader.drift("e")["a"][0]["rows"] == 7  # the counts kept
+            events.upsert_drift(engine, [snapshot(2**31 + 6)])
+            assert reader.drift("e")["a"][0]["rows"] == 2**31 + 6
+            reader.close()
+        engine.dispose()

@@ -8,7 +8,8 @@ showed (JSON), which `rayload retrain` turns back into training rows. `ab_drift`
 replica's feature-drift counts (serve/drift.py), rewritten in place as they grow.
 
 The schema carries its version in `ab_meta`; an older store is migrated forward in place
-(version 1 -> 2: exposures.features and ab_drift were added).
+(version 1 -> 2: exposures.features and ab_drift were added; 2 -> 3: ab_drift.rows is a 64-bit
+integer on PostgreSQL, where INTEGER stopped a replica's counts at 2**31 - 1).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 meta = sa.Table("ab_meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
@@ -59,7 +60,7 @@ drift_counts = sa.Table(
     sa.Column("arm", sa.String(64), primary_key=True),
     sa.Column("replica", sa.String(128), primary_key=True),
     sa.Column("model_version", sa.String(128), nullable=False),
-    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("rows", sa.BigInteger, nullable=False),  # requests a replica counted (serve/drift.py), past 2**31 in time
     sa.Column("counts", sa.Text, nullable=False),  # JSON: feature -> bin counts
     sa.Column("ts", sa.Float, nullable=False),
 )
@@ -139,6 +140,10 @@ def _migrate(conn, version: int) -> None:
     columns = {c["name"] for c in sa.inspect(conn).get_columns("ab_exposures")}
     if version < 2 and "features" not in columns:
         conn.execute(sa.text("ALTER TABLE ab_exposures ADD COLUMN features TEXT"))
+    if version < 3 and conn.dialect.name == "postgresql":  # SQLite's INTEGER holds 64 bits already
+        rows = next(c for c in sa.inspect(conn).get_columns("ab_drift") if c["name"] == "rows")
+        if not isinstance(rows["type"], sa.BigInteger):
+            conn.execute(sa.text('ALTER TABLE ab_drift ALTER COLUMN "rows" TYPE BIGINT'))
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
     log.info("event store migrated from schema version %d to %d", version, SCHEMA_VERSION)
 
