@@ -1,5 +1,6 @@
 """Data-plane defects: each test failed on the code before its fix."""
 
+import pyarrow as pa
 import pytest
 
 from rayload.data.readers import parse_csv
@@ -39,3 +40,46 @@ def test_every_csv_reason_names_the_physical_line_and_the_header_error_names_the
     assert table.num_rows == 17
     with pytest.raises(DataError, match="h.csv: the header line"):
         parse_csv(b"us\xffer,price,y\nu1,1,1\n", NAMES, "h.csv")
+
+
+def test_an_error_in_a_ray_read_task_reaches_the_user_as_the_data_error_it_is():
+    from ray.exceptions import RayTaskError
+
+    from rayload.data.pipeline import user_error
+
+    cause = DataError("/data/b.csv: declared columns ['user', 'price', 'y'] are not all in the CSV header: 'user,y'")
+    wrapped = RayTaskError("map_batches", "Traceback ...", cause).as_instanceof_cause()
+    try:
+        raise RuntimeError("Ray Data stopped") from wrapped
+    except RuntimeError as exc:
+        found = user_error(exc)
+    assert found is cause and "/data/b.csv" in str(found)
+    assert user_error(RuntimeError("a bug")) is None
+
+
+def test_an_empty_csv_shard_among_good_ones_gives_no_rows(tmp_path, monkeypatch):
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.csv").write_text("")  # sorted first: the pre-check reads the next file
+    (src / "b.csv").write_text("user,price,y\n" + "".join(f"u{i},{i}.5,{i % 2}\n" for i in range(60)))
+    spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "csv", "path": str(src)},
+                                   "columns": [{"name": "user", "role": "categorical"}, {"name": "price", "role": "numeric"}],
+                                   "label": {"column": "y"}}})
+    result = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    assert result.counts["good"] == 60 and result.counts["quarantined"] == 0
+
+
+def test_a_data_error_in_a_pass_comes_back_from_its_task_as_a_row_and_is_raised_on_the_driver():
+    from rayload.data.pipeline import _guarded, raise_task_error
+
+    def failing(batch, plan):
+        raise DataError("/data/b.csv: declared columns ['price'] not found")
+
+    rows = _guarded(failing, pa.table({"x": [1]}), plan=None).to_pylist()
+    with pytest.raises(DataError, match="/data/b.csv: declared columns"):
+        raise_task_error(rows)
+    assert raise_task_error([{"split": "train"}]) == [{"split": "train"}]

@@ -23,18 +23,24 @@ def check_data_schema(job) -> int:
 
 
 def check_files(inputs: Inputs, schema: Schema) -> None:
-    """Every Parquet footer (cheap), or the head of the first text file."""
-    paths = inputs.paths if inputs.fmt == "parquet" else inputs.paths[:1]
-    for path in paths:
+    """Every Parquet footer (cheap), or the head of the first text file that is not empty."""
+    for path in inputs.paths:
+        found = file_schema(inputs, path)
+        if found is None:  # an empty text file: no rows, nothing to check
+            continue
         # An empty table with the file's types runs the same type checks as real rows do.
-        validate_table(file_schema(inputs, path).empty_table(), schema, path)
+        validate_table(found.empty_table(), schema, path)
+        if inputs.fmt != "parquet":
+            break
 
 
-def file_schema(inputs: Inputs, path: str) -> pa.Schema:
+def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if inputs.fmt == "parquet":
         return pq.read_schema(path, filesystem=inputs.filesystem)
     with inputs.filesystem.open_input_stream(path) as f:
         head = b"".join(itertools.islice(io.BytesIO(f.read(1 << 20)), 101))
+    if not head.strip():
+        return None
     if inputs.fmt == "csv":
         names = head.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
         return pa.schema([(n.strip().strip('"'), pa.string()) for n in names])

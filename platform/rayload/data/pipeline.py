@@ -11,10 +11,12 @@ finished (`_SUCCESS`) with the same key is reused instead of recomputed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, replace
 
@@ -24,7 +26,7 @@ import pyarrow.parquet as pq
 from .. import __version__
 from .._feature_fit import FitPlan, finalize, merge_stats
 from .._ray import ensure_ray
-from ..errors import DataError
+from ..errors import DataError, RayloadError
 from ..features import FittedFeatures
 from ..hashing import digest
 from ..paths import cache_lock, cache_root
@@ -144,12 +146,54 @@ class RayEngine:
         self.ds = read_dataset(inputs, columns)
 
     def map(self, fn, plan: BatchPlan) -> list[dict]:
-        out = self.ds.map_batches(fn, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+        out = self.ds.map_batches(functools.partial(_guarded, fn), fn_kwargs={"plan": plan}, batch_format="pyarrow",
+                                  batch_size=None, zero_copy_batch=True)
         # Each pass emits a few KB per block (statistics or a file manifest), so object-store
         # backpressure protects nothing here; its ramp-up left one of two CPUs idle for the
         # first second of every pass and cost 40% of the wall time (benchmarks/RESULTS.md).
         out.context.set_config("backpressure_policies.enabled", [])
-        return out.take_all()
+        try:
+            rows = out.take_all()
+        except Exception as exc:
+            error = user_error(exc)
+            if error is None:
+                raise
+            raise error from None
+        return raise_task_error(rows)
+
+
+_ERROR_COLUMN = "__rayload_error__"
+
+
+def _guarded(fn, batch: pa.Table, plan: BatchPlan) -> pa.Table:
+    """A pass as a Ray task: a RayloadError (a DataError naming the file) comes back as a row.
+    Raised, Ray Data would wrap it in a UserCodeException that loses it on its way back (only
+    a traceback reaches the driver), and the user would get that instead of a clean error."""
+    try:
+        return fn(batch, plan)
+    except RayloadError as exc:
+        return pa.table({_ERROR_COLUMN: pa.array([pickle.dumps(exc)], pa.binary())})
+
+
+def raise_task_error(rows: list[dict]) -> list[dict]:
+    """The rows of a pass, or the first RayloadError one of its tasks returned, raised here."""
+    for row in rows:
+        if row.get(_ERROR_COLUMN) is not None:
+            raise pickle.loads(row[_ERROR_COLUMN])
+    return rows
+
+
+def user_error(exc: BaseException) -> RayloadError | None:
+    """The RayloadError that a Ray task failure wraps, where it is still attached, or None.
+    Ray raises it as a RayTaskError (a traceback, whose dual class is also a RayloadError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        wrapper = any(c.__name__ == "RayTaskError" for c in type(exc).__mro__)
+        if isinstance(exc, RayloadError) and not wrapper:
+            return exc
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 class LocalEngine:

@@ -31,6 +31,8 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     lines is parsed again record by record (`_read_csv_records`), which tells the two apart. So is
     a file with a bad row or a line that is not UTF-8 (rare): pyarrow's multithreaded reader does
     not know the line number of a bad row, and stops at the first byte that is not UTF-8."""
+    if not data.strip():  # an empty shard (a writer's empty part file): no rows, as a header-only one
+        return pa.table({n: pa.array([], pa.string()) for n in names}), []
     try:
         data.split(b"\n", 1)[0].decode("utf-8")
     except UnicodeDecodeError as exc:
