@@ -83,3 +83,29 @@ def test_a_data_error_in_a_pass_comes_back_from_its_task_as_a_row_and_is_raised_
     with pytest.raises(DataError, match="/data/b.csv: declared columns"):
         raise_task_error(rows)
     assert raise_task_error([{"split": "train"}]) == [{"split": "train"}]
+
+
+def _spec(path, kind, columns=({"name": "user", "role": "categorical"}, {"name": "price", "role": "numeric"}), **sections):
+    from rayload.spec import JobSpec
+
+    return JobSpec.model_validate({"name": "t", "data": {"source": {"kind": kind, "path": str(path)}, "columns": list(columns),
+                                   "label": {"column": "y"}}, **sections})
+
+
+def test_an_optional_jsonl_column_absent_from_the_first_lines_is_not_refused(tmp_path, monkeypatch):
+    import json
+
+    from rayload.data.checks import check_data_schema
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"user": f"u{i}", "y": i % 2, **({"price": i + 0.5} if i >= 150 else {})}) + "\n"
+                            for i in range(300)))
+    result = preprocess(_spec(path, "jsonl"), out=str(tmp_path / "out"), engine="local")
+    assert result.counts["good"] == 300
+    # the label absent from a whole (small) file is still refused before anything runs
+    small = tmp_path / "b.jsonl"
+    small.write_text('{"user": "u1", "price": 1}\n')
+    with pytest.raises(DataError, match=r"\['y'\] not found in .*b.jsonl"):
+        check_data_schema(_spec(small, "jsonl"))

@@ -28,6 +28,8 @@ def check_files(inputs: Inputs, schema: Schema) -> None:
         found = file_schema(inputs, path)
         if found is None:  # an empty text file: no rows, nothing to check
             continue
+        if inputs.fmt == "jsonl":
+            found = _sampled_columns(found, schema)
         # An empty table with the file's types runs the same type checks as real rows do.
         validate_table(found.empty_table(), schema, path)
         if inputs.fmt != "parquet":
@@ -38,17 +40,32 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if inputs.fmt == "parquet":
         return pq.read_schema(path, filesystem=inputs.filesystem)
     with inputs.filesystem.open_input_stream(path) as f:
-        head = b"".join(itertools.islice(io.BytesIO(f.read(1 << 20)), 101))
+        raw = f.read(1 << 20)
+        head = b"".join(itertools.islice(io.BytesIO(raw), 101))
     if not head.strip():
         return None
     if inputs.fmt == "csv":
         names = head.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
         return pa.schema([(n.strip().strip('"'), pa.string()) for n in names])
-    lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 else head.splitlines()
+    whole = len(raw) < 1 << 20 and len(head) == len(raw)  # the sample is the whole file
+    lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 and not whole else head.splitlines()
     table, _ = parse_jsonl(b"\n".join(lines), _keys(lines), path)
     if table.num_columns == 0:
         raise DataError(f"{path}: no JSON objects in the first lines")
-    return table.schema
+    return table.schema.with_metadata({"whole_file": str(whole)})
+
+
+def _sampled_columns(found: pa.Schema, schema: Schema) -> pa.Schema:
+    """A JSONL line omits a key whose value is null, so a declared column absent from the first
+    lines is only absent there: it is refused only when the sample was the whole file and a
+    row cannot do without it (the label, a required, id or timestamp column). The others are
+    checked as null columns; their rows are validated one by one when read."""
+    whole = (found.metadata or {}).get(b"whole_file") == b"True"
+    required = {schema.label["column"]} | {c["name"] for c in schema.columns if c.get("required") or c["role"] in ("id", "timestamp")}
+    for name in schema.names:
+        if name not in found.names and not (whole and name in required):
+            found = found.append(pa.field(name, pa.null()))
+    return found
 
 
 def _keys(lines: list[bytes]) -> list[str]:
