@@ -157,3 +157,24 @@ def test_drift_row_counts_past_int32_are_stored_and_a_version_2_store_is_migrate
             assert reader.drift("e")["a"][0]["rows"] == 2**31 + 6
             reader.close()
         engine.dispose()
+
+
+def test_drift_reads_numeric_text_and_a_nan_category_as_the_model_does():
+    import math
+
+    from rayload.data.validate import validate_request
+    from rayload.features import CategoricalState, NumericState
+
+    st = NumericState("x", 0.0, None, None, False, "none")
+    st.stats = {"count": 100, "null_rate": 0.0, "histogram": {"edges": [0.5], "shares": [0.5, 0.5]}}
+    b = drift._numeric_bins(st)
+    for values in (["true", "false", "1", "0", " 2 ", "", None], [True, 0, 1.0, None, math.nan]):
+        model = validate_request([{"x": v} for v in values], [{"name": "x", "role": "numeric"}]).column("x").to_pylist()
+        expect = [0 if v is None else 2 if v >= 0.5 else 1 for v in model]
+        assert b.index(values).tolist() == expect, (values, model)
+    h = CategoricalState(name="h", encode="hash")
+    h.buckets, h.stats = 16, {"null_rate": 0.0}
+    hb = drift._categorical_bins(h)
+    for values in ([math.nan, "x", "", None], ["x", "", None], [3, 0.0, math.nan, True]):
+        model = validate_request([{"h": v} for v in values], [{"name": "h", "role": "categorical"}]).column("h").to_pylist()
+        assert hb.index(values).tolist() == [0 if v is None else 1 for v in model], (values, model)

@@ -60,12 +60,17 @@ class Bins:
         """Bin of every raw value (bags: of every token)."""
         if self.kind == "numeric":
             return self._numeric(values)
-        if self.kind == "missing-only":  # as _text reads them: only null and "" are missing
-            return np.fromiter((0 if v is None or v == "" else 1 for v in values), dtype=np.int64, count=len(values))
+        if self.kind == "missing-only":
+            if all(v is None or type(v) is str for v in values):  # the usual request: as_string reads null and "" as missing
+                return np.fromiter((0 if v is None or v == "" else 1 for v in values), dtype=np.int64, count=len(values))
+            return np.where(_text(values, self.feature).is_null().to_numpy(zero_copy_only=False), 0, 1)  # NaN too
         return self._categorical(values)
 
     def _numeric(self, values: list) -> np.ndarray:
-        x = np.array([np.nan if _missing(v) else _float(v) for v in values], dtype=np.float64)
+        if any(type(v) is str for v in values):  # numeric text ("1e3", "true"): as the model's validation parses it
+            x = _numbers(values, self.feature)
+        else:  # numbers, booleans and nulls: what Arrow's cast to float64 gives, without building the array
+            x = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
         out = np.searchsorted(np.asarray(self.edges), x, side="right") + 1
         out[np.isnan(x)] = 0
         return out
@@ -126,15 +131,13 @@ def _text(values: list, name: str) -> pa.Array:
     return as_string(python_array(values), name)
 
 
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and np.isnan(v)) or v == ""
+def _numbers(values: list, name: str) -> np.ndarray:
+    """Raw request values as the model's validation reads a numeric column (validate_request):
+    "true" -> 1, " 5 " -> 5, "" and NaN -> missing (NaN here); what it refuses is missing too."""
+    from ..data.validate import _Reasons, _validate_column, python_array
 
-
-def _float(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return np.nan
+    col = {"name": name, "role": "numeric"}
+    return _validate_column(python_array(values), col, _Reasons(len(values))).to_numpy(zero_copy_only=False)
 
 
 def _varying(values: list, starts: list[int]) -> list[int] | None:
