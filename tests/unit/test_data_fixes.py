@@ -109,3 +109,16 @@ def test_an_optional_jsonl_column_absent_from_the_first_lines_is_not_refused(tmp
     small.write_text('{"user": "u1", "price": 1}\n')
     with pytest.raises(DataError, match=r"\['y'\] not found in .*b.jsonl"):
         check_data_schema(_spec(small, "jsonl"))
+
+
+def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, monkeypatch):
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    rows = "".join(f"u{i},{i}.5,{i % 2}\n" for i in range(60))
+    path = tmp_path / "a.csv"
+    path.write_bytes("\ufeffuser,price,y\n".encode() + rows.encode())
+    assert preprocess(_spec(path, "csv"), out=str(tmp_path / "out"), engine="local").counts["good"] == 60
+    # the record-by-record reader too (a stray quote sends the file there)
+    table, bad = parse_csv("\ufeffuser,price,y\n".encode() + rows.encode() + b'"u,1,1\n', NAMES, "a.csv")
+    assert table.num_rows == 60 and len(bad) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import itertools
 
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..paths import cache_root
-from .readers import parse_jsonl
+from .readers import parse_jsonl, strip_bom
 from .sources import Inputs, resolve_inputs
 from .validate import Schema, validate_table
 
@@ -45,8 +46,8 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if not head.strip():
         return None
     if inputs.fmt == "csv":
-        names = head.split(b"\n", 1)[0].decode(errors="replace").strip().split(",")
-        return pa.schema([(n.strip().strip('"'), pa.string()) for n in names])
+        names = next(csv.reader([strip_bom(head).split(b"\n", 1)[0].decode(errors="replace").rstrip("\r")]))
+        return pa.schema([(n, pa.string()) for n in names])
     whole = len(raw) < 1 << 20 and len(head) == len(raw)  # the sample is the whole file
     lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 and not whole else head.splitlines()
     table, _ = parse_jsonl(b"\n".join(lines), _keys(lines), path)

@@ -31,6 +31,7 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     lines is parsed again record by record (`_read_csv_records`), which tells the two apart. So is
     a file with a bad row or a line that is not UTF-8 (rare): pyarrow's multithreaded reader does
     not know the line number of a bad row, and stops at the first byte that is not UTF-8."""
+    data = strip_bom(data)
     if not data.strip():  # an empty shard (a writer's empty part file): no rows, as a header-only one
         return pa.table({n: pa.array([], pa.string()) for n in names}), []
     try:
@@ -44,6 +45,12 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     if bad or spanned or _spans_lines(data, table.num_rows):
         return _read_csv_records(data, names, source)
     return table, []
+
+
+def strip_bom(data: bytes) -> bytes:
+    """A CSV without the UTF-8 byte order mark Excel's "CSV UTF-8" starts with: left on, it is
+    part of the first column's name ('\ufeffuser')."""
+    return data[3:] if data.startswith(b"\xef\xbb\xbf") else data
 
 
 def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]], bool]:
