@@ -122,3 +122,22 @@ def test_a_csv_with_a_utf8_byte_order_mark_is_read(tmp_path, monkeypatch):
     # the record-by-record reader too (a stray quote sends the file there)
     table, bad = parse_csv("\ufeffuser,price,y\n".encode() + rows.encode() + b'"u,1,1\n', NAMES, "a.csv")
     assert table.num_rows == 60 and len(bad) == 1
+
+
+def test_downsampling_under_a_group_split_decides_per_row_not_per_group(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    n = 4000
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"user": [f"u{i % 4}" for i in range(n)], "price": [float(i) for i in range(n)],
+                             "y": [int(i % 10 == 0) for i in range(n)]}), path)
+    spec = _spec(path, "parquet", split={"kind": "group", "group": "user", "train": 0.5, "val": 0.5, "test": 0.0, "seed": 0},
+                 rebalance={"method": "downsample", "target_ratio": 1.0, "seed": 0})
+    out = tmp_path / "out"
+    result = preprocess(spec, out=str(out), engine="local")
+    y = pq.read_table(out / "train").column("label").to_numpy()
+    pos = result.counts["train_labels"]["1.0"]
+    assert pos == (y == 1).sum() and 0.7 * pos < (y == 0).sum() < 1.3 * pos  # about as many negatives kept, not 0 or all

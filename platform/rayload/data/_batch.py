@@ -106,7 +106,7 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
         for code, split in enumerate(SPLITS):
             rows = good.filter(pa.array(codes == code))
             if split == "train" and plan.rebalance is not None:
-                u = rb.row_rebalance_unit(rows, plan.split.key, plan.rebalance.seed)
+                u = rb.row_rebalance_unit(rows, tuple(plan.schema.names), plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
             out = plan.features.transform_table(rows, training=split == "train")
             if split == "train":

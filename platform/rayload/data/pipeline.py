@@ -222,8 +222,9 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
     # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
     # missing value (validate.as_string), no longer the category "nan"; "csv_records": a quoted
-    # newline is part of its value (readers._read_csv_records), no longer a split row.
-    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180"}
+    # newline is part of its value (readers._read_csv_records), no longer a split row;
+    # "rebalance_unit": rebalancing draws per row from all its columns, not per split key.
+    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

@@ -62,6 +62,8 @@ def apply(table: pa.Table, labels: np.ndarray, u: np.ndarray, plan: RebalancePla
 
 
 def row_rebalance_unit(table: pa.Table, key: tuple[str, ...], seed: int) -> np.ndarray:
+    """key: a row's identity, every declared column, never the split key alone: under a group
+    split that is the group, and one draw per group kept or dropped whole groups."""
     from .split import row_hash
 
     return to_unit(row_hash(table, key, seed, salt="rebalance"))
