@@ -141,3 +141,23 @@ def test_downsampling_under_a_group_split_decides_per_row_not_per_group(tmp_path
     y = pq.read_table(out / "train").column("label").to_numpy()
     pos = result.counts["train_labels"]["1.0"]
     assert pos == (y == 1).sum() and 0.7 * pos < (y == 0).sum() < 1.3 * pos  # about as many negatives kept, not 0 or all
+
+
+def test_a_decimal_parquet_column_is_numeric(tmp_path, monkeypatch):
+    """Spark's and databases' Parquet exports write prices and rates as decimal128: read as the
+    float64 every numeric feature is, not refused."""
+    import decimal
+
+    import pyarrow.parquet as pq
+
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    n = 120
+    prices = pa.array([decimal.Decimal(f"{i}.25") for i in range(n)], pa.decimal128(10, 2))
+    pq.write_table(pa.table({"user": [f"u{i % 7}" for i in range(n)], "price": prices, "y": [i % 2 for i in range(n)]}),
+                   tmp_path / "a.parquet")
+    result = preprocess(_spec(tmp_path / "a.parquet", "parquet"), out=str(tmp_path / "out"), engine="local")
+    assert result.counts["good"] == n
+    stats = next(s for s in result.features.numeric if s.name == "price").stats
+    assert stats["min"] == pytest.approx(0.25) and stats["max"] == pytest.approx(n - 1 + 0.25)

@@ -114,9 +114,10 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
         arr, t = arr.cast(t.value_type), t.value_type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         return _seconds(arr)
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_decimal(t):
         # A numeric feature is a float64: an integer past 2**53 becomes the nearest float (Arrow's
-        # safe cast refuses it and stopped the whole job, or answered a request with a 500).
+        # safe cast refuses it and stopped the whole job, or answered a request with a 500); so
+        # does a decimal (Spark's and databases' Parquet exports write money and rates as decimal128).
         return arr.cast(pa.float64(), safe=False)
     if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
         raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
