@@ -130,6 +130,9 @@ def test_compressed_model_serves_against_its_original_with_drift_merged_over_rep
         assert 'id="drift"' in render(status) and "DRIFT" in render(status)
         metrics = _prometheus(lambda text: len(_i1_psi(text)) >= 2 and all(v > 0.2 for v in _i1_psi(text)))
         assert len(_i1_psi(metrics)) >= 2 and all(v > 0.2 for v in _i1_psi(metrics)), metrics[-2000:]  # both arms
+        # the categoricals' out-of-vocabulary rates, exported in the same tick as the PSI
+        oov = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("ray_rayload_feature_oov_rate{")]
+        assert oov and all(0.0 <= v <= 1.0 for v in oov), metrics[-2000:]
     finally:
         control.stop(dep.run_dir)
 

@@ -127,6 +127,8 @@ class DriftFlusher:
             tags = {"experiment": self.experiment, "arm": row["arm"], "feature": row["feature"]}
             gauges[0].set(row["psi"], tags=tags)
             gauges[1].set(1.0 if row["flagged"] else 0.0, tags=tags)
+            if "oov_rate" in row:  # categoricals: the share of values outside the training vocabulary
+                gauges[2].set(row["oov_rate"], tags=tags)
 
     def _metrics(self):
         if self._gauges is None:
@@ -135,7 +137,9 @@ class DriftFlusher:
 
                 keys = ("experiment", "arm", "feature")
                 self._gauges = (Gauge("rayload_feature_psi", "PSI of served feature values against the training data", tag_keys=keys),
-                                Gauge("rayload_feature_drift_flagged", "1 when the feature's PSI is over the threshold", tag_keys=keys))
+                                Gauge("rayload_feature_drift_flagged", "1 when the feature's PSI is over the threshold", tag_keys=keys),
+                                Gauge("rayload_feature_oov_rate", "Share of a categorical feature's served values outside the "
+                                      "training vocabulary", tag_keys=keys))
             except Exception:  # outside a Serve replica (tests, tools): the table is still written
                 log.debug("Serve metrics unavailable", exc_info=True)
                 self._gauges = False
