@@ -154,7 +154,7 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
                 columns[n].append(fields[j] or None)
             continue
         if last > first:  # not a record after all: its first line holds a stray quote
-            last, i = first, first + 1
+            i = first + 1
             text = lines[first].rstrip(b"\r").decode(errors="replace")
             fields, error = _fields(lines[first].rstrip(b"\r"), strict=False)
             error = error or "an unterminated quote"

@@ -222,6 +222,12 @@ def request_columns(columns: list[dict], needed=frozenset()) -> list[dict]:
     return [c for c in columns if c["role"] not in ("label", "id", "timestamp") or c["name"] in needed]
 
 
+def numeric_values(values: list, name: str) -> np.ndarray:
+    """Raw JSON values as a numeric column of a request reads them (float64; "true" -> 1,
+    " 5 " -> 5; missing and unreadable values NaN): what drift counting compares with the bins."""
+    return _validate_column(python_array(values), {"name": name, "role": "numeric"}, _Reasons(len(values))).to_numpy(zero_copy_only=False)
+
+
 def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = frozenset()) -> pa.Table:
     """Serving path: request dicts through the same column validation as training data, over
     `request_columns(columns, needed)`."""

@@ -68,7 +68,9 @@ class Bins:
 
     def _numeric(self, values: list) -> np.ndarray:
         if any(type(v) is str for v in values):  # numeric text ("1e3", "true"): as the model's validation parses it
-            x = _numbers(values, self.feature)
+            from ..data.validate import numeric_values
+
+            x = numeric_values(values, self.feature)
         else:  # numbers, booleans and nulls: what Arrow's cast to float64 gives, without building the array
             x = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
         out = np.searchsorted(np.asarray(self.edges), x, side="right") + 1
@@ -129,15 +131,6 @@ def _text(values: list, name: str) -> pa.Array:
     from ..data.validate import as_string, python_array
 
     return as_string(python_array(values), name)
-
-
-def _numbers(values: list, name: str) -> np.ndarray:
-    """Raw request values as the model's validation reads a numeric column (validate_request):
-    "true" -> 1, " 5 " -> 5, "" and NaN -> missing (NaN here); what it refuses is missing too."""
-    from ..data.validate import _Reasons, _validate_column, python_array
-
-    col = {"name": name, "role": "numeric"}
-    return _validate_column(python_array(values), col, _Reasons(len(values))).to_numpy(zero_copy_only=False)
 
 
 def _varying(values: list, starts: list[int]) -> list[int] | None:

@@ -73,6 +73,7 @@ class Trainer:
         if spec.train.embedding_prior:
             prior.attach(self.embeddings, features, id_counts, session.device)
         self.optimizers = make_optimizers(self.model, spec)
+        self._trained = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]  # what grad_clip bounds
         tables = [p for opt in self.optimizers[1:] for group in opt.param_groups for p in group["params"]]
         self.sparse_sync = SparseGradSync(tables, session.world_size) if tables and session.world_size > 1 else None
         # The dense optimizer follows the warmup and decay; so do the sparse tables' unless
@@ -150,8 +151,7 @@ class Trainer:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
         if self.spec.train.grad_clip:  # the whole model's norm: the sparse tables' rows count too
-            params = [p for opt in self.optimizers for group in opt.param_groups for p in group["params"]]
-            clip_grad_norm_(params, self.spec.train.grad_clip)
+            clip_grad_norm_(self._trained, self.spec.train.grad_clip)
         for opt in self.optimizers:
             self.scaler.step(opt) if self.scaler else opt.step()
         if self.scaler:
