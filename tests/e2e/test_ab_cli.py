@@ -108,8 +108,10 @@ def test_serve_build_writes_a_config_serve_accepts(running, tmp_path):
     from ray.serve.schema import ServeDeploySchema
 
     out = tmp_path / "serve_config.yaml"
-    r = cli("serve", "build", running["spec"], "--out", str(out), env=running["env"])
+    r = cli("--verbose", "serve", "build", running["spec"], "--out", str(out), env=running["env"])
     assert r.returncode == 0, r.stderr
+    # the arms' runs trained to their end when serving started: read off their records, not relaunched
+    assert r.stderr.count("trained to its end") == 2 and "Started a local Ray instance" not in r.stderr, r.stderr[-3000:]
     config = yaml.safe_load(out.read_text())
     schema = ServeDeploySchema.model_validate(config)
     assert schema.applications[0].import_path == "rayload.serve.app:build_app"

@@ -8,7 +8,8 @@ import helpers
 
 from rayload.errors import RayloadError
 from rayload.spec import JobSpec
-from rayload.train.trainer import TrainingError, fit
+from rayload.data.pipeline import job_cache_key
+from rayload.train.trainer import TrainingError, finished_run, fit
 
 pytestmark = pytest.mark.integration
 
@@ -106,17 +107,30 @@ def test_a_relaunch_with_another_worker_count_resumes_where_the_other_path_stopp
     """workers: 2 runs on Ray Train (checkpoint_manager_snapshot.json), workers: 1 in-process
     (checkpoints.json): each relaunch resumes from the other's latest checkpoint, never trains
     an epoch again, and never writes over a checkpoint."""
+    def spec(epochs: int, workers: int = 1, lr: float = 0.005):
+        return job(movielens_subset, model={"hidden": [16]}, resources={"workers": workers},
+                   train={"epochs": epochs, "run_name": "switch", "storage_path": str(tmp_path), "keep_checkpoints": 3, "lr": lr})
+
     def launch(epochs: int, workers: int):
-        return fit(job(movielens_subset, model={"hidden": [16]}, resources={"workers": workers},
-                       train={"epochs": epochs, "run_name": "switch", "storage_path": str(tmp_path), "keep_checkpoints": 3}),
-                   evaluate_test=False)
+        return fit(spec(epochs, workers), evaluate_test=False)
+
+    def answered_from_record(result, epochs: int) -> None:
+        """finished_run reads what fit returned off the run's record, whichever path wrote it;
+        an unfinished run, another spec or other data is left to fit."""
+        key = job_cache_key(spec(epochs))
+        done = finished_run(spec(epochs, workers=2), key)  # the worker count may change on a relaunch
+        assert (done.checkpoint, done.metrics, done.history) == (result.checkpoint, result.metrics, result.history)
+        assert finished_run(spec(epochs + 1), key) is None  # more epochs to train
+        assert finished_run(spec(epochs, lr=0.01), key) is None and finished_run(spec(epochs), "other-data") is None
 
     def written(epoch: int) -> int:
         return os.stat(tmp_path / "switch" / f"epoch_{epoch:04d}" / "model.pt").st_mtime_ns
 
     on_ray = launch(1, 2)
+    answered_from_record(on_ray, 1)
     first = written(0)
     here = launch(2, 1)
+    answered_from_record(here, 2)
     assert [(h["epoch"], h["restarts"], h["world_size"]) for h in here.history] == [(0, 0, 2), (1, 1, 1)]
     assert here.history[0] == on_ray.history[0] and written(0) == first
     back = launch(3, 2)

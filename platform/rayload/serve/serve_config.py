@@ -36,7 +36,7 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
             continue
         from ..data.pipeline import job_cache_key
         from ..spec import load_spec
-        from ..train.trainer import fit
+        from ..train.trainer import finished_run, fit
 
         job = load_spec(arm.job, arm.set)
         raw = job.model_dump(mode="json")
@@ -46,14 +46,19 @@ def resolve_checkpoints(spec: ABSpec, address: str | None = None) -> dict[str, s
         # preprocessing cache key: spec sections, input paths, sizes, mtimes). An unchanged arm
         # finds its finished run and reuses it; an edited job or new data trains a run of its own
         # (one name for both would be a relaunch of the old run, which train refuses).
-        fingerprint = hashlib.sha256(f"{key}|{job_cache_key(job)}".encode()).hexdigest()[:10]
+        data_key = job_cache_key(job)
+        fingerprint = hashlib.sha256(f"{key}|{data_key}".encode()).hexdigest()[:10]
         job = job.model_copy(update={"train": job.train.model_copy(update={"run_name": f"ab-{spec.name}-{arm.name}-{fingerprint}"})})
         if key in trained:  # an A/A test: the same job trains to the same model (one seed), once
             log.info("arm %s: the same job as arm %s; sharing its checkpoint", arm.name, trained[key])
             out[arm.name] = out[trained[key]]
             continue
-        log.info("arm %s: training %s", arm.name, arm.job)
-        out[arm.name] = fit(job, address=address, evaluate_test=False).checkpoint
+        if done := finished_run(job, data_key):  # read off the run's record: no Ray start, no loop resumed to do nothing
+            log.info("arm %s: %s trained to its end in %s; serving its best checkpoint", arm.name, arm.job, done.run_dir)
+            out[arm.name] = done.checkpoint
+        else:
+            log.info("arm %s: training %s", arm.name, arm.job)
+            out[arm.name] = fit(job, address=address, evaluate_test=False).checkpoint
         trained[key] = arm.name
     return out
 

@@ -99,6 +99,42 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     return result
 
 
+def finished_run(spec: JobSpec, cache_key: str) -> TrainResult | None:
+    """The result of the run `spec.train.run_name` when that run already trained to its end
+    (its last epoch, or early stopping) on this spec and on data of this preprocessing cache
+    key, read from the run's record without starting Ray or the loop; None otherwise (not run,
+    unfinished, another spec or data, a best checkpoint no longer there): `fit` decides then.
+    A finished run relaunched by `fit` starts Ray, preprocesses (a cache hit) and starts the
+    loop (or a Ray Train group) only for the loop to find nothing to train."""
+    if not spec.train.run_name:
+        return None
+    storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
+    home = join_uri(storage, spec.train.run_name)
+    kept = record.entries(home)
+    if not kept:
+        return None
+    last = kept[-1]
+    metrics = last["metrics"]
+    if not (metrics.get("early_stopped") or metrics.get("epochs_done", -1) >= spec.train.epochs):
+        return None
+    manifest = identity.read_manifest(last["path"])
+    if not manifest or manifest.get("cache_key") != cache_key or identity.changes(manifest, {"spec": spec.model_dump(mode="json")}):
+        return None
+    from ..features import FittedFeatures
+    from ..paths import read_text
+
+    try:
+        task = FittedFeatures.from_json(read_text(join_uri(last["path"], "features.json"))).label.task
+    except FileNotFoundError:
+        return None
+    score, mode = score_metric(spec, task)
+    best = best_of(kept, score, mode)
+    if not best or (not is_remote(best[0]["path"]) and not os.path.exists(os.path.join(best[0]["path"], "model.pt"))):
+        return None
+    return TrainResult(spec.train.run_name, local_path(home) if not is_remote(home) else home, best[0]["path"], best[0]["metrics"],
+                       ckpt.read_history(last["path"]))
+
+
 def loop_context(spec: JobSpec, pre: PreprocessResult, id_counts: dict | None = None) -> dict:
     """What the loop needs besides the spec and features (plain data: it crosses to workers).
     `id_counts`: the training split's ID counts when the caller has them (a search counts once
