@@ -79,14 +79,14 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     if spec is not None and overrides:
         raise RayloadError(f"overrides {list(overrides)} change the job spec in the checkpoint's manifest; with a spec given, "
                            "apply them to that spec (rayload compress --spec FILE --set ... does)")
-    suffix = method if method == "int8" else f"prune{round(amount * 100)}"
+    suffix = default_suffix(method, amount, structured)
     origin = checkpoint
     # A checkpoint on shared storage is compressed from its local copy, and its compressed copy
     # goes back beside it (CHECKPOINT-int8 on the same storage), where serving replicas and
     # A/B arms on any node reach it; --out may name a URI or a local folder either way.
     destination = out or _beside(origin, suffix)
     destination = destination if is_remote(destination) else local_path(destination)  # file:// names a folder here
-    checkpoint = ckpt.localize(checkpoint)  # a URI fetched once into the cache; a folder (or file://) as it is
+    checkpoint = require_checkpoint(checkpoint, "the checkpoint to compress")  # a URI fetched once into the cache; a folder as it is
     # The folder written on this disk: the destination itself, or for a URI a staging copy
     # under runs/compressed/remote/<hash of the URI>/, uploaded once it is complete.
     target = remote_scratch(destination, "compressed") if is_remote(destination) else _normal(destination)
@@ -126,6 +126,32 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         shutil.rmtree(target, ignore_errors=True)  # the staging copy; readers fetch the URI into their cache
         log.info("uploaded %s to %s", target, destination)
     return CompressResult(**{**asdict(result), "checkpoint": destination, "bytes_after": size})
+
+
+def default_suffix(method: str, amount: float, structured: bool) -> str:
+    """The default output's suffix: int8, or prune<percent> (with -structured) at the exact
+    amount (0.5 -> prune50, 0.504 -> prune50.4), so copies made with other settings do not
+    replace each other."""
+    if method == "int8":
+        return "int8"
+    return f"prune{format(amount * 100, '.10g')}" + ("-structured" if structured else "")
+
+
+def require_checkpoint(path: str, what: str, fix: str = "name one") -> str:
+    """`path` as a local checkpoint folder (a URI fetched into the cache); a RayloadError naming
+    the path, what a checkpoint folder holds and `fix` when it is not one."""
+    from .train import checkpoint as ckpt
+
+    try:
+        folder = ckpt.localize(path)
+    except (OSError, ValueError) as exc:
+        raise RayloadError(f"{what}, {path}, cannot be read: {exc}") from exc
+    missing = [n for n in (ckpt.MODEL, ckpt.MODEL_JSON, ckpt.FEATURES) if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        state = "does not exist" if not os.path.exists(folder) else f"is not a checkpoint folder (no {', '.join(missing)})"
+        raise RayloadError(f"{what}, {path}, {state}: a checkpoint folder holds {ckpt.MODEL}, {ckpt.MODEL_JSON} and "
+                           f"{ckpt.FEATURES}, as rayload train writes them (runs/train/<run>/epoch_NNNN); {fix}")
+    return folder
 
 
 def _beside(checkpoint: str, suffix: str) -> str:
@@ -213,6 +239,11 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
         if "spec" not in source.manifest:
             raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
         spec = _manifest_spec(checkpoint, source.manifest["spec"], overrides)
+    if spec.train.init_from:
+        # A model fine-tuned from another checkpoint transforms its data with that one's fitted
+        # features, which its own features.json holds too (with this data's label): read them
+        # there, so the gate does not need the ancestor, which may be gone (replaced by this model).
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"init_from": checkpoint})})
     pre = preprocess(spec, address=address)
     if pre.features != source.features:
         raise DataError(f"{checkpoint} was trained on a different preprocessing than its spec's data now gives (features.json differs); "
@@ -272,23 +303,60 @@ def _prune(model: nn.Module, amount: float, structured: bool):
 
     layers = _linears(model, structured)
     if structured:
+        norms = _batch_norms_after(model)
         for layer in layers:
-            tp.ln_structured(layer, "weight", amount=amount, n=2, dim=0)
-            if layer.bias is not None:  # a removed neuron outputs nothing, not relu(bias)
-                tp.custom_from_mask(layer, "bias", mask=layer.weight_mask.any(dim=1).to(layer.bias.dtype))
+            _prune_neurons(layer, norms.get(layer), amount)
     else:
         tp.global_unstructured([(m, "weight") for m in layers], pruning_method=tp.L1Unstructured, amount=amount)
     return model, {"amount": amount, "structured": structured}
 
 
+def _batch_norms_after(model: nn.Module) -> dict[nn.Linear, nn.BatchNorm1d]:
+    """Each Linear followed by an affine BatchNorm1d of its outputs in a Sequential (models.mlp's
+    Linear-BatchNorm-ReLU blocks), with that batch norm."""
+    pairs = {}
+    for seq in model.modules():
+        if isinstance(seq, nn.Sequential):
+            for lin, bn in zip(list(seq)[:-1], list(seq)[1:]):
+                if isinstance(lin, nn.Linear) and isinstance(bn, nn.BatchNorm1d) and bn.affine and bn.num_features == lin.out_features:
+                    pairs[lin] = bn
+    return pairs
+
+
+def _prune_neurons(layer: nn.Linear, norm: nn.BatchNorm1d | None, amount: float) -> None:
+    """Cut the `amount` of the layer's output neurons whose effective weight rows have the smallest
+    L2 norm: the row scaled by the batch norm after it (gamma / sqrt(running_var + eps), the
+    weights once folded, as int8 serving folds them), since that scale, not the raw row, says how
+    much the neuron passes on. A cut neuron outputs nothing: its weight row and bias are masked,
+    and so are the batch norm's gamma and beta, or it would output relu(beta - gamma * mu / sigma),
+    a constant the next layer still reads. The architecture stays as it was: the checkpoint loads
+    like its source, with zeros where neurons were cut."""
+    import torch.nn.utils.prune as tp
+
+    with torch.no_grad():
+        importance = layer.weight.detach().float().norm(p=2, dim=1)
+        if norm is not None and norm.running_var is not None:
+            importance = importance * (norm.weight.detach().float().abs() / torch.sqrt(norm.running_var.float() + norm.eps))
+    cut = round(amount * layer.out_features)  # as ln_structured counts a fraction
+    mask = torch.ones(layer.out_features)
+    if cut:
+        mask[torch.topk(importance, cut, largest=False).indices] = 0.0
+    tp.custom_from_mask(layer, "weight", mask=mask.unsqueeze(1).expand_as(layer.weight).to(layer.weight.dtype).clone())
+    if layer.bias is not None:  # a removed neuron outputs nothing, not relu(bias)
+        tp.custom_from_mask(layer, "bias", mask=mask.to(layer.bias.dtype))
+    if norm is not None:
+        tp.custom_from_mask(norm, "weight", mask=mask.to(norm.weight.dtype))
+        tp.custom_from_mask(norm, "bias", mask=mask.to(norm.bias.dtype))
+
+
 def _unmask(model: nn.Module) -> None:
+    """Bake the masks into the weights (linear layers and the batch norms masked with them)."""
     import torch.nn.utils.prune as tp
 
     for m in model.modules():
-        if isinstance(m, nn.Linear) and tp.is_pruned(m):
-            for name in ("weight", "bias"):
-                if hasattr(m, f"{name}_mask"):
-                    tp.remove(m, name)
+        for name in ("weight", "bias"):
+            if hasattr(m, f"{name}_mask") and hasattr(m, f"{name}_orig"):
+                tp.remove(m, name)
 
 
 def sparsity(model: nn.Module) -> float:
