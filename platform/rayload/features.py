@@ -96,6 +96,12 @@ class FittedFeatures:
     target: list[TargetState] = field(default_factory=list)
     derived: dict[str, dict] = field(default_factory=dict)  # name -> source, part, minus
     version: int = FORMAT_VERSION
+    # Whether the target statistics were fitted on the rows being transformed: only then does a
+    # training row carry its own label in them, and is encoded out of fold. Features fixed from
+    # a checkpoint (train.init_from) were fitted on other rows, so every row of the new data is
+    # encoded with all of them, as serving encodes a request. A fact about this run, not about
+    # the transform: not in features.json, not compared.
+    fitted_here: bool = field(default=True, compare=False, repr=False)
 
     # ------------------------------------------------------------ outputs
 
@@ -123,7 +129,9 @@ class FittedFeatures:
     # ------------------------------------------------------------ JSON
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, allow_nan=False)
+        raw = asdict(self)
+        raw.pop("fitted_here")
+        return json.dumps(raw, indent=1, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> "FittedFeatures":
@@ -154,7 +162,8 @@ class FittedFeatures:
     def transform_table(self, table: pa.Table, training: bool = False) -> pa.Table:
         """Validated rows in, model-ready columns out (label included when present).
 
-        training=True encodes target statistics out of fold (training rows only)."""
+        training=True encodes target statistics out of fold (training rows only, and only when
+        the statistics were fitted on them: `fitted_here`)."""
         table = derive(table, self.derived)
         cols: dict[str, pa.Array] = {}
         for num in self.numeric:
@@ -164,7 +173,7 @@ class FittedFeatures:
         for cross in self.crosses:
             cols[cross.name] = transform_cross(cross, [table.column(c) for c in cross.columns])
         for target in self.target:
-            cols.update(target_stats.transform(target, table, out_of_fold=training))
+            cols.update(target_stats.transform(target, table, out_of_fold=training and self.fitted_here))
         if self.label.column in table.column_names:
             cols["label"] = pc.cast(table.column(self.label.column), pa.float32())
         return pa.table(cols)

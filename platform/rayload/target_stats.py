@@ -3,7 +3,9 @@
 A training row must not see its own label through its feature, or the model learns to trust
 the feature far more than it deserves on new rows. Training rows are therefore encoded out
 of fold: rows are hashed into `folds` groups by the split key, and a training row's
-statistics leave out its own group. Validation, test and serving rows use all training rows.
+statistics leave out its own group. Validation, test and serving rows use all training rows,
+and so do the training rows of a job that reuses a checkpoint's fitted features
+(`train.init_from`, `FittedFeatures.fitted_here` False): those statistics never saw their labels.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ._memo import Memo
+from .errors import DataError
 from .hashing import as_strings, to_unit
 
 
@@ -43,6 +46,11 @@ class TargetState(Memo):
 def row_folds(table: pa.Table, key: list[str] | tuple[str, ...], seed: int, folds: int) -> np.ndarray:
     from .data.split import kfold_index, row_hash
 
+    missing = [k for k in key if k not in table.column_names]
+    if missing:
+        raise DataError(f"target statistics encode a training row out of fold, by a hash of the split key {list(key)} "
+                        f"(split.key; by default every declared column), but these rows lack {missing} (they have "
+                        f"{table.column_names}): the split key must name columns the training rows carry")
     return kfold_index(to_unit(row_hash(table, tuple(key), seed, "target-stats")), folds)
 
 

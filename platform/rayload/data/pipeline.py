@@ -48,8 +48,10 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     `on_stage(text)` is called as each pass starts (the CLI shows it)."""
     on_stage = on_stage or (lambda text: log.info("%s", text))
     schema = Schema.from_spec(spec.data)
-    inputs = resolve_inputs(spec.data, cache_root())
     fixed = fixed_features(spec)
+    if fixed is not None:  # before any input is fetched or read
+        check_fixed_columns(spec.data.resolved_columns(), fixed, f"train.init_from={spec.train.init_from!r}")
+    inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs, fixed)  # job_cache_key(spec), with the inputs and features kept for the run
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
     if engine == "ray":
@@ -116,7 +118,7 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
     with _timed(timings, "fit"):
         features = finalize(merge_stats([p["stats"] for p in parts]), plan.fit, weights)
         if fixed is not None:  # the checkpoint's transforms; the label (and its weights) are this data's
-            features = replace(fixed, label=features.label)
+            features = replace(fixed, label=features.label, fitted_here=False)
     features_json = _features_json(features)
     _reset(out_dir)
     plan = replace(plan, rebalance=reb, features=features, out_dir=out_dir)
@@ -218,6 +220,8 @@ class LocalEngine:
 def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     sections = spec.model_dump(include={"data", "split", "rebalance", "features"}, mode="json")
     extra = {"fixed_features": digest(fixed.to_json())} if fixed is not None else {}
+    if fixed is not None and fixed.target:  # "fixed_target_stats": training rows no longer encoded out of fold
+        extra["fixed_target_stats"] = "all-rows"
     # Markers of changes to what preprocessing writes, so shards written before one are not reused:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
     # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
@@ -251,6 +255,29 @@ def fixed_features(spec) -> FittedFeatures | None:
     if not os.path.exists(path):
         raise DataError(f"train.init_from={init!r} is not a checkpoint: {path} does not exist")
     return FittedFeatures.load(path)
+
+
+FEATURE_ROLES = ("numeric", "categorical", "multi_categorical")
+
+
+def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:
+    """The job's declared columns against the ones the fixed features were fitted on: every
+    feature column (and every column a derived feature is computed from) by name and role, and
+    no feature column the checkpoint has no transform for (it would be dropped without a word).
+    Label, id and timestamp columns may differ: only the label comes from this data."""
+    roles = {c.name: c.role for c in declared}
+    needed = {c["name"]: c["role"] for c in fixed.columns if c["role"] in FEATURE_ROLES or c["name"] in fixed.derived_sources}
+    missing = [n for n in needed if n not in roles]
+    retyped = [f"{n} ({needed[n]} in the checkpoint, {roles[n]} here)" for n in needed if n in roles and roles[n] != needed[n]]
+    extra = [n for n, role in roles.items() if role in FEATURE_ROLES and n not in needed]
+    if not (missing or retyped or extra):
+        return
+    found = "; ".join(f"{what}: {', '.join(names)}" for what, names in (
+        ("missing", missing), ("declared with another role", retyped), ("not in the checkpoint", extra)) if names)
+    expected = ", ".join(f"{n}: {r}" for n, r in needed.items())
+    raise DataError(f"{where} transforms the data with the checkpoint's fitted features, which were fitted on other columns than "
+                    f"data.columns declares ({found}). Declare the checkpoint's columns ({expected}; plus this data's label), or "
+                    "drop train.init_from to fit new features on these columns")
 
 
 def _counts(parts: list[dict], inputs: Inputs) -> dict:

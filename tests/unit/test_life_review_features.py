@@ -1,0 +1,153 @@
+"""A job that starts from a checkpoint's fitted features (`train.init_from`, which every retrain
+is): its training rows are encoded with all of the checkpoint's target statistics, never out of
+fold by a split key its rows need not carry; its declared columns must be the checkpoint's; and
+the compression gate of such a model reads the model's own features.json, not its ancestor's."""
+
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import job
+from rayload import target_stats
+from rayload.data import pipeline
+from rayload.errors import DataError
+from rayload.features import FittedFeatures
+from rayload.retraining import job_for
+from rayload.spec import JobSpec
+
+N = 1500
+
+
+def _rows(n: int, seed: int, ids: str | None = "rid") -> pa.Table:
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, 12, n)
+    columns = {"x": rng.normal(size=n), "c": c.astype(str), "ts": 1_700_000_000 + rng.integers(0, 86_400, n),
+               "y": (rng.random(n) < np.where(c % 3 == 0, 0.6, 0.2)).astype(float)}
+    if ids:
+        columns[ids] = [f"{ids}{i}" for i in range(n)]
+    return pa.table(columns)
+
+
+def _champion_spec(path: str) -> JobSpec:
+    """Target statistics on `c`, out of fold by the default split key (every declared column,
+    the id `rid` included), and a derived feature from the timestamp `ts`."""
+    return JobSpec.model_validate({
+        "name": "champ", "data": {"source": {"kind": "parquet", "path": path}, "label": {"column": "y"},
+                                  "columns": [{"name": "rid", "role": "id"}, {"name": "x", "role": "numeric"},
+                                              {"name": "c", "role": "categorical"}, {"name": "ts", "role": "timestamp"}]},
+        "features": {"categorical": {"c": {"target_stats": True}}, "derived": {"hour": {"source": "ts", "part": "hour"}}}})
+
+
+@pytest.fixture()
+def champion(tmp_path):
+    """A checkpoint folder (features.json fitted by preprocess, a stub model.json)."""
+    path = str(tmp_path / "champ.parquet")
+    pq.write_table(_rows(N, 0), path)
+    pre = pipeline.preprocess(_champion_spec(path), out=str(tmp_path / "champ-pre"), engine="local")
+    assert "rid" in pre.features.target[0].key
+    folder = tmp_path / "champ"
+    folder.mkdir()
+    pre.features.save(str(folder / "features.json"))
+    (folder / "model.json").write_text(json.dumps({"config": {"name": "mlp", "hidden": [8]}}))
+    (folder / "model.pt").write_bytes(b"")
+    return str(folder), path
+
+
+def _events(tmp_path, seed: int = 1) -> str:
+    """Logged exposures as `training_rows` writes them: the request's features, the label and
+    request_id; no `rid` (a request carries no id column)."""
+    table = _rows(600, seed, ids="request_id")
+    path = str(tmp_path / f"events-{seed}.parquet")
+    pq.write_table(table, path)
+    return path
+
+
+def test_a_retrain_encodes_training_rows_with_all_of_the_champions_target_statistics(champion, tmp_path):
+    """The retrain rows lack the champion's split-key column `rid`: preprocessing crashed with
+    'Field "rid" does not exist in schema'. Now every training row gets the statistics a served
+    request gets (the same value per category), since they never saw these rows' labels."""
+    folder, _ = champion
+    retrain_job = job_for(job(str(tmp_path / "unused.parquet")), folder, _events(tmp_path), "y", "retrain-x")
+    pre = pipeline.preprocess(retrain_job, out=str(tmp_path / "pre"), engine="local")
+    fixed = FittedFeatures.load(os.path.join(folder, "features.json"))
+    assert pre.features == FittedFeatures(**{**fixed.__dict__, "label": pre.features.label})
+    served = fixed.transform_table(pa.table({n: _rows(N, 0).column(n) for n in ("x", "c", "ts")}))
+    by_id = dict(zip(served.column("c").to_pylist(), served.column("c__te").to_pylist()))
+    train = pa.concat_tables(pq.read_table(f) for f in pre.files["train"])
+    assert train.num_rows > 300
+    assert all(by_id[i] == te for i, te in zip(train.column("c").to_pylist(), train.column("c__te").to_pylist()))
+
+
+def test_training_rows_of_the_data_the_statistics_are_fitted_on_are_still_encoded_out_of_fold(champion, tmp_path):
+    _, path = champion
+    pre = pipeline.preprocess(_champion_spec(path), out=str(tmp_path / "again"), engine="local")
+    train = pa.concat_tables(pq.read_table(f) for f in pre.files["train"])
+    per_id: dict[int, set] = {}
+    for i, te in zip(train.column("c").to_pylist(), train.column("c__te").to_pylist()):
+        per_id.setdefault(i, set()).add(te)
+    assert max(len(v) for v in per_id.values()) > 1  # a category's value depends on the row's fold
+
+
+def test_out_of_fold_encoding_without_the_key_columns_is_a_data_error_naming_them(champion):
+    folder, _ = champion
+    state = FittedFeatures.load(os.path.join(folder, "features.json")).target[0]
+    rows = pa.table({"c": ["1", "2"], "x": [0.0, 1.0]})
+    with pytest.raises(DataError, match=r"split key \['rid', 'x', 'c', 'ts', 'y'\].*lack \['rid', 'ts', 'y'\]"):
+        target_stats.transform(state, rows, out_of_fold=True)
+    assert len(target_stats.transform(state, rows, out_of_fold=False)["c__te"]) == 2
+
+
+def _transfer(path: str, folder: str, columns: list[tuple[str, str]]) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "ft", "data": {"source": {"kind": "parquet", "path": path}, "label": {"column": "y"},
+                               "columns": [{"name": n, "role": r} for n, r in columns]},
+        "train": {"init_from": folder}})
+
+
+@pytest.mark.parametrize("columns, message", [
+    ([("x", "numeric"), ("ts", "timestamp")], r"\(missing: c\)"),
+    ([("x", "numeric"), ("c", "categorical"), ("ts", "timestamp"), ("z", "numeric")], r"\(not in the checkpoint: z\)"),
+    ([("x", "categorical"), ("c", "categorical"), ("ts", "timestamp")], r"x \(numeric in the checkpoint, categorical here\)"),
+    ([("x", "numeric"), ("c", "categorical")], r"\(missing: ts\)"),  # the source of the derived feature `hour`
+])
+def test_init_from_a_checkpoint_fitted_on_other_columns_is_refused_naming_them(champion, tmp_path, columns, message):
+    """A missing or retyped column failed with a bare pyarrow KeyError / ArrowTypeError, and an
+    extra one was dropped without a word."""
+    folder, path = champion
+    with pytest.raises(DataError, match=message) as err:
+        pipeline.preprocess(_transfer(path, folder, columns), out=str(tmp_path / "pre"), engine="local")
+    assert not (tmp_path / "pre").exists()  # refused before anything is read or written
+    assert "x: numeric, c: categorical, ts: timestamp" in str(err.value) and "drop train.init_from" in str(err.value)
+
+
+def test_id_and_label_columns_may_differ_from_the_checkpoints(champion, tmp_path):
+    folder, path = champion
+    pq.write_table(_rows(300, 5, ids="other_id"), str(tmp_path / "other.parquet"))
+    spec = _transfer(str(tmp_path / "other.parquet"), folder, [("x", "numeric"), ("c", "categorical"), ("ts", "timestamp"),
+                                                               ("other_id", "id")])
+    assert pipeline.preprocess(spec, out=str(tmp_path / "pre"), engine="local").counts["good"] == 300
+
+
+def test_the_gate_of_a_model_fine_tuned_from_a_checkpoint_since_removed_reads_its_own_features(champion, tmp_path, monkeypatch):
+    """compress preprocessed the model's manifest spec, whose train.init_from named its ancestor:
+    with the ancestor gone (replaced by the model it was fine-tuned into), the gate failed."""
+    from rayload import compression
+
+    ancestor, _ = champion
+    tuned = job_for(job(str(tmp_path / "unused.parquet")), ancestor, _events(tmp_path), "y", "retrain-x")
+    pre = pipeline.preprocess(tuned, out=str(tmp_path / "tuned-pre"), engine="local")
+    model = tmp_path / "tuned"
+    model.mkdir()
+    pre.features.save(str(model / "features.json"))
+    shutil.rmtree(ancestor)
+    real = pipeline.preprocess
+    monkeypatch.setattr(pipeline, "preprocess", lambda spec, address=None: real(spec, out=str(tmp_path / "gate-pre"), engine="local"))
+    source = SimpleNamespace(manifest={"spec": tuned.model_dump(mode="json")}, features=pre.features)
+    spec, gate = compression._validation_data(str(model), source, None, None)
+    assert gate.features == pre.features and gate.files.get("val")
