@@ -18,7 +18,8 @@ def compress(
     structured: Annotated[bool, typer.Option(help="prune whole output neurons instead of single weights")] = False,
     finetune_epochs: Annotated[int, typer.Option(help="prune: epochs of fine-tuning with the cut weights held at zero")] = 0,
     max_auc_drop: Annotated[float, typer.Option(help="refuse when the validation AUC drops by more than this")] = 0.002,
-    out: Annotated[Optional[str], typer.Option(help="output checkpoint, a folder or a URI (default: CHECKPOINT-int8 / CHECKPOINT-pruneNN beside it, on its storage)")] = None,
+    out: Annotated[Optional[str], typer.Option(help="output checkpoint, a folder or a URI (default beside it, on its storage: CHECKPOINT-int8, "
+                                                    "CHECKPOINT-pruneNN, CHECKPOINT-pruneNN-structured, NN the exact percentage: prune50, prune50.4)")] = None,
     spec: Annotated[Optional[str], typer.Option(help="the job spec it was trained with (default: the one in its manifest; --set applies to either)")] = None,
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
@@ -51,8 +52,11 @@ def retrain(
     window: Annotated[str, typer.Option(help="recent events to use: 30m, 12h, 7d, 2w or all")] = "7d",
     attribution: Annotated[str, typer.Option(help="an outcome within this long after the exposure makes it a positive")] = "30m",
     min_auc_gain: Annotated[float, typer.Option(help="the new model must beat the champion's AUC by this on held-out events")] = 0.0,
-    weight: Annotated[Optional[float], typer.Option(help="challenger weight in the next experiment (default: the ramp's first step)")] = None,
-    name: Annotated[Optional[str], typer.Option(help="name of the next experiment")] = None,
+    weight: Annotated[Optional[float], typer.Option(help="challenger weight in the next experiment (default: the ramp's first step, else the "
+                                                          "prior challenger's weight; a shadow experiment stays in shadow mode at weight 0 "
+                                                          "unless --weight > 0 is given)")] = None,
+    name: Annotated[Optional[str], typer.Option(help="name of the next experiment (default: the experiment's, with its -rYYYYMMDD-HHMMSS "
+                                                      "retrain stamp replaced by this retrain's)")] = None,
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Retrain the champion on its A/B feedback, gate it offline, and register it as the next challenger."""

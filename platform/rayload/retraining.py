@@ -19,8 +19,11 @@
    refused (an AUC on a handful of rows would pass or fail the gate by chance).
 4. Registration: a new A/B spec (`ab.yaml` in the retrain folder) with the champion as control
    and the new model as challenger (arm `retrained`, `retrained-2` when the champion has that
-   name), under a new experiment name (so a new salt reshuffles units), ready for `rayload
-   serve`. It is built and validated before step 1, so a spec it would refuse costs no training.
+   name), under a new experiment name (so a new salt reshuffles units; by default the
+   experiment's, with this retrain's stamp in place of an earlier one), ready for `rayload
+   serve`; a shadow experiment's successor is a shadow experiment unless `--weight` gives the
+   challenger traffic. It is built and validated before step 1, so a spec it would refuse costs
+   no training.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 GATE_SPLIT = "test"  # the rows the gate scores: not trained on, not used to pick the best epoch
 SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
 MIN_GATE_CLASS = 10  # rows of each class the gate's split needs
+_STAMP = re.compile(r"-r\d{8}-\d{6}$")  # the suffix a default retrain name ends with
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,10 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     run, state = load_state(from_events)
     args, user = parts(state["config"])
     champion = args["checkpoints"][user["champion"]]
+    _check_champion(champion, user["champion"], from_events)
     now = time.time() if now is None else now
     stamp = _dt.datetime.fromtimestamp(now).strftime("%Y%m%d-%H%M%S")
-    name = name or f"{args['experiment']}-r{stamp}"
+    name = name or next_name(args["experiment"], stamp)
     # The next experiment is built and checked before anything is read or trained (the retrained
     # checkpoint stands in for itself): a spec it would refuse fails now, not after the fine-tune.
     next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
@@ -123,6 +128,21 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
         json.dump({**outcome.to_dict(), "window": window, "attribution": attribution, "job": retrain_job.model_dump(mode="json")},
                   f, indent=1, default=str)
     return outcome
+
+
+def next_name(experiment: str, stamp: str) -> str:
+    """The next experiment's default name: the experiment's, its retrain stamp (-rYYYYMMDD-HHMMSS)
+    replaced rather than appended, so rounds of retraining do not grow it without end (it is
+    stored in the event tables' experiment column, 128 characters)."""
+    return f"{_STAMP.sub('', experiment)}-r{stamp}"
+
+
+def _check_champion(champion: str, arm: str, run: str) -> None:
+    """The champion's checkpoint must still be there: named before anything is read or trained."""
+    from .compression import require_checkpoint
+
+    require_checkpoint(champion, f"the champion of A/B run {run} (arm {arm!r}, whose checkpoint a retrain starts from)",
+                       "restore it, or retrain from a run whose champion's checkpoint exists")
 
 
 def _label_column(champion: str) -> str:
@@ -207,6 +227,9 @@ def _model_section(champion: str) -> dict:
         config = dict(json.load(f)["config"])
     from .spec import ModelSpec
 
+    # A model.json from before `align` existed describes a model built unpadded, which is how the
+    # loader rebuilds it (models.zoo); ModelSpec's default (8) would give other shapes.
+    config.setdefault("align", 1)
     return {k: v for k, v in config.items() if k in ModelSpec.model_fields}
 
 
@@ -306,14 +329,19 @@ def _where(checkpoint: str) -> str:
 
 def next_ab_spec(args: dict, champion_arm: str, champion: str, challenger: str, name: str, weight: float | None) -> dict:
     """The next experiment, validated: the champion against the retrained model (an arm named
-    apart from the champion's), otherwise as before. SpecError names what the spec refuses."""
+    apart from the champion's), otherwise as before. A shadow experiment stays one (the
+    challenger at weight 0, scoring beside the champion) unless `weight` gives it live traffic.
+    SpecError names what the spec refuses."""
     from .ab_spec import ab_from_dict
 
     prior = args["spec"]
     if weight is not None:
         _check_weight(weight, champion_arm, challenger_arm(champion_arm))
-    weight = weight if weight is not None else _first_weight(prior)
+    shadow = bool(prior.get("shadow")) and not weight  # an explicit --weight > 0 goes live
+    weight = 0.0 if shadow else weight if weight is not None else _first_weight(prior)
     spec = {k: v for k, v in prior.items() if k not in ("name", "salt", "arms", "champion", "shadow")}
+    if shadow:
+        spec["shadow"] = True
     spec.update(name=re.sub(r"[^A-Za-z0-9_.-]", "-", name), champion=champion_arm, arms=[
         {"name": champion_arm, "weight": round(1.0 - weight, 6), "checkpoint": _where(champion)},
         {"name": challenger_arm(champion_arm), "weight": weight, "checkpoint": _where(challenger)},

@@ -42,9 +42,12 @@ def init_weights(model: nn.Module, checkpoint: str) -> None:
     shapes = sorted(f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
                     for k, v in own.items() if k in weights and weights[k].shape != v.shape)
     if missing or extra or shapes:
+        # A checkpoint from before model.align was built unpadded; the spec's default pads to 8.
+        unpadded = "align" not in config.get("config", {}) and getattr(model, "align", 1) != 1
         raise RayloadError(
             f"train.init_from={checkpoint!r} does not fit this model ({config.get('config', {}).get('name')} in the checkpoint): "
             f"missing {missing[:5]}, unexpected {extra[:5]}, shape mismatches {shapes[:5]}; use the checkpoint's model section"
+            + (" (its model.json predates model.align: set model.align: 1)" if unpadded else "")
         )
     model.load_state_dict(weights)
 
