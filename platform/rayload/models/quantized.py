@@ -14,6 +14,14 @@ On disk everything is plain tensors (int8 weights, float scales, biases) in `mod
 loads with `torch.load(weights_only=True)`; the fbgemm packed weights are built at load time
 from them, so no packed or pickled object is ever stored. Quantization is symmetric per output
 channel (linear, 7 bits: see Int8Linear) or per row (embeddings, 8 bits): scale = max|w| / limit, q = round(w / scale).
+
+An int8 model's score of a row depends slightly on the batch it is scored in: Int8Linear
+quantizes its input activations per call, from that batch's min and max, so the rows batched
+beside a row move its rounding (measured: logits up to about 4e-3 apart between a row scored
+alone and in a 4096-row batch, on the MLP and DCN; 1e-4 on DeepFM). What inference.py checks
+(traced = eager within 1e-6 on the same batch) therefore makes a served fp32 score equal its
+offline prediction, and a served int8 score equal it within the int8 tolerance (README,
+"Compression"; tests/unit/test_life_review_int8_batch.py), not within 1e-6.
 """
 
 from __future__ import annotations
