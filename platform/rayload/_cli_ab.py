@@ -153,6 +153,10 @@ def print_analysis(result) -> None:
         console.print(f"sequential test (decides): detectable effect now {_g(result.sequential_mde_now)}; about "
                       f"{result.sequential_units_needed} more units for the configured power (a fixed-horizon test looked at "
                       f"once: {_g(result.mde_now)}, {result.units_needed} more)")
+    for arm, shadow in (result.shadow_scores or {}).items():
+        console.print(f"shadow arm {arm}: scored {shadow['requests']} requests beside the champion, "
+                      f"{'[red]' if shadow['errors'] else ''}{shadow['errors']} failed ({shadow['error_rate']:.2%})"
+                      f"{'[/]' if shadow['errors'] else ''}")
     if result.drift:
         drift = Table("arm", "feature", "rows", "PSI", "OOV rate", "status", title="feature drift (PSI against the training data)")
         for r in result.drift:

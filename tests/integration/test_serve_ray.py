@@ -257,10 +257,16 @@ def test_separate_deployments_and_shadow_mode(served):
         bad = client.post(f"{URL}/sep/predict", json={"unit_id": "s", "features": {**features(served["rows"][0]), "year": "old"}})
         assert bad.status_code == 422 and "year" in bad.text
     engine = sa.create_engine(served["events"])
-    with engine.connect() as conn:
-        shadow = conn.execute(sa.text("select request_id, arm from ab_shadow")).all()
+    deadline = time.monotonic() + 15  # a shadow row is written after its request was answered
+    while True:
+        with engine.connect() as conn:
+            shadow = conn.execute(sa.text("select request_id, arm, status from ab_shadow")).all()
+        if {r.request_id for r in shadow} >= set(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     engine.dispose()
     assert {r.request_id for r in shadow} >= set(ids) and {r.arm for r in shadow} == {"challenger"}
+    assert {r.status for r in shadow} == {"ok"}
 
 
 @pytest.fixture

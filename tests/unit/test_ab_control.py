@@ -47,6 +47,7 @@ def run(tmp_path, monkeypatch):
     box = {"deployed": []}
     monkeypatch.setattr(control, "_redeploy", lambda config, address: box["deployed"].append(control.parts(config)[1]))
     monkeypatch.setattr(control, "_events_frame", lambda args, spec: box["frame"])
+    monkeypatch.setattr(control, "_shadow_summary", lambda args: {})
     make.box = box
     return make
 

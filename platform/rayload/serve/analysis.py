@@ -73,6 +73,8 @@ class Analysis:
     reasons: list[str] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
     drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
+    # Shadow mode: per shadow arm, requests it scored and how many failed (EventReader.shadow_summary); filled by the caller
+    shadow_scores: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(_finite(asdict(self)), default=str, allow_nan=False))

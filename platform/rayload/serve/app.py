@@ -10,6 +10,12 @@ one to the running replicas through `reconfigure`, without restarting them.
 Serving mode (see benchmarks/bench_serve.py): `combined` keeps every arm's model inside the
 router replica and batches there (no extra hop: the A/B path then costs what one deployment
 costs); `separate` puts each arm in its own deployment for models too large to share a replica.
+
+Shadow mode: the champion answers every request, and the challengers score it after the
+champion's own call returned, in the background: the answer, and the champion's logged latency,
+never wait for a challenger. Their scores (or a failure, status error) go to `ab_shadow` when
+they come; at most `max_ongoing_requests` requests' shadows are in flight per replica, and
+beyond that a request's shadows are skipped (counted), never queued without bound.
 """
 
 
@@ -18,7 +24,6 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import os
 import time
 
@@ -27,9 +32,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
 
-from ..errors import DataError
+from ..errors import DataError, RayloadError
 from .assign import Layout
-from .batch_scoring import ModelDeployment, Models, drift_flusher, monitor_args
+from .batch_scoring import ModelDeployment, ModelError, Models, drift_flusher, monitor_args
 from .event_writer import is_row_error
 from .http_io import (AssignBody, FeedbackBody, PredictBody, RequestIds, _features_json, _loads, _ok, _problem,  # noqa: F401
                       _validation_detail)
@@ -46,15 +51,40 @@ def _top(scores: list[float]) -> int:
     return max(range(len(scores)), key=scores.__getitem__)
 
 
+def _failure_detail(arm: str, error: BaseException) -> str:
+    """The 500 answer's text: a ModelError's own (it says what failed, and holds nothing
+    internal), also where Ray wraps one raised in a separate deployment; otherwise generic."""
+    cause = error if type(error) is ModelError else getattr(error, "cause", None)
+    return str(cause) if isinstance(cause, ModelError) else f"the model of arm {arm} failed"
+
+
+def config_issues(config: dict, arms: list[str]) -> list[str]:
+    """What is wrong with a router user_config (weights, champion, shadow), as ab_spec checks a spec's."""
+    from ..ab_spec import weight_issues
+
+    weights, champion = config.get("weights"), config.get("champion")
+    if not isinstance(weights, dict):
+        return [f"user_config.weights: must map each arm {arms} to its share (got {weights!r})"]
+    if champion not in arms:
+        return [f"user_config.champion: must be one of the arms {arms} (got {champion!r})"]
+    return [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
+
+
 @serve.deployment
 @serve.ingress(api)
 class ABRouter:
+    generation: str | None = None  # the experiment's generation its exposures carry (serve/control.py); None: before generations
+
     def __init__(self, args: dict, **handles):
         from .event_writer import EventWriter
         from .events import EventReader
 
         self.experiment, self.salt, self.order = args["experiment"], args["salt"], args["arms"]
+        self.generation = args.get("generation")
         serving = args["serving"]
+        self.max_shadow_tasks = serving["max_ongoing_requests"]
+        self._shadow_tasks: set = set()  # in flight: held here, as the event loop keeps only weak references
+        self.shadow_counts: dict[str, dict[str, int]] = {}  # this replica's: arm -> ok / error / skipped
         self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
         self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
@@ -78,13 +108,41 @@ class ABRouter:
         self.reader = EventReader(args["events_url"])
         self.spec_raw = args["spec"]
         self.request_ids = RequestIds()
-        self.reconfigure({"weights": args["weights"], "champion": args["champion"], "shadow": args["shadow"]})
+        self.config_refused: str | None = None  # the last user_config refused while serving (GET /healthz says it)
+        self.started = False  # Serve's first reconfigure (the deployment's user_config, before any traffic) sets it
+        initial = {"weights": args["weights"], "champion": args["champion"], "shadow": args["shadow"]}
+        if issues := config_issues(initial, self.order):  # the spec's own: checked at spec load already
+            raise RayloadError("the router's weights are refused: " + "; ".join(issues))
+        self._apply(initial)
 
     def reconfigure(self, config: dict) -> None:
-        """Serve calls this with a new user_config: weights change without a restart."""
-        self.weights, self.champion, self.shadow = dict(config["weights"]), config["champion"], bool(config.get("shadow", False))
+        """Serve calls this with the user_config when the replica starts, and with a new one:
+        weights change without a restart. A config that breaks the spec's rules (weights not
+        naming every arm, negative, or not summing to 1, an unknown champion, a challenger's
+        weight in shadow mode) is refused with what must hold, and nothing changes here. At the
+        start that fails the replica (Serve reports the deploy failed; replicas already serving
+        go on). On a serving replica it keeps the config in force, logs the refusal as an error
+        and reports it in GET /healthz and /experiment (`config_refused`): raising there would
+        not keep the old config, since Serve (2.60) stops a replica whose reconfigure fails, and
+        with one replica the experiment would go down. `rayload ab set-weights` checks the same
+        rules before it deploys: this catches a config edited by hand."""
+        issues = config_issues(config, self.order)
+        if issues:
+            message = "refused a new router user_config (the weights in force stay): " + "; ".join(issues)
+            if not self.started:
+                raise RayloadError(message)
+            log.error("%s", message)
+            self.config_refused = message
+            return
+        self._apply(config)
+        self.started, self.config_refused = True, None
+
+    def _apply(self, config: dict) -> None:
+        weights = {a: float(config["weights"][a]) for a in self.order}
+        champion, shadow = config["champion"], bool(config.get("shadow", False))
+        layout = Layout.build(weights, champion, self.order)
+        self.weights, self.champion, self.shadow, self.layout = weights, champion, shadow, layout
         self.final = config.get("final")  # a promote or rollback (decision, reason, time) that ended the automatic steps
-        self.layout = Layout.build(self.weights, self.champion, self.order)
         self.layout_json = json.dumps(self.weights, sort_keys=True)
 
     # ------------------------------------------------------------ HTTP
@@ -138,38 +196,35 @@ class ABRouter:
         if problem := self._rows_problem(rows, body.candidates is not None):
             return problem
         unit = str(body.unit_id)
-        # Shadow mode: the champion answers every request and the other arms score beside it
-        # (their weights are 0: ab_spec.weight_issues; a config written by hand cannot change that).
-        arm = self.champion if self.shadow else self.layout.assign(self.salt, unit)
+        # Shadow mode: the champion answers every request and the other arms score it after
+        # (their weights are 0: ab_spec.weight_issues; reconfigure refuses a config that is not so).
+        shadow = self.shadow
+        arm = self.champion if shadow else self.layout.assign(self.salt, unit)
+        layout = self.layout_json  # the weights the arm was assigned under, whatever a reconfigure does meanwhile
         request_id = self.request_ids.next()
-        shadows = [a for a in self.order if a != arm] if self.shadow else []
-        # combined mode on SQLite without shadows: the batch commits this exposure before the call returns
-        batch_logs = not shadows and self.models is not None and self.models.log is not None
-        if shadows:
-            results = await asyncio.gather(*[self._score(a, rows) for a in [arm, *shadows]], return_exceptions=True)
-        else:  # the usual case: no task per request for gather to wrap the one call in
-            results = [await self._score_or_error(arm, rows, (request_id, unit, start, fast) if batch_logs else None)]
-        answer = results[0]
+        # combined mode on SQLite: the batch commits this exposure before the call returns
+        batch_logs = self.models is not None and self.models.log is not None
+        answer = await self._score_or_error(arm, rows, (request_id, unit, start, fast, layout) if batch_logs else None)
         if isinstance(answer, DataError):
             return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
         if isinstance(answer, EventStoreError):
             return _problem(503, "the exposure could not be recorded; retry")
-        latency = (time.perf_counter() - start) * 1000
+        latency = (time.perf_counter() - start) * 1000  # the answering arm's own call: no shadow has started yet
         if isinstance(answer, BaseException):
             log.error("arm %s failed: %r", arm, answer)
-            await self._log("exposure", request_id, unit, arm, "error", None, "error", latency)
-            return _problem(500, f"model of arm {arm} failed")
+            await self._log(request_id, unit, arm, "error", None, "error", latency, layout)
+            return _problem(500, _failure_detail(arm, answer))
         scores, version = answer
         top = _top(scores)
         if not batch_logs:
-            await self._log("exposure", request_id, unit, arm, version, scores[top], "ok", latency,
-                            shadows=[(a, r) for a, r in zip(shadows, results[1:]) if not isinstance(r, BaseException)],
+            await self._log(request_id, unit, arm, version, scores[top], "ok", latency, layout,
                             features=_features_json(rows[top], fast) if self.log_features else None)
+        if shadow:
+            self._start_shadows(arm, request_id, rows)
         out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
         if body.candidates is not None:
             out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
-            return _ok(out, all(map(math.isfinite, scores)))
-        return _ok(out, math.isfinite(scores[top]))
+        return _ok(out)  # scores are finite: score_grouped turns a non-finite one into its arm's ModelError
 
     def _rows_problem(self, rows, ranking: bool) -> JSONResponse | None:
         field = "candidates" if ranking else "features"
@@ -198,9 +253,10 @@ class ABRouter:
         except Exception as exc:  # as gather(return_exceptions=True) would hand it back
             return exc
 
-    def _exposure_row(self, request_id, unit, arm, version, score, status, latency, now, features) -> dict:
+    def _exposure_row(self, request_id, unit, arm, version, score, status, latency, now, features, layout) -> dict:
         return {"request_id": request_id, "experiment": self.experiment, "unit_id": unit, "arm": arm, "model_version": version,
-                "score": score, "status": status, "latency_ms": latency, "layout": self.layout_json, "ts": now, "features": features}
+                "score": score, "status": status, "latency_ms": latency, "layout": layout, "ts": now, "features": features,
+                "generation": self.generation}
 
     async def _log_batch(self, items: list, results: list) -> list:
         """A scored batch's exposures (those of callers that passed one), committed together
@@ -213,12 +269,13 @@ class ABRouter:
         for i, ((arm, rows, exposure), result) in enumerate(zip(items, results)):
             if exposure is None or isinstance(result, BaseException):
                 continue
-            request_id, unit, start, fast = exposure
+            request_id, unit, start, fast = exposure[:4]
+            layout = exposure[4] if len(exposure) > 4 else self.layout_json  # as assigned (predict passes it)
             scores, version = result
             top = _top(scores)
             features = _features_json(rows[top], fast) if self.log_features else None
             events.append(("exposure", self._exposure_row(request_id, unit, arm, version, scores[top], "ok", (perf - start) * 1000,
-                                                          now, features)))
+                                                          now, features, layout)))
             logged.append(i)
         try:
             if not self.writer.write_now(events):
@@ -236,13 +293,54 @@ class ABRouter:
                 results[i] = EventStoreError(f"event commit failed: {error!r}")
         return results
 
-    async def _log(self, kind, request_id, unit, arm, version, score, status, latency, shadows=(), features=None) -> None:
-        now = time.time()
-        events = [(kind, self._exposure_row(request_id, unit, arm, version, score, status, latency, now, features))]
-        events += [("shadow", {"request_id": request_id, "arm": shadow_arm, "model_version": version_s, "score": max(scores), "ts": now})
-                   for shadow_arm, (scores, version_s) in shadows]
+    async def _log(self, request_id, unit, arm, version, score, status, latency, layout, features=None) -> None:
+        row = self._exposure_row(request_id, unit, arm, version, score, status, latency, time.time(), features, layout)
         # The answer waits for the commit: a 2xx means the event is committed (serve/event_writer.py).
-        await self.writer.write(*events)
+        await self.writer.write(("exposure", row))
+
+    # ------------------------------------------------------------ shadow mode
+
+    def _start_shadows(self, champion: str, request_id: str, rows: list[dict]) -> None:
+        """The other arms score this request in the background, once the champion has answered."""
+        arms = [a for a in self.order if a != champion]
+        if len(self._shadow_tasks) >= self.max_shadow_tasks:  # shadows slower than traffic: drop, never queue without bound
+            for arm in arms:
+                self._count_shadow(arm, "skipped", None)
+            return
+        task = asyncio.ensure_future(self._score_shadows(arms, request_id, rows))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _score_shadows(self, arms: list[str], request_id: str, rows: list[dict]) -> None:
+        results = await asyncio.gather(*(self._timed_score(arm, rows) for arm in arms))
+        now, events = time.time(), []
+        for arm, (result, latency) in zip(arms, results):
+            if isinstance(result, BaseException):
+                self._count_shadow(arm, "error", result)
+                row = {"model_version": "error", "score": None, "status": "error"}
+            else:
+                self._count_shadow(arm, "ok", None)
+                row = {"model_version": result[1], "score": max(result[0]), "status": "ok"}
+            events.append(("shadow", {"request_id": request_id, "arm": arm, "latency_ms": latency, "ts": now, **row}))
+        try:
+            await self.writer.write(*events)
+        except Exception:
+            log.warning("the shadow scores of request %s could not be recorded", request_id, exc_info=True)
+
+    async def _timed_score(self, arm: str, rows: list[dict]) -> tuple:
+        start = time.perf_counter()
+        result = await self._score_or_error(arm, rows)
+        return result, (time.perf_counter() - start) * 1000
+
+    def _count_shadow(self, arm: str, outcome: str, error: BaseException | None) -> None:
+        """Count a shadow's outcome; a failure or a skip is logged as a warning at the 1st, 2nd,
+        4th, 8th, ... of its kind per arm (a challenger failing every request does not flood the log)."""
+        counts = self.shadow_counts.setdefault(arm, {"ok": 0, "error": 0, "skipped": 0})
+        counts[outcome] += 1
+        n = counts[outcome]
+        if outcome != "ok" and n & (n - 1) == 0:
+            what = f"failed: {error!r}" if outcome == "error" else f"skipped: {len(self._shadow_tasks)} requests' shadows in flight"
+            log.warning("shadow arm %s %s (%d so far in this replica; the champion's answers are unaffected)", arm, what, n)
 
     @api.post("/feedback")
     async def feedback(self, request: Request):
@@ -252,14 +350,13 @@ class ABRouter:
         body, _ = parsed
         if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
             return _problem(404, f"unknown request_id {body.request_id!r}")
-        duplicate = await asyncio.to_thread(self.reader.outcome_exists, body.request_id, body.event)
-        if not duplicate:
-            try:
-                await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value, "ts": time.time()}))
-            except Exception:
-                log.exception("committing an outcome failed")
-                return _problem(503, "the outcome could not be recorded; retry")
-        return {"request_id": body.request_id, "event": body.event, "duplicate": duplicate}
+        try:  # the insert says whether it stored the row: concurrent repeats cannot all see it absent first
+            inserted = await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value,
+                                                            "ts": time.time()}))
+        except Exception:
+            log.exception("committing an outcome failed")
+            return _problem(503, "the outcome could not be recorded; retry")
+        return {"request_id": body.request_id, "event": body.event, "duplicate": not inserted}
 
     @api.post("/assign")
     async def assign(self, request: Request):
@@ -280,21 +377,25 @@ class ABRouter:
         if denied := self._denied(request):
             return denied
         spec = ABSpec.model_validate(self.spec_raw)
-        frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event)
+        frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event, self.generation)
         result = await asyncio.to_thread(analyze, frame, spec, self.weights, self.champion)
+        if self.shadow:
+            result.shadow_scores = await asyncio.to_thread(self.reader.shadow_summary, self.experiment, self.generation)
         if final := self.final:  # as control.analysis_for: the statistics after it no longer steer anything
             result.decision, result.reasons = final["decision"], final_reasons(final)
         if spec.drift.enabled:
             from .monitor import report_for
 
             result.drift = await asyncio.to_thread(report_for, self.writer_url, self.experiment, self.checkpoints, spec.drift)
-        return {**result.to_dict(), "shadow": self.shadow}
+        return {**result.to_dict(), "shadow": self.shadow, **({"config_refused": self.config_refused} if self.config_refused else {})}
 
     @api.get("/healthz")
     async def healthz(self, request: Request):
         if denied := self._denied(request):
             return denied
-        return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid()}
+        return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid(),
+                **({"shadow_counts": self.shadow_counts} if self.shadow_counts else {}),
+                **({"config_refused": self.config_refused} if self.config_refused else {})}
 
     def __del__(self):
         if getattr(self, "flusher", None) is not None:

@@ -2,9 +2,20 @@
 router replica (`Models`, combined mode) or in one deployment per arm (`ModelDeployment`,
 separate mode), both through `score_grouped`; and the drift flusher each replica runs."""
 
+import logging
+
+import numpy as np
 from ray import serve
 
 from ..errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+class ModelError(RuntimeError):
+    """An arm's model failed on a request (it raised, or gave a score that is not a finite
+    number): that request answers 500 and counts as the arm's error; other arms' requests in
+    the same batch are answered as usual."""
 
 
 class Models:
@@ -31,7 +42,9 @@ class Models:
 
 def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
     """Score a batch of requests with one model call per arm; a request with bad rows gets its
-    own DataError back, the others their scores.
+    own DataError back, the others their scores. An arm whose model fails (raises, or scores a
+    row NaN or infinite) fails only its own requests, with a ModelError: one challenger's crash
+    must not fail the champion's answers batched beside it.
 
     Arms whose models share a features.json (the usual A/B: two models trained on the same
     prepared data) share one transform of all their rows: the transform's fixed cost per call
@@ -47,29 +60,51 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
         rows = {arm: [r for i in by_arm[arm] for r in items[i][1]] for arm in arms}
         try:
             table = scorers[arms[0]].features.transform_rows([r for arm in arms for r in rows[arm]])
-        except DataError:
-            for arm in arms:  # find the bad request(s) and score the rest
+        except Exception:  # a DataError (or a transform bug) on some request: find it, score the rest
+            for arm in arms:
                 _score_one_by_one(scorers[arm], items, by_arm[arm], out)
             continue
         offset = 0
         for arm in arms:
             scorer, n = scorers[arm], len(rows[arm])
-            scores = scorer.score_table(table.slice(offset, n), rows[arm], [len(items[i][1]) for i in by_arm[arm]])
-            offset += n
+            part, offset = table.slice(offset, n), offset + n
+            try:
+                scores = scorer.score_table(part, rows[arm], [len(items[i][1]) for i in by_arm[arm]])
+            except DataError:
+                _score_one_by_one(scorer, items, by_arm[arm], out)
+                continue
+            except Exception as exc:
+                log.error("the model of arm %s failed on a batch of %d requests: %r", arm, len(by_arm[arm]), exc)
+                error = ModelError(f"the model of arm {arm} failed")
+                for i in by_arm[arm]:
+                    out[i] = error
+                continue
+            finite = bool(np.isfinite(scores).all())  # one check per arm and batch; per request only when one failed
             pos = 0
             for i in by_arm[arm]:
                 k = len(items[i][1])
-                out[i] = (scores[pos:pos + k].tolist(), scorer.version)
+                out[i] = (scores[pos:pos + k].tolist(), scorer.version) if finite else _finite_or_error(scorer, scores[pos:pos + k])
                 pos += k
     return out
+
+
+def _finite_or_error(scorer, scores: np.ndarray):
+    if np.isfinite(scores).all():
+        return scores.tolist(), scorer.version
+    bad = scores[~np.isfinite(scores)][0]
+    log.error("the model of arm %s scored a row %s", scorer.arm, bad)
+    return ModelError(f"the model of arm {scorer.arm} scored a row {bad} (not a finite number)")
 
 
 def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
     for i in idx:
         try:
-            out[i] = (scorer.score(items[i][1], [len(items[i][1])]).tolist(), scorer.version)
+            out[i] = _finite_or_error(scorer, scorer.score(items[i][1], [len(items[i][1])]))
         except DataError as exc:
             out[i] = exc
+        except Exception as exc:
+            log.error("the model of arm %s failed on a request: %r", scorer.arm, exc)
+            out[i] = ModelError(f"the model of arm {scorer.arm} failed")
 
 
 @serve.deployment
@@ -87,7 +122,7 @@ class ModelDeployment:
 
     async def score(self, arm: str, rows: list[dict]):
         result = await self._batched((arm, rows))
-        if isinstance(result, DataError):
+        if isinstance(result, Exception):  # DataError (the router answers 422) or ModelError (500)
             raise result
         return result
 

@@ -73,8 +73,9 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
     run_dir = run_dir or run_dir_for(spec)
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
-    config = serve_config(args)
     kept = _earlier_state(run_dir, args)
+    args["generation"] = parts(kept["config"])[0].get("generation") if kept else new_generation()
+    config = serve_config(args)
     if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
         parts(config)[1].update(parts(kept["config"])[1])
     check_direct_ingress(args["serving"])
@@ -93,8 +94,20 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
     return Deployment(run_dir, urls[0], config, urls)
 
 
-_KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config
+_KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config and generation
 _SAME = ("experiment", "salt", "arms", "checkpoints", "shadow")  # what makes a restart the same experiment
+
+
+def new_generation() -> str:
+    """An experiment's generation: when it started (UTC) and a random part. Its router stamps each
+    exposure with it, and the analysis, SRM check and ramp read only the current generation's:
+    the name's events from before a fresh start (other models, salt, arms or shadow mode) share
+    the store but not the experiment. A stamp, not a time bound on `ts`: the old generation's
+    replicas keep answering (and logging) while Serve rolls the new ones out, and replicas on
+    other nodes write their own clocks' time."""
+    import secrets
+
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
 
 
 def _earlier_state(run_dir: str, args: dict) -> dict | None:
@@ -102,7 +115,9 @@ def _earlier_state(run_dir: str, args: dict) -> dict | None:
     name, arms, models, salt and shadow mode): `rayload serve SPEC` again after a crash, a
     reboot or a `--detach` re-run goes on where it was (a promote stays promoted, the decision
     log and ramp step are kept) instead of deploying the spec's weights and deciding afresh on
-    the same events. Anything else starts afresh, said in the log."""
+    the same events. Anything else starts afresh, said in the log, as a new generation whose
+    analysis does not read the earlier one's events (new_generation). A run recorded before
+    generations had none: restarted as the same experiment it keeps reading all its events."""
     path = os.path.join(run_dir, "serve.json")
     if not os.path.exists(path):
         return None
@@ -261,6 +276,8 @@ def _analysis_of(state: dict):
     args, user = parts(state["config"])
     spec = ABSpec.model_validate(args["spec"])
     result = analyze(_events_frame(args, spec), spec, user["weights"], user["champion"])
+    if args.get("shadow"):  # a generation's shadow mode is fixed (a change starts a new one)
+        result.shadow_scores = _shadow_summary(args)
     if spec.drift.enabled:
         from .monitor import report_for
 
@@ -269,11 +286,22 @@ def _analysis_of(state: dict):
 
 
 def _events_frame(args: dict, spec: ABSpec):
+    """The current generation's exposures (all of them for a run started before generations)."""
     from .events import EventReader
 
     reader = EventReader(args["events_url"])
     try:
-        return reader.frame(args["experiment"], spec.analysis.event)
+        return reader.frame(args["experiment"], spec.analysis.event, args.get("generation"))
+    finally:
+        reader.close()
+
+
+def _shadow_summary(args: dict) -> dict:
+    from .events import EventReader
+
+    reader = EventReader(args["events_url"])
+    try:
+        return reader.shadow_summary(args["experiment"], args.get("generation"))
     finally:
         reader.close()
 
@@ -317,7 +345,9 @@ def _ramp(run_dir: str, state: dict, result, spec: ABSpec) -> list[str]:
     if user.get("shadow"):
         return ["shadow mode: the champion answers all traffic, so the ramp holds"]
     share = result.weights.get(result.challenger, 0.0)
-    later = [s for s in spec.ramp.steps if s > share + 1e-12]
+    # A step of 1.0 would hand the challenger all traffic without a promote: specs refuse it
+    # (ab_spec.spec_issues), and one saved before that rule is not taken either.
+    later = [s for s in spec.ramp.steps if share + 1e-12 < s < 1]
     if not later:
         return []
     units = next(a.units for a in result.arms if a.arm == result.challenger)

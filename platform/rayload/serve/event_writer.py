@@ -28,7 +28,16 @@ A shared commit must not let one request's bad row cost the others theirs. The r
 values the store cannot keep (422), and as a second line: when a commit fails on a row
 (`is_row_error`), the writer thread commits the group's requests one by one and the router
 sends an inline batch that failed so through it, so only the request that brought the row
-fails; a request's own events (its exposure and shadow scores) stay one transaction.
+fails; a request's own events (the ones it awaits together) stay one transaction.
+
+Shadow scores are outside that guarantee: the champion's answer does not wait for a shadow
+challenger (serve/app.py), which scores the request afterwards and writes its row through the
+writer thread then, so a replica killed in between loses that shadow row (never an answered
+exposure).
+
+An outcome's insert reports whether it stored a new row (`write` returns how many): the
+router answers a repeated feedback call `duplicate: true` from that, so two concurrent calls
+for one request_id cannot both read "absent" before either inserts.
 """
 
 from __future__ import annotations
@@ -52,8 +61,8 @@ log = logging.getLogger(__name__)
 class _DriverInsert:
     """One table's INSERT OR IGNORE compiled once for the engine's dialect and run through the
     DB-API cursor: the writer's hot path skips SQLAlchemy's per-execution work (about 0.1 ms of
-    the replica's GIL per commit here, benchmarks/RESULTS.md). Missing columns are NULL; an
-    unknown column is an error, as it is in SQLAlchemy."""
+    the replica's GIL per commit here, benchmarks/RESULTS.md). A missing column is its server
+    default where it has one (ab_shadow.status), else NULL; an unknown column is an error, as it is in SQLAlchemy."""
 
     def __init__(self, engine: sa.Engine, table: sa.Table):
         columns = [c.name for c in table.columns]
@@ -62,23 +71,30 @@ class _DriverInsert:
         self.columns = list(compiled.positiontup) if self.positional else columns  # positional: the SQL's own order
         self.known = frozenset(columns)
         self.table = table.name
+        # A column left out of a row gets its server default, as it would left out of an INSERT
+        self.defaults = {c.name: c.server_default.arg for c in table.columns if c.server_default is not None}
 
     def params(self, rows: list[dict]) -> list:
         for row in rows:
             if not row.keys() <= self.known:
                 raise ValueError(f"unknown column(s) {sorted(row.keys() - self.known)} for {self.table}")
+        if self.defaults:
+            rows = [{**self.defaults, **row} for row in rows]
         if self.positional:
             return [tuple(map(row.get, self.columns)) for row in rows]
         return [{c: row.get(c) for c in self.columns} for row in rows]
 
 
 class _Waiter:
-    """An event loop waiting for a group of events (one request's exposure and shadows)."""
+    """An event loop waiting for a group of events (one request's, written together)."""
 
-    __slots__ = ("loop", "future", "pending", "error")
+    __slots__ = ("loop", "future", "pending", "error", "inserted")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, pending: int):
-        self.loop, self.future, self.pending, self.error = loop, future, pending, None
+        self.loop, self.future, self.pending, self.error, self.inserted = loop, future, pending, None, None
+
+
+COUNTED = frozenset({"outcome"})  # kinds whose inserts report whether the row was new (feedback's `duplicate`)
 
 
 def _by_kind(events) -> dict[str, list]:
@@ -111,7 +127,7 @@ def _by_waiter(batch: list) -> list[list]:
 def _wake_waiters(waiters: list[_Waiter]) -> None:
     for w in waiters:  # runs on the waiters' event loop
         if not w.future.done():
-            w.future.set_exception(w.error) if w.error is not None else w.future.set_result(None)
+            w.future.set_exception(w.error) if w.error is not None else w.future.set_result(w.inserted)
 
 
 class EventWriter:
@@ -147,12 +163,14 @@ class EventWriter:
         self._enqueue([(kind, row, fut)], fut)
         return fut
 
-    async def write(self, *events: tuple[str, dict[str, Any]]) -> None:
-        """Returns once every event is committed; raises what the commit raised."""
+    async def write(self, *events: tuple[str, dict[str, Any]]) -> int | None:
+        """Returns once every event is committed: how many of its outcomes were new rows (a
+        repeated request_id and event is not inserted again), None when it held no outcome.
+        Raises what the commit raised."""
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, loop.create_future(), len(events))
         self._enqueue([(kind, row, waiter) for kind, row in events], waiter)
-        await waiter.future
+        return await waiter.future
 
     def write_now(self, events: list[tuple[str, dict[str, Any]]]) -> bool:
         """Insert and commit `events` in the calling thread (SQLite only: `inline`) without
@@ -236,9 +254,9 @@ class EventWriter:
                 self._unsynced_since = time.monotonic()  # the failed window is retried, not forgotten
 
     def _commit(self, batch: list) -> None:
-        error = None
+        error, new = None, []
         try:
-            self._insert(_by_kind((kind, row) for kind, row, _ in batch))
+            self._insert(_by_kind((kind, row) for kind, row, _ in batch), new=new)
         except Exception as exc:  # every waiter learns the write failed: it answers 5xx, not 2xx
             if is_row_error(exc) and len(_by_waiter(batch)) > 1:
                 # One bad row rolled back everyone's: each waiter's rows again in their own
@@ -249,15 +267,25 @@ class EventWriter:
                 return
             log.exception("event commit failed")
             error = exc
+        if error is None and new:  # the outcomes' rowcounts, in the batch's order of outcomes
+            for (_, _, w), inserted in zip((item for item in batch if item[0] in COUNTED), new):
+                if isinstance(w, _Waiter):
+                    w.inserted = (w.inserted or 0) + inserted
         self._settle(batch, error)
 
-    def _insert(self, by_kind: dict[str, list], engine: sa.Engine | None = None) -> None:
+    def _insert(self, by_kind: dict[str, list], engine: sa.Engine | None = None, new: list | None = None) -> None:
+        """Insert and commit; `new` (a list) gets each COUNTED row's rowcount: 1 stored, 0 already there."""
         conn = (engine or self.engine).raw_connection()  # pooled, with the engine's pragmas
         try:
             cursor = conn.cursor()
             for kind, rows in by_kind.items():
                 insert = self._inserts[kind]
-                cursor.executemany(insert.sql, insert.params(rows))
+                if new is not None and kind in COUNTED:  # one by one: executemany sums the rowcounts
+                    for params in insert.params(rows):
+                        cursor.execute(insert.sql, params)
+                        new.append(cursor.rowcount)
+                else:
+                    cursor.executemany(insert.sql, insert.params(rows))
             cursor.close()
             conn.commit()  # committed: in the WAL (sync=normal; checkpointed within fsync_s), on disk (full / PostgreSQL)
         except BaseException:

@@ -7,9 +7,17 @@ so a repeated feedback call is a no-op. An exposure keeps the raw features of th
 showed (JSON), which `rayload retrain` turns back into training rows. `ab_drift` holds each
 replica's feature-drift counts (serve/drift.py), rewritten in place as they grow.
 
+An exposure carries the `generation` of the experiment that served it: `rayload serve` starts
+a new one when the experiment's name comes back with other models, salt, arms or shadow mode
+(serve/control.py), and the analysis reads only the current generation's exposures, so a new
+challenger is not judged on its predecessor's traffic. A shadow score carries its status (ok, or
+error when the challenger failed) and the latency of its own call.
+
 The schema carries its version in `ab_meta`; an older store is migrated forward in place
 (version 1 -> 2: exposures.features and ab_drift were added; 2 -> 3: ab_drift.rows is a 64-bit
-integer on PostgreSQL, where INTEGER stopped a replica's counts at 2**31 - 1).
+integer on PostgreSQL, where INTEGER stopped a replica's counts at 2**31 - 1; 3 -> 4:
+exposures.generation, and ab_shadow.status and latency_ms; rows written before have no
+generation, which the analysis of a run started before it reads as its own, and ok shadows).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 metadata = sa.MetaData()
 meta = sa.Table("ab_meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
@@ -38,6 +46,7 @@ exposures = sa.Table(
     sa.Column("layout", sa.String(256), nullable=False),  # the weights in force (JSON), for the SRM check
     sa.Column("ts", sa.Float, nullable=False),
     sa.Column("features", sa.Text),  # the shown row's raw features (JSON); null when logging them is off
+    sa.Column("generation", sa.String(64)),  # the experiment's start that served it (serve/control.py); null before version 4
 )
 shadow_scores = sa.Table(
     "ab_shadow", metadata,
@@ -46,6 +55,8 @@ shadow_scores = sa.Table(
     sa.Column("model_version", sa.String(128), nullable=False),
     sa.Column("score", sa.Float),
     sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, server_default="ok"),  # ok | error (the challenger failed: score null)
+    sa.Column("latency_ms", sa.Float),  # the challenger's own call; null before version 4
 )
 outcomes = sa.Table(
     "ab_outcomes", metadata,
@@ -137,13 +148,22 @@ def _create_schema(engine: sa.Engine) -> None:
 
 def _migrate(conn, version: int) -> None:
     """Bring an older store forward in the same transaction (create_all already added new tables)."""
-    columns = {c["name"] for c in sa.inspect(conn).get_columns("ab_exposures")}
+    inspector = sa.inspect(conn)
+    columns = {c["name"] for c in inspector.get_columns("ab_exposures")}
     if version < 2 and "features" not in columns:
         conn.execute(sa.text("ALTER TABLE ab_exposures ADD COLUMN features TEXT"))
     if version < 3 and conn.dialect.name == "postgresql":  # SQLite's INTEGER holds 64 bits already
         rows = next(c for c in sa.inspect(conn).get_columns("ab_drift") if c["name"] == "rows")
         if not isinstance(rows["type"], sa.BigInteger):
             conn.execute(sa.text('ALTER TABLE ab_drift ALTER COLUMN "rows" TYPE BIGINT'))
+    if version < 4:  # create_all made these where the table itself is new
+        if "generation" not in columns:
+            conn.execute(sa.text("ALTER TABLE ab_exposures ADD COLUMN generation VARCHAR(64)"))
+        shadow = {c["name"] for c in inspector.get_columns("ab_shadow")}
+        if "status" not in shadow:
+            conn.execute(sa.text("ALTER TABLE ab_shadow ADD COLUMN status VARCHAR(16) DEFAULT 'ok' NOT NULL"))
+        if "latency_ms" not in shadow:
+            conn.execute(sa.text("ALTER TABLE ab_shadow ADD COLUMN latency_ms FLOAT"))
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
     log.info("event store migrated from schema version %d to %d", version, SCHEMA_VERSION)
 
@@ -175,13 +195,9 @@ class EventReader:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(exposures.c.request_id).where(exposures.c.request_id == request_id)).first() is not None
 
-    def outcome_exists(self, request_id: str, event: str) -> bool:
-        with self.engine.connect() as conn:
-            q = sa.select(outcomes.c.request_id).where(outcomes.c.request_id == request_id, outcomes.c.event == event)
-            return conn.execute(q).first() is not None
-
-    def frame(self, experiment: str, event: str = "click"):
-        """Exposures of one experiment joined with the chosen outcome (pandas)."""
+    def frame(self, experiment: str, event: str = "click", generation: str | None = None):
+        """Exposures of one experiment joined with the chosen outcome (pandas); with
+        `generation`, only those its current start served (None: all, as before generations)."""
         import pandas as pd
 
         o = outcomes.alias("o")
@@ -190,8 +206,29 @@ class EventReader:
                            sa.func.coalesce(o.c.value, 0.0).label("outcome"))
                  .select_from(exposures.outerjoin(o, sa.and_(o.c.request_id == exposures.c.request_id, o.c.event == event)))
                  .where(exposures.c.experiment == experiment))
+        if generation is not None:
+            query = query.where(exposures.c.generation == generation)
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(query).mappings().all(), columns=[c.name for c in query.selected_columns])
+
+    def shadow_summary(self, experiment: str, generation: str | None = None) -> dict[str, dict]:
+        """Per shadow arm: the requests it scored beside the champion's exposures, how many of
+        them failed (status error), and that share. Empty when nothing ran in shadow."""
+        s = shadow_scores
+        q = (sa.select(s.c.arm, s.c.status, sa.func.count().label("n"))
+             .select_from(s.join(exposures, exposures.c.request_id == s.c.request_id))
+             .where(exposures.c.experiment == experiment).group_by(s.c.arm, s.c.status))
+        if generation is not None:
+            q = q.where(exposures.c.generation == generation)
+        out: dict[str, dict] = {}
+        with self.engine.connect() as conn:
+            for arm, status, n in conn.execute(q):
+                arm_out = out.setdefault(arm, {"requests": 0, "errors": 0})
+                arm_out["requests"] += n
+                arm_out["errors"] += n if status != "ok" else 0
+        for arm_out in out.values():
+            arm_out["error_rate"] = arm_out["errors"] / arm_out["requests"]
+        return out
 
     def training_frame(self, experiment: str | None, since: float | None, until: float | None = None, event: str = "click"):
         """Exposures with their logged features and the time of their first `event` outcome, for retraining.

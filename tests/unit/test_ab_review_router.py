@@ -1,0 +1,354 @@
+"""The A/B router without Ray, on two tiny real models: one arm's model failure (an exception
+or a non-finite score) fails only that arm's requests; shadow challengers never hold up or fail
+the champion's answer and their failures are recorded; a bad user_config is refused; an
+exposure keeps the weights it was assigned under; concurrent repeated feedback is answered
+duplicate once; GET /experiment reads only the current generation's exposures."""
+
+import asyncio
+import json
+import logging
+import time
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+import torch
+
+from helpers import frame, job
+from rayload.ab_spec import ab_from_dict
+from rayload.data.pipeline import preprocess
+from rayload.errors import DataError, RayloadError
+from rayload.models import InputShape, build_model
+from rayload.serve.batch_scoring import score_grouped
+from rayload.serve.serve_config import app_args
+from rayload.spec import ModelSpec
+from rayload.train import checkpoint as ckpt
+
+
+def _checkpoint(path, features, seed: int) -> str:
+    torch.manual_seed(seed)
+    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [8]}).model_dump()
+    model = build_model(config, InputShape.from_features(features))
+    ckpt.save(str(path), model, features, config, {"state": ckpt.TrainState(), "optimizers": []}, {})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Two models on one features.json (A and B) and rows to score."""
+    tmp = tmp_path_factory.mktemp("ab-review")
+    src = tmp / "data.parquet"
+    frame(600, seed=4).to_parquet(src)
+    features = preprocess(job(str(src)), out=str(tmp / "prep"), engine="local").features
+    rows = frame(60, seed=9).drop(columns=["y"]).to_dict("records")
+    return {"A": _checkpoint(tmp / "A", features, 0), "B": _checkpoint(tmp / "B", features, 1)}, rows
+
+
+@pytest.fixture(scope="module")
+def run():
+    """Runs a coroutine on this module's one event loop: @serve.batch keeps one queue per
+    decorated method for the whole process (a Serve replica has one router), bound to the loop
+    it first ran on, so every router here must use that loop."""
+    loop = asyncio.new_event_loop()
+    yield loop.run_until_complete
+    loop.close()
+
+
+@pytest.fixture
+def no_replica(monkeypatch):
+    import ray.serve.batching as batching
+
+    # @serve.batch asks the replica for its max_ongoing_requests: there is no replica here
+    monkeypatch.setattr(batching._BatchQueue, "_warn_if_max_batch_size_exceeds_max_ongoing_requests", lambda self: None)
+
+
+@pytest.fixture
+def make_router(models, tmp_path, no_replica, run):
+    """make_router(shadow=False, generation=None, weights=None) -> a combined-mode router on SQLite."""
+    from rayload.serve.app import ABRouter
+
+    made = []
+
+    def make(shadow=False, generation=None, weights=None):
+        checkpoints, _ = models
+        weights = weights or ({"A": 1.0, "B": 0.0} if shadow else {"A": 0.5, "B": 0.5})
+        spec = ab_from_dict({"name": "t", "shadow": shadow, "drift": {"enabled": False},
+                             "arms": [{"name": a, "weight": w, "checkpoint": checkpoints[a]} for a, w in weights.items()],
+                             "serving": {"mode": "combined"}})
+        args = app_args(spec, checkpoints, str(tmp_path))
+        if generation is not None:
+            args["generation"] = generation
+        cls = ABRouter.func_or_class.__mro__[1]  # the user class under Serve's ingress wrapper
+        router = cls.__new__(cls)
+        cls.__init__(router, args)
+        made.append(router)
+        return router
+
+    yield make
+    for router in made:
+        router.writer.close()
+
+
+def request(body: dict):
+    from starlette.requests import Request
+
+    raw = json.dumps(body).encode()
+    sent = []
+
+    async def receive():
+        if sent:
+            return {"type": "http.disconnect"}
+        sent.append(1)
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
+                    "headers": [(b"content-length", str(len(raw)).encode())]}, receive)
+
+
+def get_experiment(router):
+    """GET /experiment's handler (the instance's `experiment` attribute is the experiment's name)."""
+    return type(router).experiment(router, request({}))
+
+
+def answer(resp) -> tuple[int, dict]:
+    if isinstance(resp, dict):
+        return 200, resp
+    return resp.status_code, json.loads(resp.body)
+
+
+def rows_of(router, sql: str) -> list:
+    engine = sa.create_engine(router.writer_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql)).all()
+    finally:
+        engine.dispose()
+
+
+def crash(*a, **k):
+    raise RuntimeError("challenger crashed")
+
+
+# ------------------------------------------------------------------ one arm's failure
+
+
+def test_score_grouped_isolates_a_crashing_arm_and_a_non_finite_score_per_request(models):
+    from rayload.serve.batch_scoring import ModelError
+    from rayload.serve.scorer import Scorer
+
+    checkpoints, rows = models
+    scorers = {arm: Scorer.load(arm, path) for arm, path in checkpoints.items()}
+    items = [("A", rows[0:2]), ("B", rows[2:3]), ("A", rows[3:4]), ("B", rows[4:6])]
+    alone = [scorers[arm].score(r) for arm, r in items]
+    scorers["B"].score_table = crash
+    out = score_grouped(scorers, items)
+    assert isinstance(out[1], ModelError) and isinstance(out[3], ModelError) and "arm B failed" in str(out[1])
+    for i in (0, 2):
+        np.testing.assert_allclose(out[i][0], alone[i], atol=1e-6)
+    # A NaN for one request's row: that request is B's error, B's other request is answered
+    del scorers["B"].score_table
+    real = scorers["B"].score_table
+    scorers["B"].score_table = lambda table, r, sizes: np.where(np.arange(len(r)) == 0, np.nan, real(table, r, sizes))
+    out = score_grouped(scorers, items)
+    assert isinstance(out[1], ModelError) and "nan" in str(out[1]) and "not a finite number" in str(out[1])
+    np.testing.assert_allclose(out[3][0], alone[3], atol=1e-6)
+    np.testing.assert_allclose(out[0][0], alone[0], atol=1e-6)
+
+
+def test_a_crashing_arm_fails_only_its_own_requests_and_counts_as_its_errors(run, make_router, models):
+    _, rows = models
+    router = make_router()
+    router.models.scorers["B"].score_table = crash
+
+    async def main():
+        return await asyncio.gather(*[router.predict(request({"unit_id": f"u{i}", "features": rows[i]})) for i in range(40)])
+
+    outs = [answer(r) for r in run(main())]
+    arms = [router.layout.assign(router.salt, f"u{i}") for i in range(40)]
+    assert {"A", "B"} <= set(arms)
+    for arm, (code, body) in zip(arms, outs):
+        assert (code, arm) in (((200, "A")), (500, "B")), (arm, code, body)
+        if code == 500:
+            assert body["detail"] == "the model of arm B failed"
+    stored = dict(((arm, status), n) for arm, status, n in rows_of(router, "select arm, status, count(*) from ab_exposures group by arm, status"))
+    assert stored == {("A", "ok"): arms.count("A"), ("B", "error"): arms.count("B")}
+
+
+def test_a_non_finite_score_is_its_arms_error_not_an_ok_exposure_and_a_500(run, make_router, models):
+    _, rows = models
+    router = make_router()
+    real = router.models.scorers["B"].score_table
+    router.models.scorers["B"].score_table = lambda *a, **k: real(*a, **k) * np.nan
+
+    async def main():  # one event loop per router: its @serve.batch queue lives on the first it runs on
+        return [answer(await router.predict(request({"unit_id": f"u{i}", "features": rows[i]}))) for i in range(12)]
+
+    outs = run(main())
+    arms = [router.layout.assign(router.salt, f"u{i}") for i in range(12)]
+    for arm, (code, body) in zip(arms, outs):
+        if arm == "B":
+            assert code == 500 and "scored a row nan (not a finite number)" in body["detail"]
+        else:
+            assert code == 200 and np.isfinite(body["score"])
+    stored = rows_of(router, "select arm, status, score from ab_exposures")
+    assert {(a, s, sc is None) for a, s, sc in stored} == {("A", "ok", False), ("B", "error", True)}
+
+
+def test_a_separate_arm_deployment_raises_its_model_error(run, models, no_replica):
+    from rayload.serve.batch_scoring import ModelDeployment, ModelError
+    from rayload.serve.scorer import Scorer
+
+    checkpoints, rows = models
+    dep = object.__new__(ModelDeployment.func_or_class)
+    dep.scorers = {"B": Scorer.load("B", checkpoints["B"])}
+    real = dep.scorers["B"].score_table
+    dep.scorers["B"].score_table = lambda *a, **k: real(*a, **k) * np.inf
+    with pytest.raises(ModelError, match="not a finite number"):
+        run(dep.score("B", rows[:1]))
+    with pytest.raises(DataError):
+        run(dep.score("B", [{**rows[0], "price": "cheap"}]))
+
+
+# ------------------------------------------------------------------ shadow mode
+
+
+def test_a_crashing_shadow_challenger_leaves_every_champion_answer_and_is_recorded(run, make_router, models, caplog):
+    _, rows = models
+    router = make_router(shadow=True)
+    router.models.scorers["B"].score_table = crash
+
+    async def main():
+        outs = [answer(await router.predict(request({"unit_id": f"u{i}", "features": rows[i]}))) for i in range(5)]
+        await asyncio.gather(*router._shadow_tasks)
+        return outs
+
+    with caplog.at_level(logging.WARNING, logger="rayload.serve.app"):
+        outs = run(main())
+    assert [(c, b["arm"]) for c, b in outs] == [(200, "A")] * 5
+    assert rows_of(router, "select arm, status from ab_exposures") == [("A", "ok")] * 5
+    assert rows_of(router, "select arm, status, score from ab_shadow") == [("B", "error", None)] * 5
+    assert router.shadow_counts == {"B": {"ok": 0, "error": 5, "skipped": 0}}
+    assert any("shadow arm B failed" in r.getMessage() for r in caplog.records)
+    assert len([r for r in caplog.records if "shadow arm B" in r.getMessage()]) == 3  # the 1st, 2nd and 4th
+    summary = run(get_experiment(router))["shadow_scores"]
+    assert summary == {"B": {"requests": 5, "errors": 5, "error_rate": 1.0}}
+
+
+def test_the_champion_answers_and_logs_its_latency_without_waiting_for_a_slow_shadow(run, make_router, models):
+    _, rows = models
+    router = make_router(shadow=True)
+    real = router.models.scorers["B"].score_table
+    router.models.scorers["B"].score_table = lambda *a, **k: (time.sleep(0.4), real(*a, **k))[1]
+
+    async def main():
+        start = time.perf_counter()
+        out = answer(await router.predict(request({"unit_id": "u1", "features": rows[0]})))
+        answered = time.perf_counter() - start
+        await asyncio.gather(*router._shadow_tasks)
+        return out, answered
+
+    (code, body), answered = run(main())
+    assert code == 200 and body["arm"] == "A" and answered < 0.3
+    [(latency,)] = rows_of(router, "select latency_ms from ab_exposures")
+    [(status, shadow_latency, score)] = rows_of(router, "select status, latency_ms, score from ab_shadow")
+    assert latency < 300 and status == "ok" and shadow_latency >= 400 and 0 < score < 1
+
+
+def test_shadows_beyond_the_in_flight_bound_are_skipped_not_queued(run, make_router, models):
+    _, rows = models
+    router = make_router(shadow=True)
+    router.max_shadow_tasks = 2
+
+    async def main():
+        for i in range(5):  # the background tasks get no turn between these answers
+            router._start_shadows("A", f"r{i}", rows[i:i + 1])
+        await asyncio.gather(*router._shadow_tasks)
+
+    run(main())
+    assert router.shadow_counts["B"] == {"ok": 2, "error": 0, "skipped": 3}
+
+
+# ------------------------------------------------------------------ run-time config, layout, feedback
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"weights": {"A": 0.5, "B": 0.7}, "champion": "A"}, "must sum to 1.0"),
+    ({"weights": {"A": 1.1, "B": -0.1}, "champion": "A"}, "every weight must be a number >= 0"),
+    ({"weights": {"A": 1.0}, "champion": "A"}, "must name exactly the arms"),
+    ({"weights": {"A": 0.5, "B": 0.5}, "champion": "Z"}, "user_config.champion: must be one of the arms"),
+    ({"weights": {"A": 0.5, "B": 0.5}, "champion": "A", "shadow": True}, "in shadow mode"),
+    ({"weights": [0.5, 0.5], "champion": "A"}, "must map each arm"),
+])
+def test_reconfigure_refuses_a_bad_user_config_and_keeps_the_weights_in_force(run, make_router, config, says, caplog):
+    router = make_router()
+    state = lambda: (router.weights, router.champion, router.shadow, router.layout, router.layout_json)  # noqa: E731
+    before = state()
+    # At the replica's start (Serve's first call, before traffic) a bad config fails the replica
+    with pytest.raises(RayloadError, match=says):
+        router.reconfigure(config)
+    assert state() == before
+    router.reconfigure({"weights": {"A": 0.9, "B": 0.1}, "champion": "A"})  # a good one applies
+    serving = state()
+    assert router.weights == {"A": 0.9, "B": 0.1} and serving != before
+    # On a serving replica it is refused without raising (Serve would stop the replica): the
+    # weights in force stay, and the refusal is logged and reported
+    with caplog.at_level(logging.ERROR, logger="rayload.serve.app"):
+        router.reconfigure(config)
+    assert state() == serving and says in router.config_refused
+    assert any(says in r.getMessage() for r in caplog.records)
+    health = run(type(router).healthz(router, request({})))
+    assert says in health["config_refused"] and health["weights"] == {"A": 0.9, "B": 0.1}
+    router.reconfigure({"weights": {"A": 0.8, "B": 0.2}, "champion": "A"})
+    assert router.weights == {"A": 0.8, "B": 0.2} and router.config_refused is None
+
+
+def test_an_exposure_keeps_the_weights_its_arm_was_assigned_under(run, make_router, models):
+    _, rows = models
+    router = make_router()
+    router.models._batched.set_batch_wait_timeout_s(0.3)  # the batch waits: a reconfigure lands meanwhile
+
+    async def main():
+        task = asyncio.ensure_future(router.predict(request({"unit_id": "u1", "features": rows[0]})))
+        await asyncio.sleep(0.05)
+        router.reconfigure({"weights": {"A": 0.9, "B": 0.1}, "champion": "A"})
+        return answer(await task)
+
+    code, body = run(main())
+    assert code == 200
+    assert rows_of(router, "select layout from ab_exposures") == [(json.dumps({"A": 0.5, "B": 0.5}, sort_keys=True),)]
+
+
+def test_concurrent_repeats_of_one_feedback_answer_duplicate_all_but_once(run, make_router, models):
+    _, rows = models
+    router = make_router()
+
+    async def main():
+        _, out = answer(await router.predict(request({"unit_id": "u1", "features": rows[0]})))
+        body = {"request_id": out["request_id"], "event": "click"}
+        first = await asyncio.gather(*[router.feedback(request(body)) for _ in range(6)])
+        again = await router.feedback(request(body))
+        return [answer(r) for r in first], answer(again)
+
+    first, again = run(main())
+    assert sorted(b["duplicate"] for _, b in first) == [False] + [True] * 5 and again[1]["duplicate"] is True
+    assert rows_of(router, "select count(*) from ab_outcomes") == [(1,)]
+
+
+# ------------------------------------------------------------------ generations
+
+
+def test_get_experiment_reads_only_the_routers_generation(run, make_router, models):
+    _, rows = models
+    old = make_router(generation="g1")
+
+    async def traffic():
+        await asyncio.gather(*[old.predict(request({"unit_id": f"u{i}", "features": rows[i]})) for i in range(10)])
+
+    run(traffic())
+    new = make_router(generation="g2")
+    run(new.predict(request({"unit_id": "v1", "features": rows[0]})))
+    report = run(get_experiment(new))
+    assert sum(a["exposures"] for a in report["arms"]) == 1
+    assert rows_of(new, "select generation, count(*) from ab_exposures group by generation order by generation") == [("g1", 10), ("g2", 1)]
+    legacy = make_router()  # a router of a run from before generations reads every exposure
+    assert sum(a["exposures"] for a in run(get_experiment(legacy))["arms"]) == 11
