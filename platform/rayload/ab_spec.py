@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .errors import SpecIssue
 
 BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% buckets
+# The event store's columns (serve/events.py: ab_exposures.experiment and .arm, ab_drift's): a
+# longer name fails every insert on PostgreSQL, whose VARCHAR(n) is a limit.
+MAX_NAME, MAX_ARM_NAME = 128, 64
 
 
 class _Spec(BaseModel):
@@ -131,8 +134,9 @@ class Ramp(_Spec):
     @field_validator("steps")
     @classmethod
     def _increasing(cls, value):
+        # A share of 1 is checked in spec_issues (a spec saved in a run before that rule still loads)
         if not value or any(not 0 < s <= 1 for s in value) or value != sorted(value):
-            raise ValueError("ramp steps must be increasing shares in (0, 1]")
+            raise ValueError("ramp steps must be increasing shares in (0, 1)")
         # The controller sets these as weights: one off the bucket grid would be refused at run time.
         for i, share in enumerate(value):
             if not on_grid(share):
@@ -223,6 +227,7 @@ def spec_issues(spec: ABSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("champion", f"must be one of the arms {names}", spec.champion, True))
         return issues
     issues += weight_issues(spec.weights, names, spec.champion_arm, shadow=spec.shadow)
+    issues += _name_issues(spec) + _ramp_issues(spec)
     g = spec.guardrails
     if g.latency_window < g.min_requests:
         issues.append(SpecIssue("guardrails.latency_window", f"must be at least guardrails.min_requests ({g.min_requests}): latency is "
@@ -231,6 +236,26 @@ def spec_issues(spec: ABSpec) -> list[SpecIssue]:
     if spec.ramp.auto and len(names) != 2:
         issues.append(SpecIssue("ramp.auto", "automatic decisions need exactly two arms (champion and challenger)", len(names), True))
     return issues
+
+
+def _name_issues(spec: ABSpec) -> list[SpecIssue]:
+    issues = []
+    if len(spec.name) > MAX_NAME:
+        issues.append(SpecIssue("name", f"at most {MAX_NAME} characters (the event store keeps it in a VARCHAR({MAX_NAME}) "
+                                "column): shorten it", f"{len(spec.name)} characters", True))
+    for i, arm in enumerate(spec.arms):
+        if len(arm.name) > MAX_ARM_NAME:
+            issues.append(SpecIssue(f"arms.{i}.name", f"at most {MAX_ARM_NAME} characters (the event store keeps it in a "
+                                    f"VARCHAR({MAX_ARM_NAME}) column): shorten it", f"{len(arm.name)} characters", True))
+    return issues
+
+
+def _ramp_issues(spec: ABSpec) -> list[SpecIssue]:
+    if any(s >= 1 for s in spec.ramp.steps):
+        return [SpecIssue("ramp.steps", "every step must be below 1: a step is the challenger's share while it is tested, and "
+                          "all traffic to it is a promote, which the sequential test decides (or `rayload ab promote`); "
+                          "drop the step of 1", spec.ramp.steps, True)]
+    return []
 
 
 def resolve_paths(spec: ABSpec, spec_file: str) -> ABSpec:

@@ -180,7 +180,7 @@ def test_power_calculator_uses_the_per_unit_variance_of_many_exposures_per_unit(
 
 
 def test_a_challenger_share_of_0_or_1_reports_the_calculator_as_not_applicable():
-    spec = ab_from_dict({**SPEC, "ramp": {"steps": [0.05, 0.25, 0.5, 1.0]}})
+    spec = ab_from_dict({**SPEC, "ramp": {"steps": [0.05, 0.25, 0.5]}})
     data = frame({"control": 0.1, "challenger": 0.1})
     for weights in ({"control": 0.0, "challenger": 1.0}, {"control": 1.0, "challenger": 0.0}):
         result = analyze(data, spec, weights, "control")

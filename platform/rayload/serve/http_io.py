@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .events import exposures
 
@@ -35,7 +35,15 @@ def _storable(limit: int):
     return AfterValidator(check)
 
 
-UnitId = Annotated[str | int, _storable(exposures.c.unit_id.type.length)]
+def _str_or_int(value):
+    """A unit ID as the client sent it: JSON text or a whole number. Not a boolean or a float,
+    which pydantic would take as 1 (true, 1.0) and so merge with unit 1."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"must be a string or an integer, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+UnitId = Annotated[str | int, BeforeValidator(_str_or_int), _storable(exposures.c.unit_id.type.length)]
 RequestId = Annotated[str, _storable(exposures.c.request_id.type.length)]
 
 

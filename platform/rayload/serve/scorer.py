@@ -75,11 +75,19 @@ class Scorer:
         return out.numpy().astype(np.float64)
 
 
+MAX_VERSION = 128  # the event store's model_version columns (serve/events.py)
+
+
 def model_version(checkpoint: str) -> str:
-    """`<run>/<checkpoint>@<first 10 hex of model.pt's sha256>`: names the run and pins the weights."""
+    """`<run>/<checkpoint>@<first 10 hex of model.pt's sha256>`: names the run and pins the weights.
+    Folder names too long for the store's column keep their start and end around "...": the
+    hash still pins the weights."""
     digest = hashlib.sha256()
     with open(os.path.join(checkpoint, "model.pt"), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    parts = os.path.normpath(checkpoint).split(os.sep)
-    return f"{'/'.join(parts[-2:])}@{digest.hexdigest()[:10]}"
+    name = "/".join(os.path.normpath(checkpoint).split(os.sep)[-2:])
+    room = MAX_VERSION - 11  # "@" and 10 hex digits
+    if len(name) > room:
+        name = name[:room // 2 - 2] + "..." + name[-(room - room // 2 - 1):]
+    return f"{name}@{digest.hexdigest()[:10]}"
