@@ -28,7 +28,13 @@ def run_cmd(
     result = run_with_progress(pipeline, run_id, address, tuple(force or ()))
     print_run(result)
     if not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(exit_code(result))
+
+
+def exit_code(result) -> int:
+    """2 when the failed stage's error was the user's (a RayloadError: a bad spec, bad data), as
+    `rayload train` and the other commands exit for the same error; 1 for anything else."""
+    return 2 if any(s.outcome == "failed" and s.user_error for s in result.stages) else 1
 
 
 def run_with_progress(pipeline, run_id, address, force=()):
@@ -93,19 +99,38 @@ def demo(
     """The whole lifecycle on MovieLens (the pipeline spec): data, baseline, search, A/B test, decision, report."""
     from .pipeline_spec import load_pipeline
 
-    sets = [f"ab.serving.port={port}"]
-    sets += [f"search.num_samples={trials}", f"search.startup_trials={max(2, trials // 2)}"] if trials else []
-    sets += [f"search.scheduler.max_epochs={search_epochs}"] if search_epochs else []
-    sets += [f"ab.simulate.requests={ab_requests}"] if ab_requests else []
-    sets += list(set_ or [])  # STAGE.field=value, as `rayload run --set`
+    sets = demo_sets(spec, port, trials, search_epochs, ab_requests) + list(set_ or [])  # STAGE.field=value, as `rayload run --set`
     pipeline = load_pipeline(spec, sets)
     console.rule(f"[bold]rayload demo: {pipeline.name}")
     result = run_with_progress(pipeline, run_id, address)
     print_run(result)
     if not result.ok:
-        raise typer.Exit(1)
+        raise typer.Exit(exit_code(result))
     path = _write_report(result.run_dir)
     print_summary(result, path)
+
+
+def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: int | None = None,
+              ab_requests: int | None = None) -> list[str]:
+    """The demo's options as `--set` items for the pipeline's stages of each kind, whatever their
+    names: the port for its A/B stages (none without one), the search options for its tune stages."""
+    from .errors import RayloadError
+    from .pipeline_spec import load_pipeline_spec
+
+    stages = load_pipeline_spec(spec).stages
+    named = {kind: [s.name for s in stages if s.kind == kind] for kind in ("tune", "ab")}
+    asked = {"tune": {"--trials": trials, "--search-epochs": search_epochs}, "ab": {"--ab-requests": ab_requests}}
+    for kind, options in asked.items():
+        given = [name for name, value in options.items() if value]
+        if given and not named[kind]:
+            raise RayloadError(f"{' and '.join(given)}: the pipeline {spec} has no {kind} stage")
+    sets = []
+    for name in named["ab"]:
+        sets += [f"{name}.serving.port={port}"] + ([f"{name}.simulate.requests={ab_requests}"] if ab_requests else [])
+    for name in named["tune"]:
+        sets += [f"{name}.num_samples={trials}", f"{name}.startup_trials={max(2, trials // 2)}"] if trials else []
+        sets += [f"{name}.scheduler.max_epochs={search_epochs}"] if search_epochs else []
+    return sets
 
 
 def print_summary(result, report_path: str) -> None:
@@ -115,7 +140,7 @@ def print_summary(result, report_path: str) -> None:
     console.rule("[bold]summary")
     console.print(f"data: {prep.get('input_rows')} ratings, {prep.get('good_rows')} good, {prep.get('quarantined_rows')} quarantined")
     console.print(f"baseline: val AUC {_g((base.get('val') or {}).get('val_auc'))}; test AUC {_g((base.get('test') or {}).get('auc'))}")
-    console.print(f"best tuned (trial {best.get('number')} of {search.get('trials')}): val AUC {_g(best.get('value'))}; "
+    console.print(f"best tuned (trial {best.get('number')} of {search.get('trials')}): {search.get('metric', 'val_auc')} {_g(best.get('value'))}; "
                   f"test AUC {_g((best.get('test') or {}).get('auc'))}; configuration {best.get('spec')}")
     if decided:
         arms = "; ".join(f"{arm} CTR {_g(a['ctr'])} [{_g(a['ctr_ci'][0])}, {_g(a['ctr_ci'][1])}] over {a['units']} users"
@@ -154,18 +179,22 @@ def submit(
                                          envvar="RAY_API_SERVER_ADDRESS")],
     set_: StageSetOpt = None,
     wait: Annotated[bool, typer.Option(help="follow the job's logs until it ends")] = True,
+    home: Annotated[Optional[str], typer.Option(
+        help="the job's RAYLOAD_HOME on the cluster, an absolute path there (default: the cluster's own, "
+             "which cluster.yaml sets, else ~/rayload-runs on the head)", envvar="RAYLOAD_JOB_HOME")] = None,
 ) -> None:
-    """Submit a spec as a Ray job: this directory uploaded (without runs/, .venv/, caches), the token sent."""
+    """Submit a spec as a Ray job: checked here first, this directory uploaded (without runs/, .venv/, caches), the token sent."""
     from .ops import submit as run
 
-    extra = [a for item in (set_ or []) for a in ("--set", item)]
-    job_id, status = run(spec, address, extra, wait=wait, on_log=lambda text, end="": console.out(text, end=end, highlight=False))
+    job_id, status = run(spec, address, list(set_ or []), wait=wait, home=home,
+                         on_log=lambda text, end="": console.out(text, end=end, highlight=False))
     console.print(f"job [bold]{job_id}[/]: {status}")
     if wait and status != "SUCCEEDED":
         raise typer.Exit(1)
 
 
 @app.command()
+@_friendly
 def doctor(
     address: AddressOpt = None,
     specs: Annotated[str, typer.Option(help="folder of specs whose GPUs and databases to check")] = "jobs",
@@ -207,9 +236,15 @@ def cluster_local(
     """Write a fake multi-node autoscaling config with cluster.yaml's node types (RAY_FAKE_CLUSTER=1 ray start --head ...)."""
     import json
 
-    from .cluster import local_config, read_cluster
+    from .cluster import gcs_port, local_config, node_type_issues, read_cluster
+    from .errors import SpecError
 
+    port = gcs_port(gcs_address)
+    cluster = read_cluster(path)
+    if issues := node_type_issues(cluster):
+        raise SpecError(issues, file=path)
+    config = local_config(cluster, gcs_address)
     with open(out, "w") as f:
-        json.dump(local_config(read_cluster(path), gcs_address), f, indent=1)
+        json.dump(config, f, indent=1)
     console.print(f"wrote {out}; start it with: RAY_FAKE_CLUSTER=1 RAY_AUTH_MODE=token ray start --head "
-                  f"--port={gcs_address.rsplit(':', 1)[1]} --num-cpus=0 --autoscaling-config={out}")
+                  f"--port={port} --num-cpus=0 --autoscaling-config={out}")

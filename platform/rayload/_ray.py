@@ -27,8 +27,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_reachable(address)
         _token_env()
-        ray.init(address=address, log_to_driver=True)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except ConnectionError as exc:  # something answers there, but not a Ray GCS that lets us in
+            from .errors import RayloadError
+
+            raise RayloadError(f"cannot connect to a Ray cluster at {address}: {exc}") from None
         log.info("connected to Ray at %s", address)
         return
     env = {k: v for k, v in (env or {}).items() if k not in os.environ}
@@ -43,6 +49,33 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
     ctx.enable_operator_progress_bars = False
     _drop_worker_lines(EMBEDDED_NOISE)
     log.info("started an embedded local Ray")
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Raise RayloadError naming `address` when nothing listens at a host:port address: ray.init
+    would retry an unreachable GCS for about 14 minutes, then raise with a traceback. `auto`
+    (Ray's own lookup of a cluster on this machine), ray:// (the Ray client) and other URLs are
+    left to ray.init."""
+    import socket
+
+    from .errors import RayloadError
+
+    if "://" in address or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")  # [::1]:6379
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except ValueError:
+        raise RayloadError(f"not a Ray address: {address!r} (host:port of the cluster's GCS, e.g. 10.0.0.5:6379)") from None
+    except OSError as exc:
+        raise RayloadError(f"nothing answers at {address} ({exc.strerror or exc}): is the cluster up, and is this its GCS "
+                           "address (the head's host and `ray start --port`)?") from None
+
+
+def token_path() -> str:
+    """Where the client's token file is: $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token (as Ray looks)."""
+    return os.path.expanduser(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token")
 
 
 def embedded() -> bool:
@@ -89,14 +122,15 @@ def _drop_worker_lines(substrings: tuple[str, ...]) -> None:
 
 
 def _token_env() -> None:
-    """Ray 2.60 clusters require token auth; use ~/.ray/auth_token when the env has none.
+    """Ray 2.60 clusters require token auth; use the token file ($RAY_AUTH_TOKEN_PATH, else
+    ~/.ray/auth_token) when the env has none.
 
     Ray reads RAY_AUTH_MODE into its C++ config when it is imported, so setting the variable
     afterwards is not enough: Ray's own helper sets it and re-initialises that config (the same
     thing `ray.init()` does for a cluster it starts)."""
     if os.environ.get("RAY_AUTH_MODE") or "RAY_AUTH_TOKEN" in os.environ:
         return
-    if not os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+    if not os.path.exists(token_path()):
         return
     try:
         from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available

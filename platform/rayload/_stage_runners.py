@@ -10,6 +10,7 @@ import json
 import logging
 import os
 
+from .errors import RayloadError
 from .paths import join_uri, shared_storage
 
 log = logging.getLogger(__name__)
@@ -110,10 +111,12 @@ def _ab_template(spec, stage) -> dict:
     return load_ab_spec(spec.path(stage.spec), stage.set).model_dump(mode="json")
 
 
-def prepare(spec, stage, folder, outputs, address, progress) -> dict:
+def prepare(spec, stage, folder, outputs, address, progress, force: bool = False) -> dict:
+    """`force` (`rayload run --force STAGE`): preprocess again into the stage folder (shards/),
+    leaving the shared shard cache, which other runs may be reading, as it is."""
     from .data.pipeline import preprocess
 
-    result = preprocess(_job(spec, stage), address=address)
+    result = preprocess(_job(spec, stage), out=os.path.join(folder, "shards") if force else None, address=address)
     result.features.save(os.path.join(folder, "features.json"))
     _dump(os.path.join(folder, "counts.json"), result.counts)
     c = result.counts
@@ -146,10 +149,10 @@ def tune(spec, stage, folder, outputs, address, progress) -> dict:
     search_dir = os.path.join(folder, "search")
     resume = search_dir if os.path.exists(os.path.join(search_dir, "search.json")) else None
     found = run(_search(spec, stage), resume=resume, address=address, run_dir=search_dir)
-    out = {"run_dir": found.run_dir, "metric": found.metric, "trials": len(found.trials), "counts": found.counts(),
+    out = {"run_dir": found.run_dir, "metric": found.metric, "mode": found.mode, "trials": len(found.trials), "counts": found.counts(),
            "best": None, "history": [{"number": t["number"], "state": t["state"], "value": t["value"]} for t in found.trials]}
     if not found.best:
-        return out
+        raise RayloadError(no_best(stage.name, found))
     best_job = load_spec(found.best_spec)
     from .data.pipeline import preprocess
 
@@ -160,9 +163,17 @@ def tune(spec, stage, folder, outputs, address, progress) -> dict:
     return out
 
 
-def _checkpoint_of(outputs: dict, name: str) -> str:
-    from .errors import RayloadError
+def no_best(stage: str, found) -> str:
+    """Why a search stage has no result: which trials failed or were stopped, where to look."""
+    by_state: dict[str, list[int]] = {}
+    for t in sorted(found.trials, key=lambda t: t["number"]):
+        by_state.setdefault(t["state"], []).append(t["number"])
+    states = "; ".join(f"{state}: trials {', '.join(map(str, numbers))}" for state, numbers in by_state.items()) or "no trials ran"
+    return (f"stage {stage!r}: no trial of the search finished with a {found.metric} value ({states}); see trials.csv "
+            f"and Ray Tune's error files in {found.run_dir}, and run it afresh with --force {stage}")
 
+
+def _checkpoint_of(outputs: dict, name: str) -> str:
     checkpoint = outputs[name].get("checkpoint")
     if not checkpoint:
         raise RayloadError(f"stage {name!r} produced no checkpoint (a search whose trials all failed?); the A/B stage needs one")

@@ -27,8 +27,11 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def read_cluster(path: str) -> dict:
     if not os.path.exists(path):
         raise SpecError([SpecIssue("", f"cluster file not found: {path}")], file=path)
-    with open(path) as f:
-        config = yaml.safe_load(f)
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
     if not isinstance(config, dict):
         raise SpecError([SpecIssue("", "the top level must be a mapping")], file=path)
     return config
@@ -48,11 +51,17 @@ def schema_issues(config: dict) -> list[SpecIssue]:
 def lint(path: str, constraints: str | None = None) -> list[SpecIssue]:
     config = read_cluster(path)
     issues = schema_issues(config)
-    issues += security_issues(config)
-    issues += gpu_option_issues(config)
-    constraints = constraints or os.path.join(os.path.dirname(os.path.abspath(path)), "constraints.txt")
-    if os.path.exists(constraints):
-        issues += version_issues(config, constraints)
+    try:
+        issues += security_issues(config)
+        issues += gpu_option_issues(config)
+        constraints = constraints or os.path.join(os.path.dirname(os.path.abspath(path)), "constraints.txt")
+        if os.path.exists(constraints):
+            issues += version_issues(config, constraints)
+    except (AttributeError, TypeError, ValueError):
+        if not issues:
+            raise
+        # a section of the wrong shape (a list where the schema wants a mapping): the schema's
+        # issues name it, and the checks below it wait until it is fixed
     return issues
 
 
@@ -193,10 +202,36 @@ def version_issues(config: dict, constraints: str) -> list[SpecIssue]:
     return []
 
 
+def gcs_port(gcs_address: str) -> int:
+    """The port of a host:port GCS address; SpecError naming the option when it has none."""
+    host, sep, port = gcs_address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError([SpecIssue("--gcs-address", "must be host:port, e.g. 127.0.0.1:6380", gcs_address, True)])
+    return int(port)
+
+
+def node_type_issues(config: dict) -> list[SpecIssue]:
+    """What local_config needs: the node types as a mapping, the head type one of them."""
+    types = config.get("available_node_types")
+    if not isinstance(types, dict) or not types:
+        return [SpecIssue("available_node_types", "a mapping of node types (head, workers) is needed", types, "available_node_types" in config)]
+    issues = [SpecIssue(f"available_node_types.{name}", "a node type must be a mapping (resources, node_config, ...)", node, True)
+              for name, node in types.items() if not isinstance(node, dict)]
+    head = config.get("head_node_type")
+    if head not in types:
+        issues.append(SpecIssue("head_node_type", f"must name one of available_node_types ({', '.join(map(str, types))})",
+                                head, "head_node_type" in config))
+    return issues
+
+
 def local_config(config: dict, gcs_address: str, object_store_bytes: int = 150 * 1024 * 1024) -> dict:
     """A fake multi-node config (`RAY_FAKE_CLUSTER=1 ray start --head --autoscaling-config=...`)
     with cluster.yaml's worker node types, resources and min/max workers. The head type is
-    renamed to the fake provider's `ray.head.default`; GPUs are logical."""
+    renamed to the fake provider's `ray.head.default`; GPUs are logical. SpecError naming the
+    field when the file has no usable node types."""
+    gcs_port(gcs_address)
+    if issues := node_type_issues(config):
+        raise SpecError(issues)
     types = {}
     for name, node in config["available_node_types"].items():
         if name == config["head_node_type"]:
@@ -208,7 +243,7 @@ def local_config(config: dict, gcs_address: str, object_store_bytes: int = 150 *
     head = dict(config["available_node_types"][config["head_node_type"]].get("resources") or {})
     types["ray.head.default"] = {"resources": head, "node_config": {}, "max_workers": 0}
     return {
-        "cluster_name": f"{config['cluster_name']}-local", "max_workers": config.get("max_workers", 4),
+        "cluster_name": f"{config.get('cluster_name', 'rayload')}-local", "max_workers": config.get("max_workers", 4),
         "upscaling_speed": config.get("upscaling_speed", 1.0), "idle_timeout_minutes": config.get("idle_timeout_minutes", 5),
         "provider": {"type": "fake_multinode", "gcs_address": gcs_address, "use_node_id_as_ip": True,
                      "disable_node_updaters": True, "disable_launch_config_check": True},

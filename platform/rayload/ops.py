@@ -16,10 +16,12 @@ UPLOAD_EXCLUDES = ["runs/", ".venv/", "**/__pycache__/", ".pytest_cache/", "benc
 
 
 def token() -> str | None:
-    """The client's token: $RAY_AUTH_TOKEN, else ~/.ray/auth_token."""
+    """The client's token: $RAY_AUTH_TOKEN, else the token file ($RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token)."""
+    from ._ray import token_path
+
     if os.environ.get("RAY_AUTH_TOKEN"):
         return os.environ["RAY_AUTH_TOKEN"].strip()
-    path = os.path.expanduser("~/.ray/auth_token")
+    path = token_path()
     if os.path.exists(path):
         with open(path) as f:
             return f.read().strip() or None
@@ -28,10 +30,15 @@ def token() -> str | None:
 
 def entrypoint(spec: str, extra: list[str]) -> list[str]:
     """`rayload run SPEC` (any spec kind) with the uploaded code (`python -m rayload`)."""
-    from ._spec_load import read_yaml
-
-    read_yaml(spec)  # a missing or broken file fails here, before anything is uploaded
     return ["python", "-m", "rayload", "run", spec, *extra]
+
+
+def check_spec(spec: str, sets=()) -> None:
+    """The spec loads here as `rayload run` will load it on the cluster (every stage's spec, the
+    `--set` values applied): a broken one fails before anything is uploaded, naming the field."""
+    from .pipeline_spec import load_pipeline
+
+    load_pipeline(spec, list(sets))
 
 
 def check_job_api(address: str, auth: str | None, timeout: float = 10.0) -> None:
@@ -54,13 +61,22 @@ def check_job_api(address: str, auth: str | None, timeout: float = 10.0) -> None
         raise RayloadError(f"the Ray job API at {address} answered {r.status_code}: {r.text[:200]}")
 
 
-def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".", env: dict | None = None,
-           wait: bool = True, on_log=None) -> tuple[str, str]:
-    """Submit `rayload <command> SPEC` as a Ray job; returns (job id, final status or PENDING)."""
+def submit(spec: str, address: str, sets=(), working_dir: str = ".", env: dict | None = None,
+           wait: bool = True, on_log=None, home: str | None = None) -> tuple[str, str]:
+    """Submit `rayload run SPEC --set ...` as a Ray job; returns (job id, final status or PENDING).
+    `home`: the job's RAYLOAD_HOME on the cluster (an absolute path there); without it the
+    cluster's own applies (cluster.yaml sets one), else ~/rayload-runs on the node the job runs on."""
     from ray.job_submission import JobSubmissionClient
 
     if not os.path.exists(spec):
         raise RayloadError(f"spec file not found: {spec}")
+    relative = os.path.relpath(os.path.abspath(spec), os.path.abspath(working_dir))
+    if relative.startswith(".."):
+        raise RayloadError(f"the spec {spec} is outside the working directory {working_dir}: it would not be uploaded")
+    if home is not None and not (os.path.isabs(home) or home.startswith("~") or "://" in home):
+        raise RayloadError(f"--home must be an absolute path on the cluster (got {home!r}): a relative one would be "
+                           "inside the job's temporary upload folder")
+    check_spec(spec, sets)
     auth = token()
     headers = {"Authorization": f"Bearer {auth}"} if auth else None
     with _address_env_cleared():
@@ -69,13 +85,12 @@ def submit(spec: str, address: str, extra: list[str] = (), working_dir: str = ".
         client = JobSubmissionClient(url, headers=headers)
     if client.get_address() != url:  # the job and the token go where the client points: the cluster just checked
         raise RayloadError(f"the Ray job client resolved {address} to {client.get_address()}, not the checked {url}")
+    homes = {"RAYLOAD_HOME": home} if home else {}
     runtime_env = {"working_dir": working_dir, "excludes": UPLOAD_EXCLUDES,
                    # the uploaded platform/ first: the job runs the code that was submitted
-                   "env_vars": {"PYTHONPATH": "platform", **_commit_env(working_dir), **(env or {})}}
-    relative = os.path.relpath(os.path.abspath(spec), os.path.abspath(working_dir))
-    if relative.startswith(".."):
-        raise RayloadError(f"the spec {spec} is outside the working directory {working_dir}: it would not be uploaded")
-    job_id = client.submit_job(entrypoint=" ".join(_quote(a) for a in entrypoint(relative, list(extra))), runtime_env=runtime_env)
+                   "env_vars": {"PYTHONPATH": "platform", **_commit_env(working_dir), **homes, **(env or {})}}
+    extra = [a for item in sets for a in ("--set", item)]
+    job_id = client.submit_job(entrypoint=" ".join(_quote(a) for a in entrypoint(relative, extra)), runtime_env=runtime_env)
     if not wait:
         return job_id, "PENDING"
     import asyncio
@@ -142,15 +157,10 @@ def doctor(address: str | None = None, specs: str = "jobs", serve_port: int = 80
 def _ray_check(address: str | None) -> Check:
     from ._ray import ensure_ray
 
-    target = address or os.environ.get("RAY_ADDRESS")
-    if target and "://" not in target and ":" in target:
-        host, port = target.rsplit(":", 1)
-        try:  # ray.init would retry an unreachable GCS for minutes
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError) as exc:
-            return Check("Ray reachable", False, f"nothing answers at {target}: {exc}")
     try:
-        ensure_ray(address)
+        ensure_ray(address)  # an unreachable host:port fails within seconds, naming it
+    except RayloadError as exc:  # nothing answers there: named by ensure_ray
+        return Check("Ray reachable", False, str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure to connect is the finding
         return Check("Ray reachable", False, f"{type(exc).__name__}: {exc}")
     import ray
@@ -189,14 +199,68 @@ def _versions() -> Check:
     return Check("same versions on every node", not odd, detail if not odd else f"{detail}; differ: {odd}")
 
 
-def _auth() -> Check:
-    try:
-        from ray._raylet import AuthenticationMode, get_authentication_mode
+_AUTH_OFF = "OFF: anyone who reaches the cluster's ports can run code; start it with RAY_AUTH_MODE=token"
 
-        on = get_authentication_mode() == AuthenticationMode.TOKEN
-    except ImportError:
-        on = os.environ.get("RAY_AUTH_MODE") == "token"
-    return Check("token authentication", on, "on" if on else "OFF: anyone who reaches the cluster's ports can run code; start it with RAY_AUTH_MODE=token")
+
+def _auth(dashboard: str | None = None) -> Check:
+    """Whether the cluster (not this client, which turns token mode on by itself when it finds a
+    token file) requires a token: its job API asked without one answers 401 when it does. Without
+    a reachable dashboard, a Ray worker on the cluster says which mode its node started in."""
+    name = "token authentication"
+    url = dashboard if dashboard is not None else _dashboard_url()
+    if url:
+        required = auth_required(url)
+        if required is not None:
+            return Check(name, required, f"on: {url} refuses a request without the token" if required
+                         else f"{_AUTH_OFF} ({url} answered a request without a token)")
+    try:
+        on = _cluster_auth_mode()
+    except Exception as exc:  # noqa: BLE001 - the cluster could not be asked
+        return Check(name, False, f"could not ask the cluster (no job API at {url or 'an address Ray knows'}; "
+                     f"a task: {type(exc).__name__}: {exc})")
+    return Check(name, on, "on (the mode a node of the cluster started in)" if on else _AUTH_OFF)
+
+
+def auth_required(url: str, timeout: float = 5.0) -> bool | None:
+    """Ask the job API at `url` without a token: True when it refuses (401/403, token auth on),
+    False when it answers (off), None when it cannot be asked."""
+    import httpx
+
+    url = url if "://" in url else f"http://{url}"
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/api/version", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code in (401, 403):
+        return True
+    return False if r.status_code < 400 else None
+
+
+def _dashboard_url() -> str | None:
+    """The connected cluster's dashboard (job API) address, as its head recorded it."""
+    try:
+        import ray._private.worker as worker
+
+        return worker.get_dashboard_url() or None
+    except Exception:  # noqa: BLE001 - no dashboard (the embedded Ray starts none), or another Ray
+        return None
+
+
+def _cluster_auth_mode() -> bool:
+    """The auth mode of a Ray worker process on the cluster: it inherits its node's `ray start`
+    environment, not this client's."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def mode():
+        try:
+            from ray._raylet import AuthenticationMode, get_authentication_mode
+
+            return get_authentication_mode() == AuthenticationMode.TOKEN
+        except ImportError:
+            return os.environ.get("RAY_AUTH_MODE") == "token"
+
+    return ray.get(mode.remote(), timeout=60)
 
 
 def _specs(folder: str):

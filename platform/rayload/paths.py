@@ -7,9 +7,27 @@ import fcntl
 import os
 
 
+# Where a submitted job's run folders go when neither the job nor the cluster sets RAYLOAD_HOME.
+JOB_HOME = "~/rayload-runs"
+
+
 def runs_root() -> str:
-    """Root of run folders and caches: $RAYLOAD_HOME, else ./runs (relative to the job's cwd)."""
-    return os.path.abspath(os.environ.get("RAYLOAD_HOME", "runs"))
+    """Root of run folders and caches: $RAYLOAD_HOME, else ./runs, except inside a Ray job's
+    uploaded working directory (`ray job submit --working-dir`, `rayload submit`): that is
+    Ray's temporary copy of the upload, removed with it, so ~/rayload-runs there."""
+    home = os.environ.get("RAYLOAD_HOME")
+    if home:
+        return os.path.abspath(os.path.expanduser(home))
+    if in_ray_upload(os.getcwd()):
+        return os.path.expanduser(JOB_HOME)
+    return os.path.abspath("runs")
+
+
+def in_ray_upload(folder: str) -> bool:
+    """Whether `folder` is inside a working directory Ray unpacked for a job or task
+    (<session>/runtime_resources/working_dir_files/...)."""
+    parts = os.path.normpath(os.path.abspath(folder)).split(os.sep)
+    return any(a == "runtime_resources" and b == "working_dir_files" for a, b in zip(parts, parts[1:]))
 
 
 def cache_root() -> str:

@@ -61,8 +61,18 @@ def training_plot(curves: dict[str, list[dict]]) -> str | None:
     return png
 
 
-def search_plot(trials: list[dict], baseline: float | None, metric: str) -> str | None:
-    """Each trial's value in trial order and the best so far, against the baseline."""
+def best_so_far(values: list[float], mode: str = "max") -> list[float]:
+    """The best value up to each point: the highest for mode max, the lowest for min (logloss)."""
+    pick = min if mode == "min" else max
+    out, run = [], None
+    for y in values:
+        run = y if run is None else pick(run, y)
+        out.append(run)
+    return out
+
+
+def search_plot(trials: list[dict], baseline: float | None, metric: str, mode: str = "max") -> str | None:
+    """Each trial's value in trial order and the best so far (in the search's mode), against the baseline."""
     done = sorted((t for t in trials if t.get("value") is not None), key=lambda t: t["number"])
     if not done:
         return None
@@ -70,11 +80,7 @@ def search_plot(trials: list[dict], baseline: float | None, metric: str) -> str 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     xs, ys = [t["number"] for t in done], [t["value"] for t in done]
     ax.scatter(xs, ys, c=["tab:blue" if t["state"] == "complete" else "tab:orange" for t in done], label="trial (orange: stopped early)")
-    best, run = [], None
-    for y in ys:
-        run = y if run is None else max(run, y)
-        best.append(run)
-    ax.step(xs, best, where="post", color="tab:green", label="best so far")
+    ax.step(xs, best_so_far(ys, mode), where="post", color="tab:green", label="best so far")
     if baseline is not None:
         ax.axhline(baseline, color="grey", ls="--", label="baseline")
     ax.set(xlabel="trial", ylabel=metric, title="search history")
@@ -122,7 +128,9 @@ def render(manifest: dict) -> str:
     best = search.get("best") or {}
     baseline_history = _history(base)
     curves = {"baseline": baseline_history, f"best trial {best.get('number')}": _best_trial_history(best)}
-    base_val = (base.get("val") or {}).get("val_auc")
+    metric = search.get("metric", "val_auc")
+    mode = search.get("mode") or _metric_mode(metric)
+    base_val = (base.get("val") or {}).get(metric)  # the baseline on the search's own metric
     stages = "".join(f"<tr><td>{html.escape(s['name'])}</td><td>{s['kind']}</td><td>{s['outcome']}</td><td>{s['seconds']:.1f}</td></tr>"
                      for s in manifest["stages"])
     decision = decided.get("decision") or ab.get("decision") or "none"
@@ -133,16 +141,23 @@ def render(manifest: dict) -> str:
 .key{{font-size:1.2em}} img{{max-width:100%}}</style></head><body>
 <h1>rayload run {html.escape(manifest['run_id'])} ({html.escape(manifest['pipeline'])})</h1>
 <p class="key">baseline test AUC <b id="baseline-auc">{_num((base.get('test') or {}).get('auc'))}</b> ·
-best tuned test AUC <b id="best-auc">{_num((best.get('test') or {}).get('auc'))}</b> (validation {_num(best.get('value'))}, trial {best.get('number')}) ·
+best tuned test AUC <b id="best-auc">{_num((best.get('test') or {}).get('auc'))}</b> ({html.escape(metric)} {_num(best.get('value'))}, trial {best.get('number')}) ·
 A/B decision <b id="decision">{html.escape(decision)}</b></p>
 <p>{reasons}{' · ' + html.escape(decided['action']) if decided.get('action') else ''}</p>
 <h2>Training curves</h2>{_img('training curves', training_plot(curves))}
 <h2>Search</h2><p>{search.get('trials', 0)} trials ({html.escape(json.dumps(search.get('counts', {})))}); best parameters
-<code>{html.escape(json.dumps(best.get('params')))}</code></p>{_img('search history', search_plot(search.get('history', []), base_val, search.get('metric', 'val_auc')))}
+<code>{html.escape(json.dumps(best.get('params')))}</code></p>{_img('search history', search_plot(search.get('history', []), base_val, metric, mode))}
 <h2>A/B experiment</h2>{_ab_section(ab, decided)}
 <h2>Run</h2><table><tr><th>stage</th><th>kind</th><th>outcome</th><th>seconds</th></tr>{stages}</table>
 <p>git {html.escape(str(manifest.get('git_commit')))}; {html.escape(versions)}; started {manifest.get('started')}, last stage {manifest.get('finished')}</p>
 </body></html>"""
+
+
+def _metric_mode(metric: str) -> str:
+    """A run recorded before tune stages kept their mode: the metric's own direction."""
+    from .search_spec import metric_mode
+
+    return metric_mode(metric) or "max"
 
 
 def _history(train_outputs: dict) -> list[dict]:

@@ -43,6 +43,7 @@ class StageResult:
     outputs: dict = field(default_factory=dict)
     error: str | None = None
     execution: str | None = None  # drawn when the stage runs; a skipped stage keeps the recorded one
+    user_error: bool = False  # failed with a RayloadError (the user's spec or data): the CLI exits 2, as for other commands
 
 
 @dataclass
@@ -95,7 +96,8 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
         try:
             plan = _plan(spec, stage, done)
         except RayloadError as exc:  # its spec no longer loads (edited since the pipeline was read)
-            plan, result = _Plan({}), StageResult(stage.name, stage.kind, "failed", 0.0, "", {}, f"{type(exc).__name__}: {exc}")
+            plan, result = _Plan({}), StageResult(stage.name, stage.kind, "failed", 0.0, "", {}, f"{type(exc).__name__}: {exc}",
+                                                  user_error=True)
         else:
             fingerprint = digest({"kind": stage.kind, "stage": stage.model_dump(mode="json"), "spec": plan.spec,
                                   "data": plan.data_hash, "upstream": plan.upstream})
@@ -143,15 +145,18 @@ def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, pro
     start = time.perf_counter()
     from . import _stage_runners as runners
 
+    # a forced prepare stage preprocesses again instead of reusing the shard cache
+    options = {"force": True} if force and stage.kind == "prepare" else {}
     try:
-        outputs = getattr(runners, stage.kind)(spec, stage, folder, {n: r.outputs for n, r in done.items()}, address, progress)
+        outputs = getattr(runners, stage.kind)(spec, stage, folder, {n: r.outputs for n, r in done.items()}, address, progress, **options)
     except Exception as exc:
         seconds = time.perf_counter() - start
         error = f"{type(exc).__name__}: {exc}"
         _write_stage(folder, {"fingerprint": fingerprint, "outcome": "failed", "seconds": seconds, "error": error, "execution": execution})
-        if not isinstance(exc, RayloadError):
+        user = isinstance(exc, RayloadError)
+        if not user:
             log.exception("stage %s failed", stage.name)
-        return StageResult(stage.name, stage.kind, "failed", seconds, fingerprint, {}, error, execution)
+        return StageResult(stage.name, stage.kind, "failed", seconds, fingerprint, {}, error, execution, user_error=user)
     seconds = time.perf_counter() - start
     _write_stage(folder, {"fingerprint": fingerprint, "outcome": "ok", "seconds": seconds, "finished": _now(), "outputs": outputs,
                           "execution": execution})

@@ -123,7 +123,7 @@ def test_a_failing_stage_stops_the_run_and_says_why(demo, tmp_path):
                                         {"name": "again", "kind": "train", "job": "job.yaml"}]}
     (tmp_path / "broken.yaml").write_text(yaml.safe_dump(raw))
     r = cli("run", str(tmp_path / "broken.yaml"), home=home)
-    assert r.returncode == 1
+    assert r.returncode == 2  # a user's error (the missing column), as `rayload train` exits
     assert "stage prepare failed" in r.stdout and "'b'" in r.stdout  # the missing column is named
     assert [s["outcome"] for s in _manifest(home, "broken")["stages"]] == ["failed"]  # nothing after it ran
 

@@ -136,3 +136,20 @@ def test_gpu_docker_options_only_on_gpu_node_types(config):
     config["docker"]["worker_run_options"] = ["--gpus all"]  # global: the CPU workers would never start
     config["available_node_types"]["cpu_worker"]["docker"] = {"worker_run_options": ["--gpus all"]}
     assert _paths(gpu_option_issues(config)) == {"docker.worker_run_options", "available_node_types.cpu_worker.docker.worker_run_options"}
+
+
+def test_the_head_gives_jobs_a_fixed_rayload_home(config):
+    """Without RAYLOAD_HOME a job's run folders (./runs) went into Ray's temporary copy of the
+    upload: the head's `ray start` (whose environment jobs inherit) and its login shells
+    (`ray attach`, where rayload runs by hand) name the same absolute folder."""
+    from rayload.cluster import _words
+
+    def homes(command):
+        return [w.split("=", 1)[1] for w in _words(command) if w.startswith("RAYLOAD_HOME=")]
+
+    start = [c for c in config["head_start_ray_commands"] if "ray start" in c]
+    assert start and all(homes(c) for c in start), start
+    login = [h for c in config["head_setup_commands"] for h in homes(c.replace("'", " "))]
+    folders = {h for c in start for h in homes(c)} | set(login)
+    assert len(folders) == 1 and login, folders
+    assert next(iter(folders)).startswith(("/", "$HOME/", "~/")), folders

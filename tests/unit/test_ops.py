@@ -50,13 +50,27 @@ def cluster():
         server.shutdown()
 
 
+# A job spec that loads (its data is never read here): `rayload submit` checks the spec before the upload.
+JOB = """name: x
+data:
+  source: {kind: csv, path: /no/such/data/*.csv}
+  columns:
+    - {name: user, role: categorical}
+    - {name: price, role: numeric}
+  label: {column: clicked, task: binary}
+features:
+  numeric: {price: {}}
+  categorical: {user: {}}
+"""
+
+
 @pytest.mark.parametrize("var", ["RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"])
 def test_submit_sends_the_job_and_the_token_only_to_the_address_given(cluster, tmp_path, monkeypatch, var):
     a_url, a_hits = cluster()  # left in the shell for another cluster
     b_url, b_hits = cluster()
     monkeypatch.setenv(var, a_url)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "token-for-B")
-    (tmp_path / "job.yaml").write_text("name: x\n")
+    (tmp_path / "job.yaml").write_text(JOB)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Exception):  # the stub refuses the upload
         ops.submit("job.yaml", b_url, wait=False)

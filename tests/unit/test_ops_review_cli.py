@@ -1,0 +1,95 @@
+"""`rayload demo --spec` on a pipeline whatever its stages are named, and the cluster commands'
+and doctor's user errors as exit-2 messages instead of tracebacks."""
+
+import importlib
+import os
+import shutil
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rayload.errors import RayloadError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _app():
+    importlib.import_module("rayload._cli_ops")  # registers `demo`, `doctor`, `cluster`, ...
+    from rayload.cli import app
+
+    return app
+
+
+# ---------------------------------------------------------------- rayload demo --spec
+
+
+def _pipeline(tmp_path, stages) -> str:
+    for name in ("movielens_deepfm.yaml", "ab_movielens.yaml"):
+        shutil.copy(os.path.join(ROOT, "jobs", name), tmp_path / name)
+    shutil.copy(os.path.join(ROOT, "tune", "movielens_bayes.yaml"), tmp_path / "bayes.yaml")
+    text = (tmp_path / "bayes.yaml").read_text().replace("../jobs/", "")
+    (tmp_path / "bayes.yaml").write_text(text)
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "stages": stages}))
+    return str(path)
+
+
+def test_demo_options_go_to_the_pipelines_stages_of_each_kind_whatever_their_names(tmp_path):
+    from rayload._cli_ops import demo_sets
+    from rayload.pipeline_spec import load_pipeline
+
+    path = _pipeline(tmp_path, [{"name": "base", "kind": "train", "job": "movielens_deepfm.yaml"},
+                                {"name": "hpo", "kind": "tune", "search": "bayes.yaml"},
+                                {"name": "experiment", "kind": "ab", "spec": "ab_movielens.yaml", "champion": "base", "challenger": "hpo"}])
+    sets = demo_sets(path, 8123, trials=6, search_epochs=3, ab_requests=500)
+    assert sets == ["experiment.serving.port=8123", "experiment.simulate.requests=500", "hpo.num_samples=6", "hpo.startup_trials=3",
+                    "hpo.scheduler.max_epochs=3"]
+    load_pipeline(path, sets)  # every item reaches its stage
+
+
+def test_demo_on_a_pipeline_without_an_ab_stage_sets_no_port(tmp_path):
+    from rayload._cli_ops import demo_sets
+
+    path = _pipeline(tmp_path, [{"name": "base", "kind": "train", "job": "movielens_deepfm.yaml"}])
+    assert demo_sets(path, 8000) == []
+    with pytest.raises(RayloadError, match="--trials: the pipeline .* has no tune stage"):
+        demo_sets(path, 8000, trials=4)
+    r = CliRunner().invoke(_app(), ["demo", "--spec", path, "--trials", "4"])
+    assert r.exit_code == 2 and "no tune stage" in r.output, r.output
+
+
+# ---------------------------------------------------------------- cluster commands and doctor: exit 2, no traceback
+
+
+def test_cluster_commands_report_bad_files_and_options_as_messages(tmp_path):
+    app = _app()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("cluster_name: x\n")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("cluster_name: x\navailable_node_types: [head]\nhead_node_type: head\n")
+    out = str(tmp_path / "fake.json")
+    runs = {
+        ("cluster", "lint", str(bad)): "not valid YAML",
+        ("cluster", "lint", str(listed)): "available_node_types",
+        ("cluster", "local", str(bad), "--out", out): "not valid YAML",
+        ("cluster", "local", str(bare), "--out", out): "available_node_types",
+        ("cluster", "local", os.path.join(ROOT, "cluster.yaml"), "--gcs-address", "6380", "--out", out): "--gcs-address",
+    }
+    for args, said in runs.items():
+        r = CliRunner().invoke(app, list(args))
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)
+    assert not os.path.exists(out)
+
+
+def test_doctor_prints_a_users_error_as_a_message(monkeypatch):
+    import rayload.ops
+
+    def refuse(*a):
+        raise RayloadError("nothing answers at 10.0.0.9:6379")
+
+    monkeypatch.setattr(rayload.ops, "doctor", refuse)
+    r = CliRunner().invoke(_app(), ["doctor", "--address", "10.0.0.9:6379"])
+    assert r.exit_code == 2 and "nothing answers" in r.output, r.output

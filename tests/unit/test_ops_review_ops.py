@@ -1,0 +1,223 @@
+"""`rayload doctor` and `rayload submit` against stub job APIs (real HTTP, no Ray): the auth
+check asks the cluster, a spec that does not load is never uploaded, the job gets its
+RAYLOAD_HOME, an unreachable address fails in seconds, and RAY_AUTH_TOKEN_PATH is honoured."""
+
+import http.server
+import importlib
+import json
+import socket
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from rayload import ops
+from rayload.errors import RayloadError, SpecError
+
+JOB = """name: x
+data:
+  source: {kind: csv, path: /no/such/data/*.csv}
+  columns:
+    - {name: user, role: categorical}
+    - {name: price, role: numeric}
+  label: {column: clicked, task: binary}
+features:
+  numeric: {price: {}}
+  categorical: {user: {}}
+"""
+
+
+@pytest.fixture
+def stub():
+    """A stub Ray job API: `make(auth=False)` answers like a cluster without token auth,
+    `make(auth=True)` refuses requests without a token (401) as Ray's dashboard does; it accepts
+    uploads and submissions and records what reaches it."""
+    servers = []
+
+    def make(auth: bool = False):
+        hits, submitted = [], []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _send(self, code, body=b""):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(n) if n else b""
+                hits.append((self.command, self.path))
+                if auth and not self.headers.get("Authorization"):
+                    return self._send(401, b"Unauthorized: Missing authentication token")
+                if self.path.startswith("/api/version"):
+                    return self._send(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode())
+                if self.path.startswith("/api/jobs/") and self.command == "GET":
+                    return self._send(200, b"[]")
+                if self.path.startswith("/api/packages/"):
+                    return self._send(404 if self.command == "GET" else 200)
+                if self.path.startswith("/api/jobs/") and self.command == "POST":
+                    submitted.append(json.loads(data))
+                    return self._send(200, json.dumps({"job_id": "raysubmit_stub", "submission_id": "raysubmit_stub"}).encode())
+                self._send(500)
+
+            do_GET = do_POST = do_PUT = _any
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", hits, submitted
+
+    yield make
+    for server in servers:
+        server.shutdown()
+
+
+def _app():
+    importlib.import_module("rayload._cli_ops")  # registers `submit`, `doctor`
+    from rayload.cli import app
+
+    return app
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- doctor: token authentication
+
+
+def test_doctor_asks_the_cluster_whether_it_requires_a_token_not_the_client(stub, monkeypatch):
+    """The client turns token mode on by itself when ~/.ray/auth_token exists; the check was
+    'on' for a cluster without it. Now the job API is asked without a token."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # this client is in token mode either way
+    open_url, _, _ = stub(auth=False)
+    closed_url, _, _ = stub(auth=True)
+    off = ops._auth(open_url)
+    assert not off.ok and off.detail.startswith("OFF") and open_url in off.detail
+    on = ops._auth(closed_url)
+    assert on.ok and on.detail.startswith("on") and closed_url in on.detail
+    assert ops.auth_required(closed_url.removeprefix("http://")) is True  # Ray records the dashboard without a scheme
+    assert ops.auth_required(f"http://127.0.0.1:{_closed_port()}") is None
+
+
+def test_doctor_without_a_job_api_asks_a_node_of_the_cluster(monkeypatch):
+    monkeypatch.setattr(ops, "_cluster_auth_mode", lambda: False)
+    check = ops._auth(f"127.0.0.1:{_closed_port()}")
+    assert not check.ok and check.detail.startswith("OFF")
+    monkeypatch.setattr(ops, "_cluster_auth_mode", lambda: True)
+    assert ops._auth(f"127.0.0.1:{_closed_port()}").ok
+
+
+# ---------------------------------------------------------------- doctor / ensure_ray: unreachable address
+
+
+def test_an_unreachable_address_fails_in_seconds_naming_it(monkeypatch):
+    import ray
+
+    from rayload import _ray
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("ray.init retries an unreachable GCS for minutes: it must not be called")
+
+    monkeypatch.setattr(ray, "init", no_init)
+    address = f"127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    with pytest.raises(RayloadError, match=f"nothing answers at {address}"):
+        _ray.ensure_ray(address)
+    with pytest.raises(RayloadError, match="not a Ray address"):
+        _ray.ensure_ray("127.0.0.1:notaport")
+    check = ops._ray_check(address)
+    assert not check.ok and address in check.detail
+    assert time.monotonic() - start < 10
+    for left_to_ray in ("auto", "ray://10.0.0.1:10001", "http://127.0.0.1:8265"):
+        _ray.check_reachable(left_to_ray)  # Ray's own lookup, the Ray client, a URL: not a host:port to probe
+
+
+# ---------------------------------------------------------------- submit
+
+
+def test_submit_refuses_a_spec_that_does_not_load_before_anything_is_uploaded(stub, tmp_path, monkeypatch):
+    url, hits, submitted = stub()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(JOB.replace("name: x", "name: x\ntrain: {epochs: -1}"))
+    (tmp_path / "job.yaml").write_text(JOB)
+    with pytest.raises(SpecError, match="train.epochs"):
+        ops.submit("bad.yaml", url, wait=False)
+    with pytest.raises(SpecError, match="train.epochs"):
+        ops.submit("job.yaml", url, ["train.train.epochs=abc"], wait=False)  # a --set value that does not fit
+    assert hits == [] and submitted == []
+
+    r = CliRunner().invoke(_app(), ["submit", "job.yaml", "--address", url, "--set", "train.train.epochs=abc", "--no-wait"])
+    assert r.exit_code == 2, r.output
+    assert hits == [] and submitted == []
+
+
+def test_submit_sends_the_jobs_rayload_home_when_one_is_given(stub, tmp_path, monkeypatch):
+    """Without RAYLOAD_HOME a submitted job's run folders went into Ray's temporary copy of the upload."""
+    url, _, submitted = stub()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAYLOAD_JOB_HOME", raising=False)
+    (tmp_path / "job.yaml").write_text(JOB)
+    assert ops.submit("job.yaml", url, ["train.train.epochs=2"], wait=False, home="/data/rayload-runs") == ("raysubmit_stub", "PENDING")
+    env = submitted[-1]["runtime_env"]["env_vars"]
+    assert env["RAYLOAD_HOME"] == "/data/rayload-runs" and env["PYTHONPATH"] == "platform"
+    assert submitted[-1]["entrypoint"] == "python -m rayload run job.yaml --set train.train.epochs=2"
+    ops.submit("job.yaml", url, wait=False)  # none given: the cluster's own (cluster.yaml sets it) applies
+    assert "RAYLOAD_HOME" not in submitted[-1]["runtime_env"]["env_vars"]
+    with pytest.raises(RayloadError, match="absolute path"):
+        ops.submit("job.yaml", url, wait=False, home="runs")
+
+    monkeypatch.setenv("RAYLOAD_JOB_HOME", "/srv/runs")
+    r = CliRunner().invoke(_app(), ["submit", "job.yaml", "--address", url, "--no-wait"])
+    assert r.exit_code == 0, r.output
+    assert submitted[-1]["runtime_env"]["env_vars"]["RAYLOAD_HOME"] == "/srv/runs"
+
+
+def test_runs_root_inside_a_ray_upload_is_not_the_upload(tmp_path, monkeypatch):
+    from rayload.paths import in_ray_upload, runs_root
+
+    upload = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
+    upload.mkdir(parents=True)
+    monkeypatch.chdir(upload)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RAYLOAD_HOME")
+    assert in_ray_upload(str(upload)) and not in_ray_upload(str(tmp_path))
+    assert runs_root() == str(tmp_path / "home" / "rayload-runs")
+    monkeypatch.setenv("RAYLOAD_HOME", "~/elsewhere")
+    assert runs_root() == str(tmp_path / "home" / "elsewhere")
+    monkeypatch.delenv("RAYLOAD_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert runs_root() == str(tmp_path / "runs")
+
+
+# ---------------------------------------------------------------- RAY_AUTH_TOKEN_PATH
+
+
+def test_the_token_file_named_by_ray_auth_token_path_is_used(tmp_path, monkeypatch):
+    import ray._private.authentication.authentication_token_setup as setup
+
+    from rayload import _ray
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ray/auth_token
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    token = tmp_path / "cluster-token"
+    token.write_text("tok-123\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    assert ops.token() == "tok-123"
+    enabled = []
+    monkeypatch.setattr(setup, "maybe_enable_token_auth_if_token_available", lambda **kw: enabled.append(kw))
+    _ray._token_env()
+    assert enabled == [{"warn_if_disabled": False}]
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    assert ops.token() is None
+    _ray._token_env()
+    assert len(enabled) == 1  # no token anywhere: token mode is not switched on
