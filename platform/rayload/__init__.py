@@ -13,11 +13,32 @@ from .errors import DataError, SpecError
 from .spec import load_spec
 
 
-def train(spec, address: str | None = None, evaluate_test: bool = True):
-    """Preprocess and train a job spec; returns a TrainResult (best checkpoint, metrics, test metrics)."""
+def _job(spec, overrides=()):
+    """A JobSpec, or a job spec file's path (str or os.PathLike) loaded with `overrides`."""
+    import os
+
+    if isinstance(spec, (str, os.PathLike)):
+        return load_spec(os.fspath(spec), list(overrides))
+    if overrides:
+        raise TypeError("overrides apply to a job spec file; change a JobSpec with model_copy")
+    return spec
+
+
+def train(spec, address: str | None = None, evaluate_test: bool = True, *, overrides=()):
+    """Preprocess and train a job spec (a JobSpec or a YAML path, with `overrides` as `--set`);
+    returns a TrainResult (best checkpoint, metrics, test metrics)."""
     from .train.trainer import fit
 
-    return fit(spec, address=address, evaluate_test=evaluate_test)
+    return fit(_job(spec, overrides), address=address, evaluate_test=evaluate_test)
+
+
+def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None, *, overrides=()):
+    """Validate, split, fit the preprocessor and write preprocessed shards for a job spec (a
+    JobSpec or a YAML path, with `overrides` as `--set`); returns a PreprocessResult (cached by
+    a hash of the spec and the input files)."""
+    from .data.pipeline import preprocess as run
+
+    return run(_job(spec, overrides), out=out, address=address, engine=engine, on_stage=on_stage)
 
 
 def load_checkpoint(path: str, device: str = "cpu"):
@@ -71,10 +92,10 @@ def retrain(spec, from_events: str, **options):
 
 def __getattr__(name: str):
     # Ray-backed entry points import lazily so `import rayload` and spec checks stay fast.
-    if name in ("preprocess", "PreprocessResult"):
+    if name == "PreprocessResult":
         from .data import pipeline
 
-        return getattr(pipeline, name)
+        return pipeline.PreprocessResult
     if name == "TrainResult":
         from .train.trainer import TrainResult
 

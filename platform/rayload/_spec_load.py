@@ -30,9 +30,14 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], dict] | None = None) -> list[SpecIssue]:
+def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], dict] | None = None,
+                    model_cls: type[BaseModel] | None = None, keyed: dict[str, type[BaseModel] | None] | None = None) -> list[SpecIssue]:
     """Apply `a.b.c=value` in place (value parsed as YAML); return the malformed ones.
-    `defaults`: see `_set_path`."""
+    `defaults`: see `_set_path`. `model_cls`: the spec's model; a value for one of its text
+    fields is the text as given (`train.run_name=20240601` is the name 20240601, not a number;
+    `yes` is not True). `keyed`: sections whose keys are themselves dotted paths (a search spec's
+    `fixed` and `space`, keyed by job spec paths), each with the model those paths name (None:
+    not typed): `fixed.train.lr=0.01` sets the key `train.lr` of `fixed`, not `fixed.train.lr`."""
     issues = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -43,8 +48,50 @@ def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], 
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
-        _set_path(raw, key.strip().split("."), value, issues, defaults)
+        parts = keyed_path(raw, key.strip().split("."), keyed or {})
+        if model_cls is not None and not isinstance(value, str) and _text_field(_annotation_at(model_cls, parts, keyed or {}), value):
+            value = text
+        _set_path(raw, parts, value, issues, defaults)
     return issues
+
+
+def keyed_path(raw: dict, parts: list[str], keyed) -> list[str]:
+    """`parts` with the dotted key of a keyed section (see apply_overrides) joined into one
+    part: the longest key the section already has that the path starts with (what follows is
+    inside its value: `space.train.lr.loguniform`), else all of the rest (a new key)."""
+    if len(parts) < 2 or parts[0] not in keyed:
+        return parts
+    section, rest = parts[0], parts[1:]
+    existing = raw.get(section) if isinstance(raw.get(section), dict) else {}
+    for n in range(len(rest), 0, -1):
+        if ".".join(rest[:n]) in existing:
+            return [section, ".".join(rest[:n]), *rest[n:]]
+    return [section, ".".join(rest)]
+
+
+def _annotation_at(model_cls: type[BaseModel], parts: list[str], keyed) -> object | None:
+    """The type of the field at `parts` (a keyed section's key as one part), or None if unknown."""
+    tp: object = model_cls
+    if len(parts) > 1 and keyed.get(parts[0]) is not None:
+        tp, parts = keyed[parts[0]], parts[1].split(".") + parts[2:]
+    for part in parts:
+        tp = _descend(tp, part)
+        if tp is None:
+            return None
+    return tp
+
+
+def _text_field(tp, value) -> bool:
+    """Whether a field of type `tp` takes only text (str, a choice of words, or None), so that
+    `value`, the YAML reading of what was given, should be the text instead; a YAML null stays
+    None where None is allowed."""
+    if tp is None:
+        return False
+    kinds = _candidates(tp)
+    texts = [k for k in kinds if k is str or (typing.get_origin(k) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(k)))]
+    if not texts or len(texts) + (type(None) in kinds) != len(kinds):
+        return False
+    return not (value is None and type(None) in kinds)
 
 
 def dumped_defaults(model_cls: type[BaseModel], raw: dict) -> Callable[[], dict]:
@@ -104,9 +151,11 @@ def _dumped_at(tree, parts: list[str]):
     return copy.deepcopy(tree)
 
 
-def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None):
+def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None,
+               keyed: dict[str, type[BaseModel] | None] | None = None):
+    """`keyed`: see apply_overrides."""
     raw = read_yaml(path)
-    issues = apply_overrides(raw, overrides, dumped_defaults(model_cls, raw))
+    issues = apply_overrides(raw, overrides, dumped_defaults(model_cls, raw), model_cls, keyed)
     return validate_model(model_cls, raw, check, file=path, issues=issues)
 
 

@@ -122,7 +122,10 @@ def train(
     from .spec import load_spec
     from .train.trainer import fit, kfold as run_kfold
 
-    overrides = list(set_ or []) + ([f"train.run_name={run_name}"] if run_name else [])
+    import json
+
+    # quoted: the name as given (20240601, 2024-06-01 and yes stay text, not a number, a date, True)
+    overrides = list(set_ or []) + ([f"train.run_name={json.dumps(run_name)}"] if run_name else [])
     job = load_spec(spec, overrides)
     if kfold:
         result = run_kfold(job, kfold, address=address)

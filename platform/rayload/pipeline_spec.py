@@ -163,7 +163,7 @@ def load_pipeline_spec(path: str, overrides=()) -> PipelineSpec:
     raw = read_yaml(path)
     if spec_kind(raw) != "pipeline":
         raw = single_stage(path, raw)
-    issues = apply_overrides(raw, overrides)
+    issues = apply_overrides(raw, overrides, model_cls=PipelineSpec)
     raw["folder"] = os.path.dirname(os.path.abspath(path))
     return validate_model(PipelineSpec, raw, check=pipeline_issues, file=path, issues=issues)
 

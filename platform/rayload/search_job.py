@@ -23,8 +23,11 @@ def base_path(spec: SearchSpec, spec_file: str | None) -> str:
 def load_search_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> SearchSpec:
     """Read a search spec, check it and its base job spec; raises SpecError listing every problem."""
     from ._spec_load import load_model
+    from .spec import JobSpec
 
-    spec = load_model(SearchSpec, path, overrides, check=lambda spec: job_issues(spec, path))
+    # `--set fixed.train.lr=0.01` sets fixed's key train.lr (a job spec path), `space.train.lr...` space's
+    spec = load_model(SearchSpec, path, overrides, check=lambda spec: job_issues(spec, path),
+                      keyed={"fixed": JobSpec, "space": None})
     # Pin the base to where it was found: the spec then works from any working directory
     # (the SDK, the demo and a resumed search all pass the object, not the file).
     return spec.model_copy(update={"base": base_path(spec, path)})
@@ -70,6 +73,10 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
         if path not in known:
             section = "fixed" if path in spec.fixed else "space"
             issues.append(SpecIssue(f"{section}.{path}", f"not a field of the job spec {os.path.basename(where)}; near it: {', '.join(near_paths(path, known))}"))
+        elif path in spec.fixed and (fields := _section_fields(path)):
+            issues.append(SpecIssue(f"fixed.{path}", f"names a section of the job spec, which this value would replace whole (every "
+                                    f"field it leaves out back to its default); set its fields one by one: "
+                                    f"{', '.join(f'fixed.{path}.{f}' for f in fields[:4])}{', ...' if len(fields) > 4 else ''}"))
     if issues:
         return issues
     issues += _preprocessing_issues(spec)
@@ -94,6 +101,15 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
             issues += [SpecIssue(f"space.{path}", f"a {param.kind} range{stepped} draws values such as {inside:.6g}, which make "
                                  f"the job spec invalid: {i.render()}{hint}") for i in exc.issues]
     return issues
+
+
+def _section_fields(path: str) -> list[str]:
+    """The fields of the job spec section at `path` ([] when it is a field, a list item or a
+    mapping such as features.numeric)."""
+    from ._spec_load import _fields_at
+    from .spec import JobSpec
+
+    return _fields_at(JobSpec, path.split("."))
 
 
 def _point_issues(spec: SearchSpec, raw: dict, path: str) -> list[SpecIssue]:
