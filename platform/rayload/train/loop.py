@@ -58,6 +58,12 @@ def loader_options(spec: JobSpec, features: FittedFeatures, use_gpu: bool = Fals
             "val_files": val_files}
 
 
+def _finite(grad: torch.Tensor) -> bool:
+    """Whether every value of a gradient (dense, or a sparse one's stored values) is finite."""
+    values = grad.coalesce().values() if grad.is_sparse else grad
+    return bool(torch.isfinite(values).all())
+
+
 class Trainer:
     """Per-worker state of one run: model, optimizers, scaler, schedule, counters."""
 
@@ -147,15 +153,21 @@ class Trainer:
     def _apply(self) -> None:
         if self.sparse_sync:
             self.sparse_sync()
+        overflow = False
         if self.scaler:
             for opt in self.optimizers:
                 self.scaler.unscale_(opt)  # clip the true gradients, not the scaled ones
-        if self.spec.train.grad_clip:  # the whole model's norm: the sparse tables' rows count too
+            # GradScaler.step skips per optimizer, on that optimizer's own gradients: when only the
+            # dense part overflowed, the sparse tables' optimizer stepped alone (and with clipping,
+            # on gradients scaled to 0 while its moments moved the rows). One overflow skips all.
+            overflow = not all(_finite(p.grad) for p in self._trained if p.grad is not None)
+        if self.spec.train.grad_clip and not overflow:  # the whole model's norm: the sparse tables' rows count too
             clip_grad_norm_(self._trained, self.spec.train.grad_clip)
-        for opt in self.optimizers:
-            self.scaler.step(opt) if self.scaler else opt.step()
+        if not overflow:
+            for opt in self.optimizers:
+                self.scaler.step(opt) if self.scaler else opt.step()
         if self.scaler:
-            self.scaler.update()
+            self.scaler.update()  # reads the inf flags unscale_ recorded: an overflow lowers the scale
         for scheduler in self.schedulers:
             scheduler.step()
         for opt in self.optimizers:
