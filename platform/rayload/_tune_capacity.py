@@ -23,12 +23,31 @@ def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None
         raise SearchResourceError(f"trial_resources: one trial can never run here: {exc}") from None
 
 
-def _concurrency(requested: int | None, need: dict[str, float], total: int) -> int:
-    """Default: the cluster's free resources divided by one trial's needs."""
+def _concurrency(requested: int | None, bundles: list[dict[str, float]], total: int) -> int:
+    """Default: how many trials the cluster's free resources place at once, each trial all of
+    `bundles` (its own share, and a multi-worker trial's TorchTrainer workers), each bundle on one
+    node: a sum over nodes would start trials whose worker groups cannot be placed (they wait
+    out the placement timeout and fail)."""
     import ray
 
     if requested:
         return min(requested, total)
-    free = ray.available_resources()
-    fits = [int(free.get(k, 0) // v) for k, v in need.items() if v > 0]
-    return max(1, min([total, *fits]))
+    nodes = list(ray._private.state.available_resources_per_node().values())
+    return max(1, trials_that_fit(nodes, bundles, total))
+
+
+def trials_that_fit(nodes: list[dict[str, float]], bundles: list[dict[str, float]], most: int) -> int:
+    """How many trials of `bundles` the free resources `nodes` hold together (first fit, each
+    bundle on one node), at most `most`."""
+    free = [dict(n) for n in nodes]
+    count = 0
+    while count < most:
+        trial = [dict(n) for n in free]
+        for bundle in bundles:
+            node = next((n for n in trial if all(n.get(k, 0) + 1e-9 >= v for k, v in bundle.items())), None)
+            if node is None:
+                return count
+            for k, v in bundle.items():
+                node[k] = node.get(k, 0) - v
+        free, count = trial, count + 1
+    return count

@@ -62,11 +62,18 @@ def write_best_spec(raw: dict, params: dict, path: str, header: list[str]) -> No
 def _with_params(raw: dict, params: dict) -> dict:
     import copy
 
-    from ._spec_load import _set_path
+    from ._spec_load import _set_path, dumped_defaults
+    from .errors import SpecError
+    from .spec import JobSpec
 
     raw, issues = copy.deepcopy(raw), []
+    # as job_from builds a trial's job: an item of a list the base leaves at its default
+    # (model.hidden.0) starts from that list, not from a section {'0': value}
+    defaults = dumped_defaults(JobSpec, raw)
     for path, value in params.items():
-        _set_path(raw, path.split("."), value, issues)
+        _set_path(raw, path.split("."), value, issues, defaults)
+    if issues:
+        raise SpecError(issues)
     return raw
 
 

@@ -244,6 +244,10 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("fixed.train.epochs", f"under a scheduler every trial runs scheduler.max_epochs "
                                 f"({sched.max_epochs}) epochs, so this value would be ignored; set one of the two",
                                 spec.fixed["train.epochs"], True))
+    if sched and "train.epochs" in spec.space:  # ASHA ends every trial at max_t, recorded as complete: a drawn 30 ran 16
+        issues.append(SpecIssue("space.train.epochs", "under a scheduler the scheduler decides how many epochs each trial runs "
+                                "(up to scheduler.max_epochs, default the base job's train.epochs); a searched value past it "
+                                "would be cut there and reported as if trained in full. Search it with scheduler: none"))
     if spec.strategy == "grid" and spec.points_to_evaluate:
         issues.append(SpecIssue("points_to_evaluate", "a grid search runs every grid point exactly once; a point given first "
                                 "would run twice and push a grid point out. Leave points_to_evaluate out",

@@ -134,8 +134,9 @@ def _search_job(spec: SearchSpec, raw: dict, run_dir: str, resume: str | None, a
 
     job = JobSearch(raw, run_dir, _preprocess_variants(spec, raw, paths, address), paths, tr.workers, trial_root,
                     (spec.metric, spec.score_mode))
-    need = {k: v * tr.workers for k, v in per_worker.items()}
-    plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), own, _concurrency(spec.max_concurrent, need, trials_wanted(spec)), max_t=max_t)
+    bundles = [own] if tr.workers == 1 else [own, *[per_worker] * tr.workers]  # one worker: the trial is the worker
+    plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), own, _concurrency(spec.max_concurrent, bundles, trials_wanted(spec)),
+                 max_t=max_t)
     write_state(run_dir, kind="job", spec=spec.model_dump(mode="json"), base_raw=raw, storage=plan.storage, **preparing(resume),
                 trial_root=trial_root if is_remote(trial_root) else None,
                 study=spec.name, total=trials_wanted(spec), metric=spec.metric, mode=spec.score_mode)
@@ -221,7 +222,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
         _check_shape(1, cpus, 0, None)
         max_t = spec.scheduler.max_epochs if spec.scheduler else None
         plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus},
-                     _concurrency(max_concurrent, {"CPU": cpus}, trials_wanted(spec)), step_attr="training_iteration", max_t=max_t)
+                     _concurrency(max_concurrent, [{"CPU": cpus}], trials_wanted(spec)), step_attr="training_iteration", max_t=max_t)
         write_state(run_dir, kind="function", spec=spec.model_dump(mode="json"), storage=plan.storage, study=name, **preparing(resume),
                     total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
         study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
