@@ -375,7 +375,7 @@ def bench_ddp(args, pre, work: str) -> dict:
     ratio, diff = rate["rayload"] / rate["plain"], startup["rayload"] - startup["plain"]
     if runs["rayload"][0]["rows"] != runs["plain"][0]["rows"]:
         print(f"  note: rows per epoch differ: rayload {runs['rayload'][0]['rows']:,}, plain {runs['plain'][0]['rows']:,}")
-    print(f"DDP: ratio = {ratio:.2f} (target >= 0.95)  steady samples/s: rayload {rate['rayload']:,.0f}, plain torchrun "
+    print(f"DDP: ratio = {ratio:.3f} (target >= 0.95)  steady samples/s: rayload {rate['rayload']:,.0f}, plain torchrun "
           f"(sparse sync: {args.plain_sparse_sync}) {rate['plain']:,.0f}")
     print(f"DDP_STARTUP: difference = {diff:+.1f} s (target <= 5.0)  fixed cost: rayload {startup['rayload']:.1f}s, plain torchrun {startup['plain']:.1f}s")
     return {"ratio": ratio, "startup_diff": diff}
@@ -466,7 +466,7 @@ def bench_ingest(args, pre, work: str) -> dict:
     for name, xs in rates.items():
         print(f"  {name:6s}: samples/s {', '.join(f'{x:,.0f}' for x in xs)}")
     ratio = median(rates["stream"]) / median(rates["memory"])
-    print(f"INGEST: ratio = {ratio:.2f} (target >= 0.95)  samples/s: Ray Data stream {median(rates['stream']):,.0f}, "
+    print(f"INGEST: ratio = {ratio:.3f} (target >= 0.95)  samples/s: Ray Data stream {median(rates['stream']):,.0f}, "
           f"in-memory batches {median(rates['memory']):,.0f}")
     return {"ratio": ratio}
 
@@ -521,7 +521,7 @@ def bench_accumulation(args, pre) -> dict:
             torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=0)
     except AssertionError:
         ok = False
-    print(f"ACCUMULATION: ratio = {ratio:.2f} (target >= 0.9)  samples/s: {k} x {micro} accumulated "
+    print(f"ACCUMULATION: ratio = {ratio:.3f} (target >= 0.9)  samples/s: {k} x {micro} accumulated "
           f"{median(rates['accumulated']):,.0f}, 1 x {big} {median(rates['big']):,.0f}")
     print(f"ACCUMULATION_EQUIVALENCE: max abs diff = {max(diffs):.2e} over {len(diffs)} parameter tensors after one step "
           f"(assert_close atol=1e-5 rtol=0: {'PASS' if ok else 'FAIL'}; initial diff {initial:.1e}, largest update {moved:.1e}, lr {a.spec.train.lr})")
