@@ -26,6 +26,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH="$SITE:$PWD/platform" PYTHONUNBUFFERED=1 RAYLOAD_HOME=/tmp/rayload-home
 nvidia-smi -L
 python3 -c "import torch, ray, pydantic; print('torch', torch.__version__, 'ray', ray.__version__, torch.cuda.get_device_name())" || exit 1
+# Modules the bundle does not carry because the machine image had them on 2026-11-24 (the CLI's
+# typer and rich, the data plane's pyarrow and pandas, the tests' psutil and pytest): a new image
+# may not. Say which are missing, so they join the bundle's pip download line, before any check runs.
+python3 - <<'PY' || exit 1
+import importlib.util, sys
+missing = [m for m in ("typer", "rich", "yaml", "pyarrow", "pandas", "numpy", "psutil", "pytest") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"this machine lacks {missing}: add them to the bundle (pip download line above; versions: constraints.txt)")
+PY
 
 echo "== gpu-marked tests"
 python3 -m pytest -q -p no:cacheprovider tests/integration/test_gpu.py 2>&1 | tee "$OUT_DIR/gpu_tests.log" | tail -25
