@@ -86,7 +86,7 @@ def test_the_gate_refuses_an_over_pruned_model_and_writes_nothing(champion):
 def test_pruning_with_fine_tune_keeps_the_cut_weights_at_zero(champion):
     result = compress(champion["checkpoint"], "prune", amount=0.4, finetune_epochs=1, max_auc_drop=0.05)
     assert result.settings["sparsity"] >= 0.39
-    from rayload.compression import sparsity
+    from rayload.pruning import sparsity
 
     assert sparsity(ckpt.load(result.checkpoint).model) == pytest.approx(result.settings["sparsity"])
 

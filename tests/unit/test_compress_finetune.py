@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from rayload.compression import _finetune
+from rayload.pruning import finetune as _finetune
 from rayload.data.result import LocalShards
 from rayload.models import build_model
 from rayload.models._inputs import InputShape

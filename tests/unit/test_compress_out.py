@@ -88,7 +88,7 @@ def test_structured_pruning_removes_whole_neurons_bias_included_through_fine_tun
     import torch
     from torch import nn
 
-    from rayload.compression import _prune, _unmask
+    from rayload.pruning import prune as _prune, unmask as _unmask
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 1))

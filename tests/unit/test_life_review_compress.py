@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from rayload.compression import _beside, _prune, _unmask, compress, default_suffix
+from rayload.compression import _beside, compress, default_suffix
+from rayload.pruning import prune as _prune, unmask as _unmask
 from rayload.errors import RayloadError
 from rayload.models import build_model
 from test_quantized import SHAPE, inputs, model

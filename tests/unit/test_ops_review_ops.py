@@ -14,18 +14,8 @@ from typer.testing import CliRunner
 
 from rayload import ops
 from rayload.errors import RayloadError, SpecError
+from test_ops import JOB  # a job spec that loads; its data is never read
 
-JOB = """name: x
-data:
-  source: {kind: csv, path: /no/such/data/*.csv}
-  columns:
-    - {name: user, role: categorical}
-    - {name: price, role: numeric}
-  label: {column: clicked, task: binary}
-features:
-  numeric: {price: {}}
-  categorical: {user: {}}
-"""
 
 
 @pytest.fixture

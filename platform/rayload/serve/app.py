@@ -11,11 +11,8 @@ Serving mode (see benchmarks/bench_serve.py): `combined` keeps every arm's model
 router replica and batches there (no extra hop: the A/B path then costs what one deployment
 costs); `separate` puts each arm in its own deployment for models too large to share a replica.
 
-Shadow mode: the champion answers every request, and the challengers score it after the
-champion's own call returned, in the background: the answer, and the champion's logged latency,
-never wait for a challenger. Their scores (or a failure, status error) go to `ab_shadow` when
-they come; at most `max_ongoing_requests` requests' shadows are in flight per replica, and
-beyond that a request's shadows are skipped (counted), never queued without bound.
+Shadow mode (serve/shadow.py): the champion answers every request; the challengers score it in
+the background after the answer.
 """
 
 
@@ -38,6 +35,7 @@ from .batch_scoring import ModelDeployment, ModelError, Models, drift_flusher, m
 from .event_writer import is_row_error
 from .http_io import (AssignBody, FeedbackBody, PredictBody, RequestIds, _features_json, _loads, _ok, _problem,  # noqa: F401
                       _validation_detail)
+from .shadow import ShadowScoring
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="rayload A/B router")
@@ -72,7 +70,7 @@ def config_issues(config: dict, arms: list[str]) -> list[str]:
 
 @serve.deployment
 @serve.ingress(api)
-class ABRouter:
+class ABRouter(ShadowScoring):
     generation: str | None = None  # the experiment's generation its exposures carry (serve/control.py); None: before generations
 
     def __init__(self, args: dict, **handles):
@@ -82,9 +80,7 @@ class ABRouter:
         self.experiment, self.salt, self.order = args["experiment"], args["salt"], args["arms"]
         self.generation = args.get("generation")
         serving = args["serving"]
-        self.max_shadow_tasks = serving["max_ongoing_requests"]
-        self._shadow_tasks: set = set()  # in flight: held here, as the event loop keeps only weak references
-        self.shadow_counts: dict[str, dict[str, int]] = {}  # this replica's: arm -> ok / error / skipped
+        self._init_shadows(serving["max_ongoing_requests"])
         self.max_body, self.max_candidates = serving["max_body_bytes"], serving["max_candidates"]
         self.api_key_sha256 = args.get("api_key_sha256")  # the key itself is never written anywhere
         self.handles = handles  # separate mode: arm -> DeploymentHandle
@@ -297,50 +293,6 @@ class ABRouter:
         row = self._exposure_row(request_id, unit, arm, version, score, status, latency, time.time(), features, layout)
         # The answer waits for the commit: a 2xx means the event is committed (serve/event_writer.py).
         await self.writer.write(("exposure", row))
-
-    # ------------------------------------------------------------ shadow mode
-
-    def _start_shadows(self, champion: str, request_id: str, rows: list[dict]) -> None:
-        """The other arms score this request in the background, once the champion has answered."""
-        arms = [a for a in self.order if a != champion]
-        if len(self._shadow_tasks) >= self.max_shadow_tasks:  # shadows slower than traffic: drop, never queue without bound
-            for arm in arms:
-                self._count_shadow(arm, "skipped", None)
-            return
-        task = asyncio.ensure_future(self._score_shadows(arms, request_id, rows))
-        self._shadow_tasks.add(task)
-        task.add_done_callback(self._shadow_tasks.discard)
-
-    async def _score_shadows(self, arms: list[str], request_id: str, rows: list[dict]) -> None:
-        results = await asyncio.gather(*(self._timed_score(arm, rows) for arm in arms))
-        now, events = time.time(), []
-        for arm, (result, latency) in zip(arms, results):
-            if isinstance(result, BaseException):
-                self._count_shadow(arm, "error", result)
-                row = {"model_version": "error", "score": None, "status": "error"}
-            else:
-                self._count_shadow(arm, "ok", None)
-                row = {"model_version": result[1], "score": max(result[0]), "status": "ok"}
-            events.append(("shadow", {"request_id": request_id, "arm": arm, "latency_ms": latency, "ts": now, **row}))
-        try:
-            await self.writer.write(*events)
-        except Exception:
-            log.warning("the shadow scores of request %s could not be recorded", request_id, exc_info=True)
-
-    async def _timed_score(self, arm: str, rows: list[dict]) -> tuple:
-        start = time.perf_counter()
-        result = await self._score_or_error(arm, rows)
-        return result, (time.perf_counter() - start) * 1000
-
-    def _count_shadow(self, arm: str, outcome: str, error: BaseException | None) -> None:
-        """Count a shadow's outcome; a failure or a skip is logged as a warning at the 1st, 2nd,
-        4th, 8th, ... of its kind per arm (a challenger failing every request does not flood the log)."""
-        counts = self.shadow_counts.setdefault(arm, {"ok": 0, "error": 0, "skipped": 0})
-        counts[outcome] += 1
-        n = counts[outcome]
-        if outcome != "ok" and n & (n - 1) == 0:
-            what = f"failed: {error!r}" if outcome == "error" else f"skipped: {len(self._shadow_tasks)} requests' shadows in flight"
-            log.warning("shadow arm %s %s (%d so far in this replica; the champion's answers are unaffected)", arm, what, n)
 
     @api.post("/feedback")
     async def feedback(self, request: Request):
