@@ -206,6 +206,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     """SPEC's model and training settings on the event rows, warm-started from the champion."""
     from .features import FittedFeatures
     from .spec import JobSpec
+    from .train.identity import read_manifest
 
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in _input_columns(features)]
@@ -218,6 +219,11 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     raw["rebalance"] = {"method": "none"}
     raw["train"] = {**raw["train"], "init_from": warm_start(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
+    # The champion's fitted features transform the event rows whatever SPEC's features: section
+    # says; the run records the section the champion was trained with (none when unknown), so a
+    # later retrain from this model compares with what was really applied.
+    trained = ((read_manifest(champion) or {}).get("spec") or {}).get("features")
+    raw["features"] = trained if trained is not None else {}
     return JobSpec.model_validate(raw)
 
 

@@ -151,3 +151,56 @@ def test_the_gate_of_a_model_fine_tuned_from_a_checkpoint_since_removed_reads_it
     source = SimpleNamespace(manifest={"spec": tuned.model_dump(mode="json")}, features=pre.features)
     spec, gate = compression._validation_data(str(model), source, None, None)
     assert gate.features == pre.features and gate.files.get("val")
+
+
+def _with_manifest(folder: str, path: str) -> None:
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump({"spec": _champion_spec(path).model_dump(mode="json")}, f)
+
+
+def _transfer_with_features(path: str, folder: str, features: dict) -> JobSpec:
+    spec = _transfer(path, folder, [("rid", "id"), ("x", "numeric"), ("c", "categorical"), ("ts", "timestamp")])
+    return spec.model_copy(update={"features": JobSpec.model_validate({**spec.model_dump(), "features": features}).features})
+
+
+def test_a_features_section_the_checkpoints_features_would_override_is_refused_naming_the_fields(champion, tmp_path):
+    """The job's own features: section was ignored without a word under train.init_from (the
+    checkpoint's fitted transforms apply): a user's new log transform was never applied."""
+    folder, path = champion
+    _with_manifest(folder, path)
+    features = {**_champion_spec(path).model_dump(mode="json")["features"], "numeric": {"x": {"log": True}}}
+    with pytest.raises(DataError, match=r"features\.numeric\.x\.log.*Remove the features: section") as err:
+        pipeline.preprocess(_transfer_with_features(path, folder, features), out=str(tmp_path / "pre"), engine="local")
+    assert "features.categorical" not in str(err.value)  # only what differs is named
+    assert not (tmp_path / "pre").exists()
+
+
+def test_a_features_section_equal_to_the_checkpoints_or_none_is_accepted(champion, tmp_path):
+    folder, path = champion
+    _with_manifest(folder, path)
+    same = _transfer_with_features(path, folder, _champion_spec(path).model_dump(mode="json")["features"])
+    assert pipeline.preprocess(same, out=str(tmp_path / "same"), engine="local").counts["good"] == N
+    none = _transfer_with_features(path, folder, {})
+    assert pipeline.preprocess(none, out=str(tmp_path / "none"), engine="local").counts["good"] == N
+
+
+def test_a_features_section_with_a_checkpoint_that_records_no_spec_is_refused(champion, tmp_path):
+    folder, path = champion  # no manifest.json
+    spec = _transfer_with_features(path, folder, {"numeric": {"x": {"log": True}}})
+    with pytest.raises(DataError, match="manifest.json holds no job spec"):
+        pipeline.preprocess(spec, out=str(tmp_path / "pre"), engine="local")
+
+
+def test_a_retrain_records_the_features_section_its_champion_was_trained_with(champion, tmp_path):
+    """SPEC's features: section does not transform retrain rows (the champion's features do):
+    the retrain job carries the champion's section, so it and later retrains from it pass the check."""
+    folder, path = champion
+    spec = job(str(tmp_path / "unused.parquet"))
+    spec = spec.model_copy(update={"features": JobSpec.model_validate(
+        {**spec.model_dump(), "features": {"numeric": {"x": {"log": True}}}}).features})
+    assert job_for(spec, folder, _events(tmp_path), "y", "r1").features == JobSpec.model_validate(
+        {**spec.model_dump(), "features": {}}).features  # no manifest: none recorded
+    _with_manifest(folder, path)
+    retrain_job = job_for(spec, folder, _events(tmp_path), "y", "r2")
+    assert retrain_job.features == _champion_spec(path).features
+    assert pipeline.preprocess(retrain_job, out=str(tmp_path / "pre"), engine="local").counts["good"] == 600

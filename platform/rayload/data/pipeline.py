@@ -33,6 +33,7 @@ from ..paths import cache_lock, cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from .checks import check_files
+from .fixed import check_fixed_columns, check_fixed_spec, fixed_features
 from .sources import Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
@@ -51,6 +52,7 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     fixed = fixed_features(spec)
     if fixed is not None:  # before any input is fetched or read
         check_fixed_columns(spec.data.resolved_columns(), fixed, f"train.init_from={spec.train.init_from!r}")
+        check_fixed_spec(spec.features, spec.train.init_from)
     inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs, fixed)  # job_cache_key(spec), with the inputs and features kept for the run
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
@@ -237,47 +239,6 @@ def job_cache_key(spec) -> str:
     spec's data sections, its inputs' identity (paths, sizes, mtimes) and, for a job that starts
     from a checkpoint, that checkpoint's features."""
     return cache_key(spec, resolve_inputs(spec.data, cache_root()), fixed_features(spec))
-
-
-def fixed_features(spec) -> FittedFeatures | None:
-    """A job that starts from a checkpoint (train.init_from) transforms its data with that
-    checkpoint's fitted features instead of fitting new ones: an ID, a bucket, a scale must
-    mean what the copied weights learned. Only the label (rate, class weights) comes from this data."""
-    init = getattr(getattr(spec, "train", None), "init_from", None)
-    if not init:
-        return None
-    from ..paths import localize
-
-    try:  # a URI (shared storage) is fetched into the local cache first
-        path = os.path.join(localize(init), "features.json")
-    except (OSError, ValueError) as exc:
-        raise DataError(f"train.init_from={init!r} cannot be read: {exc}") from exc
-    if not os.path.exists(path):
-        raise DataError(f"train.init_from={init!r} is not a checkpoint: {path} does not exist")
-    return FittedFeatures.load(path)
-
-
-FEATURE_ROLES = ("numeric", "categorical", "multi_categorical")
-
-
-def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:
-    """The job's declared columns against the ones the fixed features were fitted on: every
-    feature column (and every column a derived feature is computed from) by name and role, and
-    no feature column the checkpoint has no transform for (it would be dropped without a word).
-    Label, id and timestamp columns may differ: only the label comes from this data."""
-    roles = {c.name: c.role for c in declared}
-    needed = {c["name"]: c["role"] for c in fixed.columns if c["role"] in FEATURE_ROLES or c["name"] in fixed.derived_sources}
-    missing = [n for n in needed if n not in roles]
-    retyped = [f"{n} ({needed[n]} in the checkpoint, {roles[n]} here)" for n in needed if n in roles and roles[n] != needed[n]]
-    extra = [n for n, role in roles.items() if role in FEATURE_ROLES and n not in needed]
-    if not (missing or retyped or extra):
-        return
-    found = "; ".join(f"{what}: {', '.join(names)}" for what, names in (
-        ("missing", missing), ("declared with another role", retyped), ("not in the checkpoint", extra)) if names)
-    expected = ", ".join(f"{n}: {r}" for n, r in needed.items())
-    raise DataError(f"{where} transforms the data with the checkpoint's fitted features, which were fitted on other columns than "
-                    f"data.columns declares ({found}). Declare the checkpoint's columns ({expected}; plus this data's label), or "
-                    "drop train.init_from to fit new features on these columns")
 
 
 def _counts(parts: list[dict], inputs: Inputs) -> dict:

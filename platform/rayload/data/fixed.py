@@ -1,0 +1,83 @@
+"""Features fixed by a checkpoint: a job that starts from one (`train.init_from`) transforms its
+data with the checkpoint's fitted features instead of fitting new ones, and what it declares
+(columns, a `features:` section) is checked against them before any input is read."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import DataError
+from ..features import FittedFeatures
+
+
+def fixed_features(spec) -> FittedFeatures | None:
+    """A job that starts from a checkpoint (train.init_from) transforms its data with that
+    checkpoint's fitted features instead of fitting new ones: an ID, a bucket, a scale must
+    mean what the copied weights learned. Only the label (rate, class weights) comes from this data."""
+    init = getattr(getattr(spec, "train", None), "init_from", None)
+    if not init:
+        return None
+    from ..paths import localize
+
+    try:  # a URI (shared storage) is fetched into the local cache first
+        path = os.path.join(localize(init), "features.json")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"train.init_from={init!r} cannot be read: {exc}") from exc
+    if not os.path.exists(path):
+        raise DataError(f"train.init_from={init!r} is not a checkpoint: {path} does not exist")
+    return FittedFeatures.load(path)
+
+
+FEATURE_ROLES = ("numeric", "categorical", "multi_categorical")
+
+
+def check_fixed_spec(features, init: str) -> None:
+    """A job that starts from a checkpoint transforms its data with the checkpoint's fitted
+    features, so its own `features:` section is not applied. Left out (the default), or equal
+    to the section the checkpoint was trained with, it says nothing new; any other section would
+    be ignored without a word (a user's new log transform or bucket count never applied), so it
+    is refused with the fields that differ."""
+    from ..spec import FeatureSpec
+    from ..train.identity import _flat, read_manifest
+
+    given = features.model_dump(mode="json")
+    if given == FeatureSpec().model_dump(mode="json"):
+        return
+    manifest = read_manifest(init) or {}
+    trained = (manifest.get("spec") or {}).get("features")
+    if trained is not None:
+        try:
+            trained = FeatureSpec.model_validate(trained).model_dump(mode="json")  # today's defaults filled in
+        except ValueError:
+            pass
+        if trained == given:
+            return
+        before, after = _flat(trained), _flat(given)
+        differ = [p for p in sorted(set(before) | set(after)) if before.get(p) != after.get(p)]
+        shown = ", ".join(f"features.{p}" for p in differ[:8]) + (f" (and {len(differ) - 8} more)" if len(differ) > 8 else "")
+        why = f"differs from the section the checkpoint was trained with at {shown}"
+    else:
+        why = "cannot be compared with the checkpoint's: its manifest.json holds no job spec"
+    raise DataError(f"train.init_from={init!r} transforms the data with the checkpoint's fitted features, so this job's "
+                    f"features: section is not applied; it {why}. Remove the features: section (the checkpoint's "
+                    "transforms apply), or drop train.init_from to fit these features")
+
+
+def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:
+    """The job's declared columns against the ones the fixed features were fitted on: every
+    feature column (and every column a derived feature is computed from) by name and role, and
+    no feature column the checkpoint has no transform for (it would be dropped without a word).
+    Label, id and timestamp columns may differ: only the label comes from this data."""
+    roles = {c.name: c.role for c in declared}
+    needed = {c["name"]: c["role"] for c in fixed.columns if c["role"] in FEATURE_ROLES or c["name"] in fixed.derived_sources}
+    missing = [n for n in needed if n not in roles]
+    retyped = [f"{n} ({needed[n]} in the checkpoint, {roles[n]} here)" for n in needed if n in roles and roles[n] != needed[n]]
+    extra = [n for n, role in roles.items() if role in FEATURE_ROLES and n not in needed]
+    if not (missing or retyped or extra):
+        return
+    found = "; ".join(f"{what}: {', '.join(names)}" for what, names in (
+        ("missing", missing), ("declared with another role", retyped), ("not in the checkpoint", extra)) if names)
+    expected = ", ".join(f"{n}: {r}" for n, r in needed.items())
+    raise DataError(f"{where} transforms the data with the checkpoint's fitted features, which were fitted on other columns than "
+                    f"data.columns declares ({found}). Declare the checkpoint's columns ({expected}; plus this data's label), or "
+                    "drop train.init_from to fit new features on these columns")
