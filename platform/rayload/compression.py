@@ -75,6 +75,7 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     them to that spec instead."""
     from .evaluate import auc
     from .train import checkpoint as ckpt
+    from .train.loop import class_weight_pair
 
     _check_args(method, amount, finetune_epochs, max_auc_drop)
     if spec is not None and overrides:
@@ -109,7 +110,8 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     else:
         model, info = pruning.prune(copy.deepcopy(source.model), amount, structured)
         if finetune_epochs:
-            pruning.finetune(model, pre.batches("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size, job.train.weight_decay)
+            pruning.finetune(model, pre.batches("train"), layout, finetune_epochs, job.train.lr, job.train.batch_size,
+                             job.train.weight_decay, class_weight_pair(source.features), job.train.grad_clip)
             info["finetune_epochs"] = finetune_epochs
         pruning.unmask(model)
         info["sparsity"] = pruning.sparsity(model)

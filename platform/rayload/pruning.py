@@ -81,12 +81,15 @@ def sparsity(model: nn.Module) -> float:
     return float(sum(int((w == 0).sum()) for w in weights) / max(sum(w.numel() for w in weights), 1))
 
 
-def finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int, weight_decay: float) -> None:
+def finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_size: int, weight_decay: float,
+             class_weights: tuple[float, float] | None = None, grad_clip: float | None = None) -> None:
     """A short fine-tune of the dense layers with the pruning masks applied (cut weights stay 0),
-    at the job's learning rate and weight decay; the embedding tables stay fixed. Batches of
+    at the job's learning rate, weight decay, gradient clipping and the class weights the model
+    was trained with (the training loop's loss); the embedding tables stay fixed. Batches of
     batch_size rows across shard files, as the trainer reads them; a one-row batch (the split's
     tail) is skipped for a batch-norm model, which cannot normalise a single row in training."""
     from .train.batch import collate
+    from .train.loop import binary_loss
 
     for m in model.modules():
         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
@@ -99,9 +102,11 @@ def finetune(model: nn.Module, dataset, layout, epochs: int, lr: float, batch_si
             if norms and table.num_rows < 2:
                 continue
             batch = collate(table, layout)
-            loss = nn.functional.binary_cross_entropy_with_logits(model(*batch.inputs()).float(), batch.label)
+            loss = binary_loss(model(*batch.inputs()).float(), batch.label, class_weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if grad_clip:
+                nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], grad_clip)
             opt.step()
     model.eval()
 

@@ -30,3 +30,42 @@ def test_the_fine_tune_batches_across_shards_and_skips_a_one_row_batch_only_for_
     _finetune(model, LocalShards(files), Layout(("x",), ("c",), ("b",)), 1, 0.01, 16, 0.0)
     assert sizes == [16, 16, 16, 16] + ([] if batch_norm else [1])
     assert not model.training
+
+
+def _tuned(tmp_path, **options):
+    files = [str(tmp_path / "train.parquet")]
+    pq.write_table(table(256, 3), files[0])
+    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0})
+    torch.manual_seed(0)
+    model = build_model(config.model_dump(), InputShape.from_features(features()))
+    _finetune(model, LocalShards(files), Layout(("x",), ("c",), ("b",)), 2, 0.01, 32, 0.0, **options)
+    return model, LocalShards(files)
+
+
+def _mean_score(model, shards) -> float:
+    from rayload.train.batch import collate
+
+    with torch.no_grad():
+        batch = collate(next(iter(shards.exact_batches(256))), Layout(("x",), ("c",), ("b",)))
+        return float(torch.sigmoid(model(*batch.inputs())).mean())
+
+
+def test_the_fine_tune_weights_the_loss_by_the_models_class_weights(tmp_path):
+    """The fine-tune's loss was unweighted whatever the model was trained with: a model trained
+    on rebalanced classes drifted back toward the raw rate while being pruned."""
+    plain, shards = _tuned(tmp_path)
+    ones, _ = _tuned(tmp_path, class_weights=(1.0, 1.0))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ones.state_dict().values()))
+    positives, _ = _tuned(tmp_path, class_weights=(0.05, 1.0))  # negatives barely count: scores rise
+    negatives, _ = _tuned(tmp_path, class_weights=(1.0, 0.05))
+    assert _mean_score(negatives, shards) < _mean_score(plain, shards) < _mean_score(positives, shards)
+
+
+def test_the_fine_tune_clips_gradients_at_the_jobs_grad_clip(tmp_path, monkeypatch):
+    norms = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: norms.append(max_norm) or clip(params, max_norm))
+    _tuned(tmp_path)
+    assert norms == []
+    _tuned(tmp_path, grad_clip=0.5)
+    assert norms == [0.5] * 16  # 2 epochs of 8 batches

@@ -33,6 +33,18 @@ log = logging.getLogger(__name__)
 LOWER_IS_BETTER = {"logloss", "rmse"}
 
 
+def class_weight_pair(features: FittedFeatures) -> tuple[float, float] | None:
+    """The rebalancing step's class weights (label 0, label 1), None without any."""
+    weights = features.label.class_weights or {}
+    return (float(weights.get("0.0", 1.0)), float(weights.get("1.0", 1.0))) if weights else None
+
+
+def binary_loss(out: torch.Tensor, label: torch.Tensor, class_weights: tuple[float, float] | None) -> torch.Tensor:
+    """Binary cross-entropy on logits, each row weighted by its class's weight when there are any."""
+    weight = None if class_weights is None else torch.where(label > 0.5, class_weights[1], class_weights[0])
+    return nn.functional.binary_cross_entropy_with_logits(out, label, weight=weight)
+
+
 def score_name(spec: JobSpec, task: str) -> str:
     """The validation metric that early-stops the run and ranks its checkpoints: the early
     stopping rule's, else the task's own."""
@@ -91,8 +103,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(session.device.type) if self.precision == "fp16" else None
         self.state = ckpt.TrainState()
         self.binary = features.label.task == "binary"
-        weights = features.label.class_weights or {}
-        self.class_weights = (float(weights.get("0.0", 1.0)), float(weights.get("1.0", 1.0))) if weights else None
+        self.class_weights = class_weight_pair(features)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -106,11 +117,7 @@ class Trainer:
         with self.autocast():
             out = self.model(*batch.inputs()).float()
         if self.binary:
-            weight = None
-            if self.class_weights is not None:
-                w0, w1 = self.class_weights
-                weight = torch.where(batch.label > 0.5, w1, w0)
-            loss = nn.functional.binary_cross_entropy_with_logits(out, batch.label, weight=weight)
+            loss = binary_loss(out, batch.label, self.class_weights)
         else:
             loss = nn.functional.mse_loss(out, batch.label)
         if self.spec.train.embedding_l2:
