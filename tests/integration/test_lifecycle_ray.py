@@ -15,6 +15,7 @@ import torch
 from rayload.ab_spec import ab_from_dict, load_ab_spec
 from rayload.compression import GateRefused, compress
 from rayload.data.builtin import _synth_params
+from rayload.errors import RayloadError
 from rayload.serve import control
 from rayload.serve.simulate import SyntheticWorld, simulate
 from rayload.spec import JobSpec
@@ -70,7 +71,7 @@ def test_int8_scores_stay_within_tolerance_of_fp32_and_the_checkpoint_is_smaller
     assert any(v.dtype == torch.int8 for v in weights.values())
     assert result.bytes_after < result.bytes_before  # a tiny model: per-tensor file overhead dominates (ratio: bench_compress.py)
     assert not os.path.exists(os.path.join(result.checkpoint, "train_state.pt"))
-    with pytest.raises(Exception, match="already compressed"):
+    with pytest.raises(RayloadError, match="already compressed"):
         compress(result.checkpoint, "int8")
 
 

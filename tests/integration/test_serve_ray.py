@@ -223,15 +223,15 @@ def test_overload_gets_503_quickly_instead_of_queueing(served):
     body = {"unit_id": "o", "features": features(served["rows"][0])}
 
     def call(_):
-        start = time.perf_counter()
         r = httpx.post(f"{URL}/overload/predict", json=body, timeout=60)
-        return r.status_code, time.perf_counter() - start
+        return r.status_code, time.perf_counter()
 
     with cf.ThreadPoolExecutor(24) as pool:
         results = list(pool.map(call, range(24)))
     codes = [c for c, _ in results]
     assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
-    assert max(t for c, t in results if c == 503) < 5.0
+    # Refused, not queued: every 503 is back while an admitted request (200 ms batch wait) is still on its way.
+    assert max(end for c, end in results if c == 503) < max(end for c, end in results if c == 200), results
 
 
 def test_separate_deployments_and_shadow_mode(served):

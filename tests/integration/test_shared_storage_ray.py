@@ -92,10 +92,12 @@ def test_a_run_relaunched_on_another_machine_resumes_from_the_bucket(bucket, sub
     second = fit(job(subset, workers=1, epochs=3, storage_path=storage, run_name="r", keep_checkpoints=1))
     assert [h["epoch"] for h in second.history] == [0, 1, 2] and second.test["auc"] > 0.55, second.test
     assert second.history[0] == first.history[0]  # epoch 0 was not trained again
-    assert rayload.load_checkpoint(second.checkpoint) is not None
     state = json.loads(localize_text(join_uri(storage, "r", "checkpoints.json")))
     # keep_checkpoints=1 on the bucket too: the best and the latest are left, and the index names them
     best = second.checkpoint.partition("?")[0].rsplit("/", 1)[-1]
+    loaded = rayload.load_checkpoint(second.checkpoint)  # fetched from the bucket: the best epoch's own files
+    assert best == f"epoch_{loaded.manifest['epoch']:04d}"
+    assert loaded.manifest["metrics"] == second.metrics == second.history[loaded.manifest["epoch"]]
     names = {e["name"] for e in state}
     assert best in names and "epoch_0002" in names and len(names) <= 2
     assert {k.split("/")[3] for k in keys(bucket, "roam/r") if k.count("/") > 3} == names

@@ -1,6 +1,7 @@
 """Ray Train on a local Ray: 2 gloo workers, recovery from worker failures, resumption, limits."""
 
 import os
+import statistics
 import time
 
 import pytest
@@ -65,12 +66,10 @@ def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_
 
 def test_worker_failing_every_attempt_names_rank_and_error(movielens_subset, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYLOAD_FAULT", "epoch=0,rank=1,always=1")
-    start = time.monotonic()
-    with pytest.raises(TrainingError) as info:
+    with pytest.raises(TrainingError) as info:  # max_failures 1: the first run and one retry, then the error
         fit(job(movielens_subset, train={"max_failures": 1, "storage_path": str(tmp_path)}))
     msg = str(info.value)
     assert "rank 1" in msg and "injected failure at epoch 0 on rank 1" in msg and "train.max_failures" in msg
-    assert time.monotonic() - start < 240
 
 
 def test_relaunch_with_same_run_name_resumes_and_new_name_starts_fresh(movielens_subset, tmp_path):
@@ -82,7 +81,8 @@ def test_relaunch_with_same_run_name_resumes_and_new_name_starts_fresh(movielens
     again = fit(job(movielens_subset, train={"epochs": 2, "run_name": "resume-me", "storage_path": str(tmp_path)}, resources=one),
                 evaluate_test=False)
     assert [h["epoch"] for h in again.history] == [0, 1] and again.history[-1]["restarts"] == 1
-    assert again.history[0]["val_auc"] == first.history[0]["val_auc"]
+    # The whole record, samples_per_s included: resumed from the checkpoint, not trained again.
+    assert again.history[0] == first.history[0]
     fresh = fit(job(movielens_subset, train={"epochs": 1, "run_name": "other", "storage_path": str(tmp_path)}, resources=one),
                 evaluate_test=False)
     assert fresh.history[-1]["restarts"] == 0 and fresh.run_dir != again.run_dir
@@ -165,11 +165,12 @@ def test_a_relaunch_under_a_runs_name_with_another_spec_or_other_data_is_refused
     assert launch(copy).checkpoint == first.checkpoint
 
 
-def test_more_workers_than_the_cluster_has_fails_fast(movielens_subset, tmp_path):
-    start = time.monotonic()
+def test_more_workers_than_the_cluster_has_is_refused_before_preprocessing(movielens_subset, tmp_path, monkeypatch):
+    from rayload.train import trainer
+
+    monkeypatch.setattr(trainer, "preprocess", lambda *a, **k: pytest.fail("preprocessed before the resource check"))
     with pytest.raises(RayloadError, match=r"3 worker\(s\) with CPU=1 each, but the cluster has CPU=2"):
         fit(job(movielens_subset, resources={"workers": 3}, train={"storage_path": str(tmp_path)}))
-    assert time.monotonic() - start < 60
 
 
 def test_a_one_worker_gpu_job_the_machine_cannot_hold_is_refused_in_process_too(movielens_subset, tmp_path):
@@ -218,7 +219,9 @@ def test_kfold_reports_mean_and_std_over_folds(movielens_subset, tmp_path):
     result = kfold(spec, 2)
     assert len(result.folds) == 2
     aucs = [f.metrics["val_auc"] for f in result.folds]
-    assert result.mean["val_auc"] == pytest.approx(sum(aucs) / 2) and result.std["val_auc"] >= 0
+    # kfold's std is the sample standard deviation (ddof=1): for two folds, |a - b| / sqrt(2)
+    assert result.mean["val_auc"] == pytest.approx(statistics.mean(aucs))
+    assert result.std["val_auc"] == pytest.approx(statistics.stdev(aucs))
     # the best checkpoint of each fold on the test rows held out from every fold
     tests = [f.test["auc"] for f in result.folds]
     assert result.mean["test_auc"] == pytest.approx(sum(tests) / 2) and result.folds[0].test["rows"] == result.folds[1].test["rows"] > 0
