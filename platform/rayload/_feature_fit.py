@@ -15,6 +15,8 @@ bounds are only known after the pass; every other scale statistic is exact.
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import target_stats
-from ._moments import _constant_moments, _merge_moments, _moments, _negligible, _std, _weighted_moments, weighted_quantile
+from ._moments import (_constant_moments, _merge_moments, _moments, _negligible, _std, _weighted_moments, quantile_edges,
+                       weighted_quantile)
 from .data.validate import RAW_LABEL
 from .derived import derive
 from .hashing import as_array
@@ -38,6 +41,8 @@ from .features import (
     transform_numeric,
 )
 from .spec import CategoricalFeature, NumericFeature
+
+log = logging.getLogger(__name__)
 
 SKETCH = 2048
 _DECILES = np.linspace(0.0, 1.0, 11)
@@ -222,8 +227,13 @@ def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:
         moments = _merge_moments(_weighted_moments(gs, weights), _constant_moments(nulls, gv))
     g_ends = _g(np.array([acc["min"], acc["max"]]), cfg, low, high) if n else np.array([gv, gv])
     state = NumericState(name, impute, low, high, cfg.log, cfg.scale)
+    # Exact (min and max are), whatever the block layout: every training output is one value.
+    state.constant = bool(g_ends[0] == g_ends[1] and (nulls == 0 or gv == g_ends[0]))
+    if state.constant:
+        _warn_constant(name, n, nulls, gv)
     if cfg.buckets is not None:
-        state.boundaries = _boundaries(cfg, sketch, weights, low, high)
+        held = np.concatenate([_g(sketch, cfg, low, high), g_ends, [gv] if nulls else []])
+        state.boundaries = [] if state.constant else _boundaries(name, cfg, sketch, weights, low, high, held)
     elif cfg.scale == "zscore":
         std = _std(moments)
         state.offset, state.divisor = moments[1], std if not _negligible(std, moments[1]) else 1.0
@@ -274,8 +284,8 @@ def _histogram(sketch: np.ndarray, weights: np.ndarray, quantiles: list[float]) 
 def _impute_value(cfg: NumericFeature, acc: dict, sketch, weights) -> float:
     if cfg.impute == "constant" or acc["n"] == 0:
         return float(cfg.fill_value)
-    if cfg.impute == "mean":
-        return float(acc["raw"][1])
+    if cfg.impute == "mean":  # within [min, max], as a mean is: rounding put a constant 0.1's at 0.10000000000000002
+        return float(np.clip(acc["raw"][1], acc["min"], acc["max"]))
     if cfg.impute == "median":
         return float(weighted_quantile(sketch, weights, 0.5))
     values = np.concatenate([v for v, _ in acc["mode"]])
@@ -296,14 +306,21 @@ def _clip_bounds(cfg: NumericFeature, sketch, weights):
     return float(low), float(high)
 
 
-def _boundaries(cfg: NumericFeature, sketch, weights, low, high) -> list[float]:
+def _boundaries(name: str, cfg: NumericFeature, sketch, weights, low, high, held) -> list[float]:
     if cfg.buckets.boundaries is not None:
         return [float(b) for b in cfg.buckets.boundaries]
     if len(sketch) == 0:
         return []
-    qs = np.arange(1, cfg.buckets.quantiles) / cfg.buckets.quantiles
-    edges = weighted_quantile(_g(sketch, cfg, low, high), weights, qs)
-    return [float(e) for e in np.unique(edges)]
+    edges, atoms = quantile_edges(_g(sketch, cfg, low, high), weights, cfg.buckets.quantiles, held)
+    log.info("features.numeric.%s: %d quantile buckets asked, %d given (%d value(s) holding a bucket's share of the rows "
+             "or more get a bucket each)", name, cfg.buckets.quantiles, len(edges) + 1, atoms)
+    return edges
+
+
+def _warn_constant(name: str, n: int, nulls: int, value: float) -> None:
+    what = f"missing in all {nulls} training rows" if n == 0 else f"{value:.6g} in all {n + nulls} training rows (after imputation, clip and log)"
+    log.warning("features.numeric.%s: the column is %s: the model cannot learn from it, so every value, served ones too, "
+                "transforms to 0 (bucketised: one bucket). Check the data, or drop the column from data.columns", name, what)
 
 
 def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str, acc: dict, rows: int) -> CategoricalState:
@@ -325,6 +342,7 @@ def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str
             f"the training split has {len(keep)}; use encode: vocab or hash, set top_k, or raise max_onehot"
         )
     state.vocab = [str(v) for v in values[keep]]
+    _warn_float_text(name, state.vocab)
     total = float(freq.sum())
     stats.update({"distinct": int(len(values)), "vocab_size": len(state.vocab), "coverage": float(freq[keep].sum() / total) if total else 0.0})
     # The share of fresh values the training split never saw (Good-Turing: the share of values
@@ -336,3 +354,20 @@ def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str
     stats.update({"top_values": [str(v) for v in values[top]], "top_shares": [float(f / total) for f in freq[top]] if total else []})
     state.stats = stats
     return state
+
+
+# Text is the user's data and is kept verbatim: "12345.0" in a CSV is not the category "12345"
+# (a category "1.0" may well differ from "1"). But a vocabulary made mostly of whole-number
+# float text is what a float ID column (pandas' integers with a gap) written to CSV looks like,
+# and requests sending the IDs as JSON integers ("12345") would all be out of vocabulary.
+_FLOAT_TEXT = re.compile(r"-?\d+\.0+|-?\d(?:\.\d+)?[eE][+-]?\d+")
+
+
+def _warn_float_text(name: str, vocab: list[str]) -> None:
+    top = vocab[:1000]  # most frequent first
+    floats = [v for v in top if _FLOAT_TEXT.fullmatch(v)]
+    if floats and 2 * len(floats) > len(top):
+        log.warning("features.categorical.%s: %d of the %d most frequent values are whole-number float text (%r, ...); "
+                    "the text is kept as it is, so a request sending %r must send that text, not the integer. Write "
+                    "integer IDs as integers (pandas: df[col].astype('Int64') before to_csv)", name, len(floats), len(top),
+                    floats[0], floats[0])

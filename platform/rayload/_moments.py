@@ -6,41 +6,62 @@ from __future__ import annotations
 import numpy as np
 
 
-# Moments are (count, mean, M2 / 4**e, e), with max|x| < 2**e: the sum of squared deviations is
-# held in units of 2**e (a power of two, so scaling is exact and ordinary columns get the very
-# numbers unscaled arithmetic gives), and no finite column can overflow it (1e200 made std inf).
-def _moments(x: np.ndarray) -> tuple[float, float, float, int]:
-    if len(x) == 0:
-        return (0.0, 0.0, 0.0, 0)
+# Moments are (count, mean, M2 / 4**e, e, pivot, (mean - pivot) / 2**e), with max|x| < 2**e: the
+# sum of squared deviations is held in units of 2**e (a power of two, so scaling is exact), and
+# no finite column can overflow it (1e200 made std inf). The mean is carried as an offset from a
+# pivot (a block's first value): an offset from a value of the column is small and keeps every
+# digit, where the mean itself, rounded to its ulp at every merge, threw the spread of a large,
+# low-spread column off (std of sorted blocks of 1e15 + N(0, 1) 10% wrong). `mean` (index 1) is
+# pivot + offset, for readers.
+_EMPTY = (0.0, 0.0, 0.0, 0, 0.0, 0.0)
+
+
+def _moments(x: np.ndarray) -> tuple:
+    return _weighted_moments(x, None)
+
+
+def _weighted_moments(x: np.ndarray, w: np.ndarray | None) -> tuple:
+    total = float(len(x)) if w is None else float(w.sum())
+    if len(x) == 0 or total == 0:
+        return _EMPTY
     e = _exponent(x)
-    xs = np.ldexp(x, -e)
-    mean = float(xs.mean())
-    return (float(len(x)), float(np.ldexp(mean, e)), float(((xs - mean) ** 2).sum()), e)
+    pivot = float(x[0])
+    d = np.ldexp(x, -e) - np.ldexp(pivot, -e)  # in (-2, 2): no overflow
+    rel = float(d.mean() if w is None else (d * w).sum() / total)
+    m2 = float(((d - rel) ** 2).sum() if w is None else (w * (d - rel) ** 2).sum())
+    return (total, _mean(pivot, rel, e), m2, e, pivot, rel)
+
+
+def _mean(pivot: float, rel: float, e: int) -> float:
+    return float(np.ldexp(np.ldexp(pivot, -e) + rel, e))  # summed in units of 2**e: cannot overflow
 
 
 def _exponent(x: np.ndarray) -> int:
     return int(np.frexp(np.max(np.abs(x)))[1])
 
 
-def _constant_moments(n: float, value: float) -> tuple[float, float, float, int]:
-    return (float(n), float(value), 0.0, _exponent(np.array([value])))
+def _constant_moments(n: float, value: float) -> tuple:
+    return (float(n), float(value), 0.0, _exponent(np.array([value])), float(value), 0.0) if n else _EMPTY
 
 
 def _merge_moments(a, b):
-    """Chan et al.'s parallel merge of (count, mean, M2): stable where sum of squares is not."""
-    na, ma, m2a, ea = a
-    nb, mb, m2b, eb = b
-    if na == 0 or nb == 0:
-        return b if na == 0 else a
+    """Chan et al.'s parallel merge of (count, mean, M2): stable where sum of squares is not.
+    b's mean is moved to a's pivot first."""
+    if a[0] == 0 or b[0] == 0:
+        return b if a[0] == 0 else a
+    na, _, m2a, ea, pa, ra = a
+    nb, _, m2b, eb, pb, rb = b
     n, e = na + nb, max(ea, eb)
-    ma, mb = np.ldexp(ma, -e), np.ldexp(mb, -e)
-    delta = mb - ma
+    ra = np.ldexp(ra, ea - e)
+    rb = np.ldexp(rb, eb - e) + (np.ldexp(pb, -e) - np.ldexp(pa, -e))
+    delta = rb - ra
     m2 = np.ldexp(m2a, 2 * (ea - e)) + np.ldexp(m2b, 2 * (eb - e)) + delta * delta * na * nb / n
-    return (n, float(np.ldexp(ma + delta * nb / n, e)), float(m2), e)
+    rel = float(ra + delta * nb / n)
+    return (n, _mean(pa, rel, e), float(m2), e, pa, rel)
 
 
 def _std(moments) -> float:
-    n, _, m2, e = moments
+    n, m2, e = moments[0], moments[2], moments[3]
     return float(np.ldexp(np.sqrt(max(m2 / max(n, 1.0), 0.0)), e))
 
 
@@ -52,12 +73,11 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray:
     return v[np.minimum(idx, len(v) - 1)]
 
 
-# A constant column's computed std is not 0 but rounding noise: the mean of n copies of c is
-# off by up to about (16 + log2 n) ulps of c (numpy's pairwise sum, then Chan's merges, which
-# stay within the blocks' means), about 1e-14 * |c|, and so is every deviation from it. Dividing
-# by that noise blew a constant's values up to +-1 (7e15 for a served value off by 0.1), different
-# for every block layout. A std below 1e-12 of the mean's magnitude (75x that bound; 12 bits of
-# the mantissa) is such noise: no real feature varies that little relative to its size.
+# A constant column (caught exactly by its min and max, `_feature_fit`) has std 0 here: every
+# offset from its pivot is 0. Before the pivot its computed std was rounding noise (the mean of
+# n copies of c is off by up to about (16 + log2 n) ulps of c), and dividing by it blew values
+# up to +-1. A std below 1e-12 of the mean's magnitude (12 bits of the mantissa) is still taken
+# for noise (values a few ulps apart, e.g. sums rounded differently upstream) and not divided by.
 _CONSTANT_RTOL = 1e-12
 
 
@@ -65,11 +85,52 @@ def _negligible(std: float, mean: float) -> bool:
     return std <= _CONSTANT_RTOL * abs(mean)
 
 
-def _weighted_moments(x: np.ndarray, w: np.ndarray):
-    total = float(w.sum())
-    if total == 0:
-        return (0.0, 0.0, 0.0, 0)
-    e = _exponent(x)
-    xs = np.ldexp(x, -e)
-    mean = float((xs * w).sum() / total)
-    return (total, float(np.ldexp(mean, e)), float((w * (xs - mean) ** 2).sum()), e)
+def quantile_edges(values: np.ndarray, weights: np.ndarray, buckets: int, held: np.ndarray) -> tuple[list[float], int]:
+    """Edges of about `buckets` equal-frequency buckets (`searchsorted(side="right")`) of a
+    weighted sample, none of them without training values, and how many values got a bucket
+    of their own.
+
+    A value holding a bucket's share of the rows or more (an atom: the zeros of a zero-inflated
+    column) gets a bucket of its own, [a, nextafter(a)), and the other buckets share the rest
+    of the rows equally: plain quantiles repeat the atom, and dropping the duplicates lost
+    buckets (10 asked, 5 given). `held` are the values training rows hold (the sketch's, the
+    exact min and max, the imputed value): an edge that would leave a bucket without one is
+    dropped, so the values below the training minimum share the lowest trained bucket rather
+    than an untrained one of their own. A sample without atoms gets its plain quantiles."""
+    u, inverse = np.unique(values, return_inverse=True)
+    mass = np.bincount(inverse, weights=weights, minlength=len(u))
+    atom = _atoms(mass, buckets)
+    # An atom inside the range splits one equal-frequency bucket in three; at an end, in two.
+    inner = atom.copy()
+    inner[[0, -1]] = False
+    k = buckets - int(atom.sum()) - int(inner.sum())
+    edges = [u[atom], np.nextafter(u[atom], np.inf)]
+    rest = ~np.isin(values, u[atom])
+    if k >= 2 and rest.any():
+        edges.append(weighted_quantile(values[rest], weights[rest], np.arange(1, k) / k))
+    return _trained(np.unique(np.concatenate(edges)), np.unique(held)), int(atom.sum())
+
+
+def _atoms(mass: np.ndarray, buckets: int) -> np.ndarray:
+    """The values holding a bucket's share or more of the mass the other values leave."""
+    atom = np.zeros(len(mass), dtype=bool)
+    while True:
+        k, rest = buckets - int(atom.sum()), float(mass[~atom].sum())
+        new = ~atom & (mass >= rest / max(k, 1) - 1e-9 * rest)  # weighted_quantile's tolerance
+        if k < 1 or rest <= 0 or not new.any():
+            return atom
+        atom |= new
+
+
+def _trained(edges: np.ndarray, held: np.ndarray) -> list[float]:
+    """The edges, less those that would leave a bucket without a held value."""
+    kept: list[float] = []
+    low = -np.inf
+    for e in edges:
+        i = np.searchsorted(held, low, side="left")
+        if i < len(held) and held[i] < e:  # some value in [low, e)
+            kept.append(float(e))
+            low = e
+    if kept and not (held >= kept[-1]).any():
+        kept.pop()
+    return kept

@@ -15,7 +15,7 @@ order of frequency. Hash encodings map every value, missing included, into [0, b
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from . import target_stats
 from ._memo import Memo
 from .derived import derive
+from .errors import DataError
 from .hashing import as_array, as_strings, combine, hash_strings, seed_key
 from .target_stats import TargetState
 
@@ -44,6 +45,10 @@ class NumericState:
     divisor: float = 1.0
     boundaries: list[float] | None = None  # bucketised: an ID column instead of a dense one
     stats: dict = field(default_factory=dict)  # count, null_rate, mean, std, min, max, quantiles
+    # Every training value was one value after imputation, clip and log (or every one missing):
+    # the model's weights on the column never saw it vary, so every value, served ones too,
+    # transforms to 0 (a bucketised column has one bucket). Absent from older files: False.
+    constant: bool = False
 
     @property
     def cardinality(self) -> int:
@@ -134,17 +139,30 @@ class FittedFeatures:
         return json.dumps(raw, indent=1, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "FittedFeatures":
-        raw = json.loads(text)
-        if raw.get("version") != FORMAT_VERSION:
-            raise ValueError(f"features.json version {raw.get('version')} is not supported (expected {FORMAT_VERSION})")
+    def from_json(cls, text: str, source: str = "features.json") -> "FittedFeatures":
+        """The artifact back; a file this version did not write (NaN or Infinity, which
+        `to_json` never writes, an unknown or a missing field, another version) is a DataError
+        naming `source`, the field and the supported version."""
+        def refuse(token: str):
+            raise DataError(f"{source}: {token} is not a number a features.json holds (version {FORMAT_VERSION} writes finite "
+                            "numbers only); the file was edited or written by another tool: fit the features again")
+
+        try:
+            raw = json.loads(text, parse_constant=refuse)
+        except ValueError as exc:
+            raise DataError(f"{source} is not JSON ({exc}); fit the features again") from exc
+        version = raw.get("version") if isinstance(raw, dict) else None
+        if version != FORMAT_VERSION:
+            raise DataError(f"{source}: features.json version {version} is not supported (this rayload reads version "
+                            f"{FORMAT_VERSION}); fit the features again with this version")
+        _check_fields(cls, raw, source, "", skip={"fitted_here"})
         return cls(
-            numeric=[NumericState(**n) for n in raw["numeric"]],
-            categorical=[CategoricalState(**c) for c in raw["categorical"]],
-            crosses=[CrossState(**x) for x in raw["crosses"]],
-            label=LabelState(**raw["label"]),
+            numeric=[_build(NumericState, n, source, f"numeric[{i}]") for i, n in enumerate(raw["numeric"])],
+            categorical=[_build(CategoricalState, c, source, f"categorical[{i}]") for i, c in enumerate(raw["categorical"])],
+            crosses=[_build(CrossState, x, source, f"crosses[{i}]") for i, x in enumerate(raw["crosses"])],
+            label=_build(LabelState, raw["label"], source, "label"),
             columns=raw["columns"],
-            target=[TargetState(**t) for t in raw.get("target", [])],
+            target=[_build(TargetState, t, source, f"target[{i}]") for i, t in enumerate(raw.get("target", []))],
             derived=raw.get("derived", {}),
         )
 
@@ -155,7 +173,7 @@ class FittedFeatures:
     @classmethod
     def load(cls, path: str) -> "FittedFeatures":
         with open(path) as f:
-            return cls.from_json(f.read())
+            return cls.from_json(f.read(), source=path)
 
     # ------------------------------------------------------------ transforms
 
@@ -193,6 +211,26 @@ class FittedFeatures:
         return {d["source"] for d in self.derived.values()}
 
 
+def _check_fields(kind, raw, source: str, where: str, skip=frozenset()) -> None:
+    """Unknown and missing fields of one features.json object, as a DataError."""
+    at = f" {where}" if where else ""
+    if not isinstance(raw, dict):
+        raise DataError(f"{source}:{at or ' the top level'} must be a JSON object, got {type(raw).__name__} "
+                        f"(features.json version {FORMAT_VERSION})")
+    known = [f for f in fields(kind) if f.init and f.name not in skip]
+    unknown = sorted(set(raw) - {f.name for f in known})
+    missing = [f.name for f in known if f.default is MISSING and f.default_factory is MISSING and f.name not in raw]
+    if unknown or missing:
+        parts = ([f"unknown field(s) {unknown}"] if unknown else []) + ([f"missing field(s) {missing}"] if missing else [])
+        raise DataError(f"{source}:{at} has {' and '.join(parts)}, which features.json version {FORMAT_VERSION} does not "
+                        "write; the file was edited or written by another rayload: fit the features again")
+
+
+def _build(kind, raw, source: str, where: str):
+    _check_fields(kind, raw, source, where)
+    return kind(**raw)
+
+
 def clip_log(x: np.ndarray, low: float | None, high: float | None, log: bool) -> np.ndarray:
     """The value transform before scaling or bucketing: clip, then the optional log.
 
@@ -214,6 +252,8 @@ def signed_log1p(x: np.ndarray) -> np.ndarray:
 
 
 def transform_numeric(state: NumericState, column) -> dict[str, pa.Array]:
+    if state.constant:
+        return {state.name: pa.array(np.zeros(len(column), np.int64 if state.boundaries is not None else np.float32))}
     x = _numeric_values(state, column)
     if state.boundaries is not None:
         return {state.name: pa.array(np.searchsorted(state.boundaries, x, side="right").astype(np.int64))}
@@ -240,10 +280,10 @@ def _vocab_lookup(state: CategoricalState) -> tuple[dict[str, int], pa.Array]:
 
 def encode_ids(state: CategoricalState, values: pa.Array) -> np.ndarray:
     """Strings (with nulls) to int64 IDs by vocabulary or stable hash."""
+    values = as_strings(values)  # a raw (unvalidated) table's integer IDs: their text, as validation gives it
     if state.encode == "hash":
         return (hash_strings(values, _HASH_KEY) % np.uint64(state.buckets)).astype(np.int64)
     index, value_set = _vocab_lookup(state)
-    values = as_strings(values)
     if len(values) <= SMALL_LOOKUP:
         return np.fromiter((MISSING_ID if v is None else index.get(v, OOV_ID) for v in values.to_pylist()),
                            dtype=np.int64, count=len(values))
@@ -296,7 +336,7 @@ def _bags(state: CategoricalState, values: pa.Array) -> pa.Array:
 
 
 def transform_cross(state: CrossState, columns) -> pa.Array:
-    hashes = [hash_strings(as_array(c), _HASH_KEY) for c in columns]
+    hashes = [hash_strings(as_strings(c), _HASH_KEY) for c in columns]
     h = hashes[0]
     for other in hashes[1:]:
         h = combine(h, other)

@@ -43,11 +43,22 @@ def as_strings(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 def value_text(arr: pa.Array) -> pa.Array:
     """Numbers and booleans as the text a categorical value is known by (3.0 -> "3", True ->
     "true"); a floating NaN is missing (null), as a numeric column reads it, never the text "nan":
-    NaN is how a float column (pandas', numpy's) holds a gap, an integer ID column's with gaps too."""
+    NaN is how a float column (pandas', numpy's) holds a gap, an integer ID column's with gaps too.
+
+    A whole-number float below 2**63 is spelled as the integer it holds (12345678901.0 ->
+    "12345678901", 1e10 -> "10000000000", -0.0 -> "0"): an integer ID column with a gap is
+    float64, and Arrow's own spelling from 1e10 up ("1.2345678901e+10") is not the text the
+    same ID has in a JSON request. Other floats keep Arrow's shortest round-trip text."""
+    if not pa.types.is_floating(arr.type):
+        return pc.cast(arr, pa.string())
     text = pc.cast(arr, pa.string())
-    if pa.types.is_floating(arr.type):
-        text = pc.if_else(pc.is_nan(arr), pa.scalar(None, pa.string()), text)
-    return text
+    x = arr.cast(pa.float64())  # exact from float32 and float16
+    in_range = pc.and_(pc.greater_equal(x, -(2.0**63)), pc.less(x, 2.0**63))
+    whole = pc.fill_null(pc.and_(pc.equal(pc.floor(x), x), in_range), False)  # NaN and inf are not whole
+    if pc.any(whole).as_py():
+        ints = pc.if_else(whole, x, 0.0).cast(pa.int64(), safe=False)
+        text = pc.if_else(whole, ints.cast(pa.string()), text)
+    return pc.if_else(pc.is_nan(x), pa.scalar(None, pa.string()), text)
 
 
 def hash_strings(values: pa.Array | pa.ChunkedArray, key: str) -> np.ndarray:

@@ -100,18 +100,22 @@ def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[st
     known = idx >= 0  # unseen and missing values get the prior
     idx = np.maximum(idx, 0)
     sums, counts = (look["sums"][idx], look["counts"][idx]) if len(state.values) else (np.zeros(len(idx)), np.zeros(len(idx)))
+    # The log count reports all of a value's training rows, out of fold or not: a count holds no
+    # label, so nothing leaks, and a training row then gets exactly what serving gets (the rows
+    # outside its fold made it log(k/(k-1)) lower on average).
+    seen = counts
     if out_of_fold and len(state.values):
         f = row_folds(table, state.key, state.seed, state.folds)
         sums = sums - look["fold_sums"][f, idx]
         counts = counts - look["fold_counts"][f, idx]
-    sums, counts = np.where(known, sums, 0.0), np.where(known, counts, 0.0)
+    sums, counts, seen = np.where(known, sums, 0.0), np.where(known, counts, 0.0), np.where(known, seen, 0.0)
     mean = _smoothed_mean(sums, counts, state.prior, state.smoothing)
     # Centred on the prior and scaled to about [-1, 1] so they enter the model like z-scores.
     if state.source == "raw":
         return {state.outputs[0]: pa.array((mean - state.prior).astype(np.float32))}
     scale = look["log_scale"]
     return {state.outputs[0]: pa.array((2 * (mean - state.prior)).astype(np.float32)),
-            state.outputs[1]: pa.array((np.log1p(counts) / scale).astype(np.float32))}
+            state.outputs[1]: pa.array((np.log1p(seen) / scale).astype(np.float32))}
 
 
 def _smoothed_mean(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float) -> np.ndarray:

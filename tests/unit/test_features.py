@@ -1,6 +1,8 @@
 """Every transform against a numpy/pandas reference; JSON round trip; batch vs request parity."""
 
+import json
 import pickle
+import re
 import subprocess
 import sys
 
@@ -225,7 +227,8 @@ def test_zscore_of_a_constant_column_divides_by_one_whatever_the_blocks(impute):
         feats, good = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": impute}}}, chunks=chunks)
         assert feats.numeric[0].divisor == 1.0
         assert np.abs(feats.transform_table(good).column("price").to_numpy()).max() < 1e-12
-        assert feats.transform_rows([{"price": 0.2}]).column("price")[0].as_py() == pytest.approx(0.1)
+        # every training value was 0.1: a served value transforms to 0, as they all did
+        assert feats.numeric[0].constant and feats.transform_rows([{"price": 0.2}]).column("price")[0].as_py() == 0.0
     # a real spread, however small next to the mean, is still divided by
     df["price"] = 1e6 + np.arange(1000) % 2 * 1e-3
     feats, _ = fit(df, {"numeric": {"price": {"scale": "zscore", "impute": impute}}}, chunks=3)
@@ -274,3 +277,118 @@ def test_huge_finite_values_scale_without_overflow_or_are_refused_by_column():
         fit(df, {"numeric": {"price": {"scale": "minmax"}}})
     feats, good = fit(df, {"numeric": {"price": {"scale": "none", "log": True}}})
     assert np.isfinite(feats.transform_table(good).column("price").to_numpy()).all() and feats.to_json()
+
+
+def _state(feats: FittedFeatures, name: str):
+    return next(s for s in feats.numeric + feats.categorical if s.name == name)
+
+
+@pytest.mark.parametrize("scale", ["zscore", "minmax", "none"])
+@pytest.mark.parametrize("value", [5.0, np.nan], ids=["constant", "all-null"])
+def test_a_column_constant_or_null_in_training_outputs_zero_for_every_served_value(scale, value, caplog):
+    """A served 1e6 reached the model as 999995 (or 1e6) on weights that never saw a varying
+    input: every training output of the column was one value."""
+    df = frame(300, seed=3).assign(price=value)
+    with caplog.at_level("WARNING", logger="rayload"):
+        feats, good = fit(df, {"numeric": {"price": {"scale": scale, "impute": "median"}}}, chunks=3)
+    assert _state(feats, "price").constant
+    assert any("features.numeric.price" in r.getMessage() for r in caplog.records)
+    assert set(feats.transform_table(good).column("price").to_pylist()) == {0.0}
+    served = feats.transform_rows([{"price": 1e6}, {"price": -3}, {"price": None}, {"price": 5.0}])
+    assert served.column("price").to_pylist() == [0.0] * 4
+    again = FittedFeatures.from_json(feats.to_json())
+    assert again == feats and again.transform_rows([{"price": 1e6}]).column("price").to_pylist() == [0.0]
+
+
+def test_features_json_without_the_constant_field_transforms_as_before():
+    df = frame(300, seed=3).assign(price=5.0)
+    feats, _ = fit(df, {"numeric": {"price": {"scale": "zscore"}}})
+    raw = json.loads(feats.to_json())
+    for n in raw["numeric"]:
+        del n["constant"]
+    old = FittedFeatures.from_json(json.dumps(raw))
+    assert not _state(old, "price").constant
+    assert old.transform_rows([{"price": 1e6}]).column("price").to_pylist() == [999995.0]
+
+
+@pytest.mark.parametrize("buckets", [{"quantiles": 4}, {"boundaries": [3.0, 10.0]}])
+def test_a_constant_bucketised_column_has_one_bucket_for_every_value(buckets):
+    df = frame(300, seed=3).assign(price=5.0)
+    feats, good = fit(df, {"numeric": {"price": {"buckets": buckets}}})
+    assert feats.sparse_columns["price"] == 1 and _state(feats, "price").constant
+    assert set(feats.transform_table(good).column("price").to_pylist()) == {0}
+    assert feats.transform_rows([{"price": -1e6}, {"price": 1e6}]).column("price").to_pylist() == [0, 0]
+
+
+def test_quantile_buckets_of_a_zero_inflated_column_leave_no_bucket_untrained(caplog):
+    """70% zeros, 10 quantiles asked: 5 buckets came out, bucket 0 (below the minimum) held no
+    training row, and a served -1 landed in its untrained embedding."""
+    rng = np.random.default_rng(0)
+    x = np.where(rng.random(5000) < 0.7, 0.0, rng.lognormal(0, 1, 5000))
+    df = frame(5000, seed=4).assign(price=x)
+    with caplog.at_level("INFO", logger="rayload"):
+        feats, good = fit(df, {"numeric": {"price": {"buckets": {"quantiles": 10}}}}, chunks=3)
+    card = feats.sparse_columns["price"]
+    ids = np.asarray(feats.transform_table(good).column("price").to_pylist())
+    assert np.bincount(ids, minlength=card).min() > 0 and card == 10
+    assert len(set(ids[x == 0])) == 1 and not (ids[x != 0] == ids[x == 0][0]).any()  # the atom has its own bucket
+    served = feats.transform_rows([{"price": -1.0}, {"price": 1e9}]).column("price").to_pylist()
+    assert served == [ids[x == 0][0], ids.max()]
+    assert any("features.numeric.price" in r.getMessage() and "10" in r.getMessage() for r in caplog.records)
+
+
+def test_quantile_buckets_of_a_few_tied_values_give_each_value_its_bucket():
+    df = frame(2000, seed=4).assign(price=np.resize([0.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 7.0], 2000))
+    feats, good = fit(df, {"numeric": {"price": {"buckets": {"quantiles": 10}}}})
+    ids = np.asarray(feats.transform_table(good).column("price").to_pylist())
+    assert feats.sparse_columns["price"] == 5 and np.bincount(ids).min() > 0
+    assert pd.Series(ids).groupby(df.price.to_numpy()).nunique().max() == 1
+
+
+def test_quantile_buckets_keep_the_bucket_of_an_imputed_value_below_the_minimum():
+    df = frame(2000, seed=4).assign(price=np.resize([0.0, 0.0, 0.0, 1.0, 2.0, np.nan], 2000))
+    feats, good = fit(df, {"numeric": {"price": {"buckets": {"quantiles": 4}, "impute": "constant", "fill_value": -1}}})
+    ids = np.asarray(feats.transform_table(good).column("price").to_pylist())
+    assert np.bincount(ids, minlength=feats.sparse_columns["price"]).min() > 0
+    assert len({ids[i] for i in range(5, 2000, 6)}) == 1 and ids[5] != ids[0]  # missing keeps its own bucket
+
+
+def test_out_of_fold_log_count_agrees_with_serving_on_average():
+    """Training rows counted the rows outside their fold, about (k-1)/k of the count serving uses;
+    the log count holds no label, so a training row now gets serving's exactly (the mean stays out of fold)."""
+    from rayload.spec import SplitSpec
+
+    rng = np.random.default_rng(0)
+    df = frame(4000, seed=6).assign(user=[f"v{v % 50}" for v in rng.zipf(1.3, 4000)])
+    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    good, _ = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
+    plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"user": {"target_stats": True, "smoothing": 10}}}),
+                             schema, SplitSpec(key=["user", "item", "ts"]))
+    feats = finalize(merge_stats([partial_stats(good, plan)]), plan)
+    train = feats.transform_table(good, training=True).column("user__logcount").to_numpy()
+    serve = feats.transform_table(good).column("user__logcount").to_numpy()
+    np.testing.assert_array_equal(train, serve)
+    te_train = feats.transform_table(good, training=True).column("user__te").to_numpy()
+    assert not np.array_equal(te_train, feats.transform_table(good).column("user__te").to_numpy())  # still out of fold
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda raw: raw["numeric"][0].update(offset=float("nan")), "NaN"),
+    (lambda raw: raw["numeric"][0].update(divisor=float("inf")), "Infinity"),
+    (lambda raw: raw["numeric"][0].update(shift=1.0), "shift"),
+    (lambda raw: raw["categorical"][0].pop("encode"), "encode"),
+    (lambda raw: raw.pop("label"), "label"),
+    (lambda raw: raw.update(version=2), "version 2"),
+])
+def test_features_json_with_bad_content_is_a_data_error_naming_the_file_and_field(df, tmp_path, edit, field):
+    feats, _ = fit(df, {"categorical": {"user": {"encode": "vocab"}}})
+    raw = json.loads(feats.to_json())
+    edit(raw)
+    path = tmp_path / "features.json"
+    path.write_text(json.dumps(raw))  # json.dumps writes NaN and Infinity tokens
+    where = re.escape(str(path))
+    with pytest.raises(DataError, match=rf"{where}.*{field}.*version 1|{where}.*version 1.*{field}"):
+        FittedFeatures.load(str(path))
+    with pytest.raises(DataError, match=field):
+        FittedFeatures.from_json(json.dumps(raw))
+

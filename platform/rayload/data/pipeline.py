@@ -229,8 +229,15 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
     # missing value (validate.as_string), no longer the category "nan"; "csv_records": a quoted
     # newline is part of its value (readers._read_csv_records), no longer a split row;
-    # "rebalance_unit": rebalancing draws per row from all its columns, not per split key.
-    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row"}
+    # "rebalance_unit": rebalancing draws per row from all its columns, not per split key;
+    # "feature_values": a categorical value's text is its own (validate.python_array: not the
+    # type Arrow unifies a JSONL column to), a whole-number float is spelled as an integer
+    # (hashing.value_text), a column constant in training transforms to 0, quantile buckets
+    # give atoms their own bucket and leave none untrained, a training row's log count is its
+    # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
+    # and divisors may differ in their last bits).
+    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
