@@ -334,19 +334,21 @@ class SearchStopper(Stopper):
     stops the other running trials without telling the searcher (StudySearcher.cut_off records
     them). With a budget, the time spent goes to search.json every few seconds, so a resumed
     search knows what is left of it even after a killed driver (without one, only the final
-    figure is written, when the search ends): `save(spent_s=...)` writes it."""
+    figure is written, when the search ends): `save(spent_s=...)` writes it. `clock` is the
+    monotonic clock the budget is measured on (a test passes its own)."""
 
     SAVE_EVERY_S = 5.0
 
     def __init__(self, metric: str, mode: str, target: float | None, budget_s: float | None, spent_s: float,
-                 save: Callable[..., None] | None = None):
+                 save: Callable[..., None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.metric, self.mode, self.target, self.budget_s, self.save = metric, mode, target, budget_s, save
-        self.spent_before, self.started = float(spent_s), time.monotonic()
+        self.clock = clock
+        self.spent_before, self.started = float(spent_s), clock()
         self.saved = self.started
         self.reached = self.budget_hit = False
 
     def spent(self) -> float:
-        return self.spent_before + time.monotonic() - self.started
+        return self.spent_before + self.clock() - self.started
 
     def meets(self, value) -> bool:
         return (self.target is not None and _finite(value)
@@ -370,7 +372,7 @@ class SearchStopper(Stopper):
 
     def stop_all(self) -> bool:
         if self.budget_s is not None:
-            now = time.monotonic()
+            now = self.clock()
             if self.save is not None and now - self.saved >= self.SAVE_EVERY_S:
                 self.saved = now
                 self.save(spent_s=round(self.spent(), 3))

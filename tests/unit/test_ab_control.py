@@ -3,7 +3,6 @@ each step saw, shadow mode holds the ramp, and two controllers never act on the 
 
 import json
 import threading
-import time
 
 import numpy as np
 import pandas as pd
@@ -103,16 +102,55 @@ def test_a_promote_made_again_changes_nothing_and_a_rollback_after_it_restores_t
 
 
 def test_two_controllers_looking_at_once_decide_once(run, monkeypatch):
+    """The first controller to decide holds its deploy until the other one provably overlaps
+    it: waiting at the lock, or (were there no lock) having read the state the first is about
+    to change. With the lock the second then reads the first's decision and deploys nothing."""
+    import fcntl
+
     run_dir = run(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
     deployed = run.box["deployed"]
-    monkeypatch.setattr(control, "_redeploy", lambda config, address: (time.sleep(0.3), deployed.append(1)))
+    seen = threading.Condition()
+    at_lock, reads, overlapped = set(), {"c1": 0, "c2": 0}, []
+    real_flock, real_load = fcntl.flock, control.load_state
+
+    def me() -> str:
+        return threading.current_thread().name
+
+    def flock(f, op):  # who is waiting for the lock right now
+        if op == fcntl.LOCK_EX:
+            with seen:
+                at_lock.add(me())
+                seen.notify_all()
+        real_flock(f, op)
+        if op == fcntl.LOCK_EX:
+            with seen:
+                at_lock.discard(me())
+
+    def load_state(run):  # step reads twice: the second read is the one it decides on
+        out = real_load(run)
+        if me() in reads:
+            with seen:
+                reads[me()] += 1
+                seen.notify_all()
+        return out
+
+    def redeploy(config, address):
+        other = "c2" if me() == "c1" else "c1"
+        with seen:
+            overlapped.append(seen.wait_for(lambda: other in at_lock or reads[other] >= 2, timeout=30))
+        deployed.append(me())
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(control, "load_state", load_state)
+    monkeypatch.setattr(control, "_redeploy", redeploy)
     out = []
-    threads = [threading.Thread(target=lambda: out.append(control.step(run_dir)[0])) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: out.append(control.step(run_dir)[0]), name=n) for n in ("c1", "c2")]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    _, state = control.load_state(run_dir)
+    assert overlapped == [True]  # the one deploy ran while the other controller was at the lock
+    _, state = real_load(run_dir)
     assert out == ["promote", "promote"] and len(deployed) == 1
     assert [d["decision"] for d in state["decisions"]] == ["promote"] and user(run_dir)["champion"] == "B"
 

@@ -55,6 +55,24 @@ def test_a_shifted_numeric_feature_is_flagged_and_the_others_are_not(features):
     assert not any(r["flagged"] for name, r in out.items() if name != "I2"), out
 
 
+def test_the_threshold_given_decides_the_flag_on_either_side_of_the_psi(features):
+    rows = traffic(2_000_000, 2000)
+    for r in rows:
+        if r["I2"] is not None:
+            r["I2"] = r["I2"] * 3 + 5
+    counter = drift.DriftCounter(features)
+    counter.observe(rows)
+    bins, snap = list(counter.bins.values()), counter.snapshot()
+    psi = {r["feature"]: r["psi"] for r in drift.report(bins, snap)}["I2"]
+
+    def i2(**kw) -> dict:
+        return {r["feature"]: r for r in drift.report(bins, snap, **kw)}["I2"]
+
+    assert not i2(threshold=psi + 0.01)["flagged"] and i2(threshold=psi - 0.01)["flagged"]
+    assert not i2(threshold=psi)["flagged"]  # flagged past the threshold, not at it
+    assert not i2(threshold=psi - 0.01, min_rows=2001)["flagged"]  # 2000 rows: fewer than asked
+
+
 def test_unseen_categories_show_as_out_of_vocabulary_and_are_flagged(features):
     rows = traffic(3_000_000, 2000)
     for i, r in enumerate(rows[:1000]):

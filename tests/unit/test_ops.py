@@ -12,7 +12,8 @@ from rayload import ops
 
 @pytest.fixture
 def cluster():
-    """A stub Ray job API answering the version and job-list calls; it logs what reaches it."""
+    """A stub Ray job API: it answers the version and job-list calls, accepts the upload and
+    the submission (job "raysubmit_stub"), and logs what reaches it."""
     servers = []
 
     def make():
@@ -20,16 +21,22 @@ def cluster():
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)  # the upload's bytes: read, not kept
                 hits.append((self.command, self.path, self.headers.get("Authorization")))
+                code = 200
                 if self.path.startswith("/api/version"):
                     body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode()
                 elif self.path.startswith("/api/jobs/") and self.command == "GET":
                     body = b"[]"
-                else:  # the upload and the submission: refused, the test is only where they go
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                self.send_response(200)
+                elif self.path.startswith("/api/packages/"):  # not there yet (GET), then uploaded (PUT)
+                    code, body = (404 if self.command == "GET" else 200), b""
+                elif self.path.startswith("/api/jobs/") and self.command == "POST":
+                    body = json.dumps({"job_id": "raysubmit_stub", "submission_id": "raysubmit_stub"}).encode()
+                else:
+                    code, body = 500, b""
+                self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -72,11 +79,11 @@ def test_submit_sends_the_job_and_the_token_only_to_the_address_given(cluster, t
     monkeypatch.setenv("RAY_AUTH_TOKEN", "token-for-B")
     (tmp_path / "job.yaml").write_text(JOB)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(Exception):  # the stub refuses the upload
-        ops.submit("job.yaml", b_url, wait=False)
+    assert ops.submit("job.yaml", b_url, wait=False) == ("raysubmit_stub", "PENDING")
     assert a_hits == []
     assert ("GET", "/api/jobs/", "Bearer token-for-B") in b_hits and any(p.startswith("/api/version") for _, p, _ in b_hits)
-    assert any(p.startswith("/api/packages/") for _, p, _ in b_hits)  # the upload went to B too
+    assert any(c == "PUT" and p.startswith("/api/packages/") for c, p, _ in b_hits)  # the upload went to B too
+    assert ("POST", "/api/jobs/", "Bearer token-for-B") in b_hits  # and so did the submission, with B's token
     assert os.environ[var] == a_url  # the caller's environment is left as it was
 
 

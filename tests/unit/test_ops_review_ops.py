@@ -1,13 +1,13 @@
 """`rayload doctor` and `rayload submit` against stub job APIs (real HTTP, no Ray): the auth
 check asks the cluster, a spec that does not load is never uploaded, the job gets its
-RAYLOAD_HOME, an unreachable address fails in seconds, and RAY_AUTH_TOKEN_PATH is honoured."""
+RAYLOAD_HOME, an unreachable address fails without ray.init (which retries for minutes),
+and RAY_AUTH_TOKEN_PATH is honoured."""
 
 import http.server
 import importlib
 import json
 import socket
 import threading
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -119,14 +119,12 @@ def test_an_unreachable_address_fails_in_seconds_naming_it(monkeypatch):
 
     monkeypatch.setattr(ray, "init", no_init)
     address = f"127.0.0.1:{_closed_port()}"
-    start = time.monotonic()
     with pytest.raises(RayloadError, match=f"nothing answers at {address}"):
         _ray.ensure_ray(address)
     with pytest.raises(RayloadError, match="not a Ray address"):
         _ray.ensure_ray("127.0.0.1:notaport")
     check = ops._ray_check(address)
-    assert not check.ok and address in check.detail
-    assert time.monotonic() - start < 10
+    assert not check.ok and address in check.detail  # ray.init (minutes of retries) was never called: no_init
     for left_to_ray in ("auto", "ray://10.0.0.1:10001", "http://127.0.0.1:8265"):
         _ray.check_reachable(left_to_ray)  # Ray's own lookup, the Ray client, a URL: not a host:port to probe
 

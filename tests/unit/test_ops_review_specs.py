@@ -2,8 +2,6 @@
 SDK's train and preprocess taking spec paths."""
 
 import os
-import sys
-import types
 
 import pytest
 import yaml
@@ -68,15 +66,15 @@ def test_numbers_lists_and_null_are_still_parsed():
 
 
 def test_train_run_name_option_is_passed_as_text(monkeypatch):
+    from rayload.train import trainer
+
     seen = {}
-    fake = types.ModuleType("rayload.train.trainer")
 
     def fit(job, address=None):
         seen["run_name"] = job.train.run_name
         raise RayloadError("stop here")
 
-    fake.fit, fake.kfold = fit, None
-    monkeypatch.setitem(sys.modules, "rayload.train.trainer", fake)
+    monkeypatch.setattr(trainer, "fit", fit)  # the real module's: `from .train.trainer import fit` reads it at call time
     from rayload.cli import app
 
     r = CliRunner().invoke(app, ["train", JOB, "--run-name", "2024-06-01"])
@@ -90,11 +88,10 @@ def test_train_run_name_option_is_passed_as_text(monkeypatch):
 def test_sdk_train_and_preprocess_take_a_spec_path(monkeypatch):
     import rayload
     import rayload.data.pipeline
+    from rayload.train import trainer
 
     seen = []
-    fake = types.ModuleType("rayload.train.trainer")
-    fake.fit = lambda job, address=None, evaluate_test=True: seen.append(("fit", job.name, job.train.epochs))
-    monkeypatch.setitem(sys.modules, "rayload.train.trainer", fake)
+    monkeypatch.setattr(trainer, "fit", lambda job, address=None, evaluate_test=True: seen.append(("fit", job.name, job.train.epochs)))
     monkeypatch.setattr(rayload.data.pipeline, "preprocess", lambda job, **kw: seen.append(("preprocess", job.name, kw["out"])))
     rayload.train(JOB)
     rayload.train(JOB, overrides=["train.epochs=2"])

@@ -1,7 +1,5 @@
 """Up-front refusals of what a cluster cannot run: storage every node sees, resources that fit."""
 
-import io
-
 import pytest
 
 from rayload.train import resources
@@ -9,15 +7,20 @@ from rayload.train import resources
 MOUNTS = "/dev/sda1 / ext4 rw 0 0\nserver:/export /data nfs4 rw 0 0\nserver:/scratch /mnt/shared/ nfs rw 0 0\n"
 
 
-def test_shared_mounts_hold_the_paths_below_them_by_whole_components(monkeypatch):
-    real_open = open
-    monkeypatch.setattr("builtins.open", lambda p, *a, **k: io.StringIO(MOUNTS) if p == "/proc/mounts" else real_open(p, *a, **k))
+def test_shared_mounts_hold_the_paths_below_them_by_whole_components(monkeypatch, tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text(MOUNTS)
+
+    def shared(path: str) -> bool:
+        return resources.is_shared(path, mounts_file=str(mounts))
+
     monkeypatch.delenv("RAYLOAD_SHARED_PATHS", raising=False)
-    assert resources.is_shared("/data") and resources.is_shared("/data/runs") and resources.is_shared("/data/")
-    assert not resources.is_shared("/database/runs") and not resources.is_shared("/data2")  # on ext4 /
-    assert resources.is_shared("/mnt/shared/runs") and not resources.is_shared("/mnt/sharedx")
+    assert shared("/data") and shared("/data/runs") and shared("/data/")
+    assert not shared("/database/runs") and not shared("/data2")  # on ext4 /
+    assert shared("/mnt/shared/runs") and not shared("/mnt/sharedx")
+    assert not resources.is_shared("/data/runs", mounts_file=str(tmp_path / "missing"))  # no table: nothing is shared
     monkeypatch.setenv("RAYLOAD_SHARED_PATHS", "/srv/team/")
-    assert resources.is_shared("/srv/team/runs") and not resources.is_shared("/srv/teammate")
+    assert shared("/srv/team/runs") and not shared("/srv/teammate")
 
 
 def test_fractional_workers_are_counted_as_ray_places_them():

@@ -44,7 +44,7 @@ def test_tells_best_value_prunes_stopped_and_fails_errors(tmp_path):
 def test_resume_reattaches_running_trials_then_asks_only_what_is_missing(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     first = searcher(storage)
-    a, b = first.suggest("a"), first.suggest("b")
+    _, b = first.suggest("a"), first.suggest("b")
     first.on_trial_complete("a", {"val_auc": 0.7, "epochs_done": 2})
     # the driver dies here: trial b is still RUNNING in the study
     again = searcher(storage, create=False)
@@ -116,6 +116,8 @@ def test_search_stopper_target_both_modes_and_the_budget_across_attempts(tmp_pat
     import functools
     import json
 
+    import pytest
+
     from rayload._study import SearchStopper
     from rayload.tuning import write_state
 
@@ -127,11 +129,17 @@ def test_search_stopper_target_both_modes_and_the_budget_across_attempts(tmp_pat
     assert not low("t", {"val_logloss": 0.41}) and low("t", {"val_logloss": 0.39})
 
     write_state(str(tmp_path), state="running")
-    spent = SearchStopper("val_auc", "max", None, 30.0, 29.0, save=functools.partial(write_state, str(tmp_path)))  # a resumed search with 1 s left
+    now = [1000.0]  # the stopper's clock, advanced by hand: no real time passes
+    spent = SearchStopper("val_auc", "max", None, 30.0, 29.0, save=functools.partial(write_state, str(tmp_path)),
+                          clock=lambda: now[0])  # a resumed search with 1 s left
     spent.SAVE_EVERY_S = 0.0
+    now[0] += 0.5
     assert not spent.stop_all() and spent.ended(None, budget=True) is None
     saved = json.load(open(tmp_path / "search.json"))["spent_s"]
-    assert 29.0 <= saved < 30.0  # written as it goes, so a killed driver's time still counts
+    assert saved == pytest.approx(29.5)  # written as it goes, so a killed driver's time still counts
+    now[0] += 1.0
+    assert spent.stop_all() and spent.budget_hit and spent.ended(None, budget=True) == "time budget of 30 s spent"
+    assert json.load(open(tmp_path / "search.json"))["spent_s"] == pytest.approx(30.5)
     gone = SearchStopper("val_auc", "max", None, 30.0, 30.5)
     assert gone.stop_all() and gone.budget_hit
     assert gone.ended(None, budget=True) == "time budget of 30 s spent"

@@ -169,16 +169,17 @@ def check_storage(storage_path: str, what: str = "train.storage_path", fix: str 
         )
 
 
-def is_shared(path: str) -> bool:
-    """On a shared filesystem by /proc/mounts, or under a folder listed in RAYLOAD_SHARED_PATHS
-    (os.pathsep-separated: mounts the table cannot tell, or every node on one machine)."""
+def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
+    """On a shared filesystem by /proc/mounts (`mounts_file`, a table in its format), or under a
+    folder listed in RAYLOAD_SHARED_PATHS (os.pathsep-separated: mounts the table cannot tell,
+    or every node on one machine)."""
     path = os.path.abspath(path)
     declared = [os.path.abspath(p) for p in os.environ.get("RAYLOAD_SHARED_PATHS", "").split(os.pathsep) if p]
     if any(_within(path, d) for d in declared):
         return True
     best, fstype = "", ""
     try:
-        with open("/proc/mounts") as f:
+        with open(mounts_file) as f:
             for line in f:
                 parts = line.split()
                 if len(parts) > 2 and _within(path, parts[1]) and len(parts[1]) > len(best):
