@@ -16,37 +16,25 @@ bounds are only known after the pass; every other scale statistic is exact.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import target_stats
+from ._categorical_fit import final_categorical, heavy_counts, merge_categorical, value_counts
 from ._moments import (_constant_moments, _merge_moments, _moments, _negligible, _std, _weighted_moments, quantile_edges,
                        weighted_quantile)
 from .data.validate import RAW_LABEL
 from .derived import derive
-from .hashing import as_array
 from .errors import DataError
-from .features import (
-    CategoricalState,
-    CrossState,
-    FittedFeatures,
-    LabelState,
-    NumericState,
-    clip_log,
-    split_bag,
-    transform_numeric,
-)
+from .features import CrossState, FittedFeatures, LabelState, NumericState, clip_log, transform_numeric
 from .spec import CategoricalFeature, NumericFeature
 
 log = logging.getLogger(__name__)
 
 SKETCH = 2048
 _DECILES = np.linspace(0.0, 1.0, 11)
-TOP_SHARES = 20  # categorical values whose training share features.json keeps (drift monitoring)
 
 
 @dataclass(frozen=True)
@@ -94,8 +82,10 @@ def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
         out["num:" + name] = _numeric_partial(table.column(name), cfg)
     for name, cfg, multi, sep in plan.categorical:
         if cfg.encode != "hash":
-            out["cat:" + name] = _value_counts(table.column(name), multi, sep)
-        else:
+            out["cat:" + name] = value_counts(table.column(name), multi, sep)
+        elif not multi:
+            out["cat:" + name] = heavy_counts(table.column(name))
+        else:  # a hashed bag's drift tracks its missing (empty) rate only (serve/drift.py)
             out["cat:" + name] = {"nulls": table.column(name).null_count, "counts": None}
     targets = plan.target_columns
     if targets:
@@ -131,15 +121,6 @@ def _g(x: np.ndarray, cfg: NumericFeature, low, high) -> np.ndarray:
     return clip_log(x, low, high, cfg.log)
 
 
-def _value_counts(column, multi: bool, sep: str) -> dict:
-    values = as_array(column)
-    nulls = values.null_count
-    if multi:
-        values = split_bag(CategoricalState(name="", encode="vocab", separator=sep), values).values
-    counts = pc.value_counts(values.drop_null())
-    return {"nulls": nulls, "counts": pa.table({"value": counts.field("values"), "count": counts.field("counts")})}
-
-
 # ---------------------------------------------------------------- merge
 
 
@@ -153,7 +134,7 @@ def merge_stats(parts: list[dict]) -> dict:
                 elif key.startswith("num:"):
                     _merge_numeric(merged[key], value)
                 else:
-                    _merge_categorical(merged[key], value)
+                    merge_categorical(merged[key], value)
             else:  # counts add up; target-statistic partials ("te:", "tr:") are lists that concatenate
                 merged[key] = merged[key] + value if key in merged else list(value) if isinstance(value, list) else value
     return merged
@@ -184,18 +165,12 @@ def _merge_numeric(acc: dict, part: dict) -> None:
         acc["mode"].append(part["mode"])
 
 
-def _merge_categorical(acc: dict, part: dict) -> None:
-    acc["nulls"] += part["nulls"]
-    if acc.get("counts") is not None:
-        acc["counts"].append(part["counts"])
-
-
 # ---------------------------------------------------------------- finalize
 
 
 def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None = None) -> FittedFeatures:
     numeric = [_final_numeric(name, cfg, merged["num:" + name]) for name, cfg in plan.numeric]
-    categorical = [_final_categorical(name, cfg, multi, sep, merged["cat:" + name], merged["rows"]) for name, cfg, multi, sep in plan.categorical]
+    categorical = [final_categorical(name, cfg, multi, sep, merged["cat:" + name], merged["rows"]) for name, cfg, multi, sep in plan.categorical]
     rows = max(merged["rows"], 1)
     label = LabelState(
         column=plan.label["column"], task=plan.label["task"], threshold=plan.label.get("threshold"),
@@ -321,53 +296,3 @@ def _warn_constant(name: str, n: int, nulls: int, value: float) -> None:
     what = f"missing in all {nulls} training rows" if n == 0 else f"{value:.6g} in all {n + nulls} training rows (after imputation, clip and log)"
     log.warning("features.numeric.%s: the column is %s: the model cannot learn from it, so every value, served ones too, "
                 "transforms to 0 (bucketised: one bucket). Check the data, or drop the column from data.columns", name, what)
-
-
-def _final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str, acc: dict, rows: int) -> CategoricalState:
-    state = CategoricalState(name, cfg.encode, multi, sep, max_bag=cfg.max_bag)
-    stats = {"count": rows, "null_rate": acc["nulls"] / max(rows, 1)}
-    if cfg.encode == "hash":
-        state.buckets, state.stats = cfg.buckets, stats
-        return state
-    counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
-    values = counts.column("value").to_numpy(zero_copy_only=False)
-    freq = counts.column("count_sum").to_numpy()
-    order = np.lexsort((values.astype(str), -freq))  # most frequent first, ties by value
-    keep = order[freq[order] >= cfg.min_count]
-    if cfg.top_k is not None:
-        keep = keep[: cfg.top_k]
-    if cfg.encode == "onehot" and len(keep) > cfg.max_onehot:
-        raise DataError(
-            f"features.categorical.{name}: encode=onehot allows at most max_onehot={cfg.max_onehot} values, "
-            f"the training split has {len(keep)}; use encode: vocab or hash, set top_k, or raise max_onehot"
-        )
-    state.vocab = [str(v) for v in values[keep]]
-    _warn_float_text(name, state.vocab)
-    total = float(freq.sum())
-    stats.update({"distinct": int(len(values)), "vocab_size": len(state.vocab), "coverage": float(freq[keep].sum() / total) if total else 0.0})
-    # The share of fresh values the training split never saw (Good-Turing: the share of values
-    # seen exactly once). `coverage` is measured on the rows the vocabulary was fitted on, so
-    # its OOV share understates what new traffic of a long-tailed column shows (serve/drift.py).
-    stats["unseen_share"] = float(np.count_nonzero(freq == 1) / total) if total else 0.0
-    # The most frequent values' shares: the reference for served traffic's drift (PSI).
-    top = keep[:TOP_SHARES]
-    stats.update({"top_values": [str(v) for v in values[top]], "top_shares": [float(f / total) for f in freq[top]] if total else []})
-    state.stats = stats
-    return state
-
-
-# Text is the user's data and is kept verbatim: "12345.0" in a CSV is not the category "12345"
-# (a category "1.0" may well differ from "1"). But a vocabulary made mostly of whole-number
-# float text is what a float ID column (pandas' integers with a gap) written to CSV looks like,
-# and requests sending the IDs as JSON integers ("12345") would all be out of vocabulary.
-_FLOAT_TEXT = re.compile(r"-?\d+\.0+|-?\d(?:\.\d+)?[eE][+-]?\d+")
-
-
-def _warn_float_text(name: str, vocab: list[str]) -> None:
-    top = vocab[:1000]  # most frequent first
-    floats = [v for v in top if _FLOAT_TEXT.fullmatch(v)]
-    if floats and 2 * len(floats) > len(top):
-        log.warning("features.categorical.%s: %d of the %d most frequent values are whole-number float text (%r, ...); "
-                    "the text is kept as it is, so a request sending %r must send that text, not the integer. Write "
-                    "integer IDs as integers (pandas: df[col].astype('Int64') before to_csv)", name, len(floats), len(top),
-                    floats[0], floats[0])

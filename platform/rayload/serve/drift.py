@@ -8,7 +8,9 @@ its checkpoint's `features.json`:
   per decile for a features.json written before histograms were kept;
 - categorical (vocabulary): the most frequent training values (`stats.top_values`), the rest
   of the vocabulary, out-of-vocabulary, missing; without `top_values`: in-vocabulary, OOV,
-  missing. Hash-encoded columns have no vocabulary: only their missing rate is tracked.
+  missing. A hash-encoded column has no vocabulary: its heavy hitters (`stats.top_values`, the
+  values whose training count the fit knows within 10%), the other values, missing; a hashed
+  bag, or a features.json without heavy hitters, tracks the missing rate only.
   A value is read as the model's transform reads it (JSON true is "true", 5.0 is "5"), so a
   value the model finds in its vocabulary is never counted out of vocabulary. A scorer hands
   over the rows' transformed table too: a vocabulary-encoded column's bins are then read off
@@ -45,7 +47,7 @@ SMALL_LOOKUP = 256  # rows up to which a dict lookup beats pyarrow's index_in (w
 @dataclass(frozen=True)
 class Bins:
     feature: str
-    kind: str  # numeric | categorical | missing-only
+    kind: str  # numeric | categorical | hashed | missing-only
     labels: tuple[str, ...]
     expected: tuple[float, ...]
     edges: tuple[float, ...] = ()
@@ -64,7 +66,21 @@ class Bins:
             if all(v is None or type(v) is str for v in values):  # the usual request: as_string reads null and "" as missing
                 return np.fromiter((0 if v is None or v == "" else 1 for v in values), dtype=np.int64, count=len(values))
             return np.where(_text(values, self.feature).is_null().to_numpy(zero_copy_only=False), 0, 1)  # NaN too
+        if self.kind == "hashed":
+            return self._hashed(values)
         return self._categorical(values)
+
+    def _hashed(self, values: list) -> np.ndarray:
+        """missing 0, the heavy hitters 1..k, any other value k + 1."""
+        tokens = _text(values, self.feature)
+        other = len(self.top) + 1
+        if len(tokens) <= SMALL_LOOKUP:
+            bin_of = self._lookup[0]
+            return np.fromiter((0 if t is None else bin_of.get(t, other) for t in tokens.to_pylist()), dtype=np.int64, count=len(tokens))
+        position = pc.index_in(tokens, value_set=pa.array(self.top, pa.string())).to_numpy(zero_copy_only=False)
+        out = np.where(np.isnan(position), other, np.nan_to_num(position) + 1).astype(np.int64)
+        out[tokens.is_null().to_numpy(zero_copy_only=False)] = 0
+        return out
 
     def _numeric(self, values: list) -> np.ndarray:
         if any(type(v) is str for v in values):  # numeric text ("1e3", "true"): as the model's validation parses it
@@ -170,6 +186,11 @@ def _numeric_bins(state) -> Bins:
 
 def _categorical_bins(state) -> Bins:
     null = float(state.stats.get("null_rate", 0.0))
+    top, shares = state.stats.get("top_values", []), state.stats.get("top_shares", [])
+    if state.encode == "hash" and top and not state.multi:
+        rest = max(1.0 - sum(shares), 0.0)
+        return Bins(state.name, "hashed", ("missing", *top, "other values"), (null, *[(1 - null) * s for s in shares], (1 - null) * rest),
+                    top=tuple(top), vocab=frozenset(top))
     if state.encode == "hash" or state.vocab is None:  # rows, bags included: a null or empty one is missing
         return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null))
     null = 0.0 if state.multi else null  # a vocabulary bag's bins count its tokens, and an empty bag has none
@@ -178,7 +199,6 @@ def _categorical_bins(state) -> Bins:
     # mostly the tail's mass) moves from the rest of the vocabulary to out-of-vocabulary. A
     # features.json written before `unseen_share` was kept: the training split's own OOV share.
     unseen = float(state.stats.get("unseen_share", 0.0))
-    top, shares = state.stats.get("top_values", []), state.stats.get("top_shares", [])
     rest = max(coverage - sum(shares) - unseen, 0.0)
     oov = min(1.0 - coverage + unseen, 1.0)
     expected = (null, *[(1 - null) * s for s in shares], (1 - null) * rest, (1 - null) * oov)
