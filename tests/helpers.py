@@ -49,18 +49,24 @@ def job(path: str, kind: str = "parquet", **sections) -> JobSpec:
     return JobSpec.model_validate(raw)
 
 
-def movielens_job(path: str, name: str, workers: int = 2, epochs: int = 1, **train) -> JobSpec:
-    """A tiny DeepFM on a MovieLens subset file (`movielens_subset`); `train` adds train fields."""
-    return JobSpec.model_validate({
+MOVIELENS_COLUMNS = [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
+                     {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}]
+
+
+def movielens_job(path: str, name: str, workers: int = 2, epochs: int = 1, **sections) -> JobSpec:
+    """A tiny DeepFM on a MovieLens subset file (`movielens_subset`); each of `sections` updates
+    that section of the spec, key by key (`train={"lr": 0.01}` keeps the other train fields)."""
+    raw = {
         "name": name,
-        "data": {"source": {"kind": "parquet", "path": path},
-                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+        "data": {"source": {"kind": "parquet", "path": path}, "columns": MOVIELENS_COLUMNS,
                  "label": {"column": "rating", "threshold": 4.0}},
         "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
-        "train": {"epochs": epochs, "batch_size": 512, "lr": 0.005, **train},
+        "train": {"epochs": epochs, "batch_size": 512, "lr": 0.005},
         "resources": {"workers": workers},
-    })
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return JobSpec.model_validate(raw)
 
 
 def movielens_subset(folder, rows: int) -> str:
@@ -76,6 +82,57 @@ def movielens_subset(folder, rows: int) -> str:
     path = os.path.join(str(folder), "subset.parquet")
     pq.write_table(pq.read_table(src).slice(0, rows), path)
     return path
+
+
+def prepared_features(folder, seed: int, name: str = "data"):
+    """The features `preprocess` fits on `frame(600, seed)` (written to `folder`/`name`.parquet)."""
+    from rayload.data.pipeline import preprocess
+
+    src = folder / f"{name}.parquet"
+    frame(600, seed=seed).to_parquet(src)
+    return preprocess(job(str(src)), out=str(folder / f"prep-{name}"), engine="local").features
+
+
+def tiny_checkpoint(path, features, seed: int) -> str:
+    """An untrained tiny DeepFM (weights from `seed`) saved with `features` as a checkpoint at `path`."""
+    import torch
+
+    from rayload.models import InputShape, build_model
+    from rayload.spec import ModelSpec
+    from rayload.train import checkpoint as ckpt
+
+    torch.manual_seed(seed)
+    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [8]}).model_dump()
+    model = build_model(config, InputShape.from_features(features))
+    ckpt.save(str(path), model, features, config, {"state": ckpt.TrainState(), "optimizers": []}, {})
+    return str(path)
+
+
+FRAME_LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
+
+
+def frame_schema():
+    """The validation schema of `frame`'s columns, none of them required."""
+    from rayload.data.validate import Schema
+
+    return Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), FRAME_LABEL)
+
+
+def fit_features(df: pd.DataFrame, features: dict, chunks: int = 1):
+    """(fitted features, validated table) of a `frame`, its statistics gathered in `chunks` parts."""
+    import pyarrow as pa
+
+    from rayload._feature_fit import FitPlan, finalize, merge_stats, partial_stats
+    from rayload.data.validate import validate_table
+    from rayload.spec import FeatureSpec
+
+    schema = frame_schema()
+    good, bad = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
+    assert bad.num_rows == 0
+    plan = FitPlan.from_spec(FeatureSpec.model_validate(features), schema)
+    bounds = np.linspace(0, good.num_rows, chunks + 1).astype(int)
+    parts = [partial_stats(good.slice(a, b - a), plan) for a, b in zip(bounds[:-1], bounds[1:])]
+    return finalize(merge_stats(parts), plan), good
 
 
 PG = os.environ.get("RAYLOAD_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

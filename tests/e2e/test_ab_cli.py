@@ -21,10 +21,6 @@ PORT = 8772
 KEY = "s3cret-test-key"
 
 
-def cli(*args, env, timeout=300):
-    return subprocess.run([RAYLOAD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
     home = tmp_path_factory.mktemp("abcli")
@@ -61,7 +57,7 @@ def test_api_key_guards_the_ingress(running):
     assert httpx.get(f"{url}/healthz", headers={"x-api-key": KEY}).status_code == 200
 
 
-def test_set_weights_from_another_process_and_bad_weights_refused(running):
+def test_set_weights_from_another_process_and_bad_weights_refused(cli, running):
     r = cli("ab", "set-weights", running["spec"], "baseline=0.75", "challenger=0.25", env=running["env"])
     assert r.returncode == 0, r.stdout + r.stderr
     health = httpx.get(f"http://127.0.0.1:{PORT}/healthz", headers={"x-api-key": KEY}).json()
@@ -71,7 +67,7 @@ def test_set_weights_from_another_process_and_bad_weights_refused(running):
     assert httpx.get(f"http://127.0.0.1:{PORT}/healthz", headers={"x-api-key": KEY}).json()["weights"]["challenger"] == 0.25
 
 
-def test_simulate_status_and_report(running):
+def test_simulate_status_and_report(cli, running):
     r = cli("ab", "simulate", running["spec"], env=running["env"], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     decision = r.stdout.split("decision: ")[-1].split()[0]
@@ -86,7 +82,7 @@ def test_simulate_status_and_report(running):
     assert "data:image/png;base64," in page and f'id="decision">{analysis["decision"]}<' in page
 
 
-def test_retrain_from_the_logged_movielens_feedback_writes_the_next_experiment(running):
+def test_retrain_from_the_logged_movielens_feedback_writes_the_next_experiment(cli, running):
     # After test_simulate_status_and_report: hundreds of MovieLens exposures with their clicks.
     run = running["home"] / "runs" / "ab" / "ab_cli"
     address = json.loads((run / "serve.json").read_text())["address"]  # the serving process's Ray
@@ -104,7 +100,7 @@ def test_retrain_from_the_logged_movielens_feedback_writes_the_next_experiment(r
     assert manifest["spec"]["train"]["init_from"] == nxt["arms"][0]["checkpoint"]  # warm-started from the champion
 
 
-def test_serve_build_writes_a_config_serve_accepts(running, tmp_path):
+def test_serve_build_writes_a_config_serve_accepts(cli, running, tmp_path):
     from ray.serve.schema import ServeDeploySchema
 
     out = tmp_path / "serve_config.yaml"

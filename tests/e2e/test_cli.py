@@ -12,25 +12,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
 
 
-def cli(*args, home, timeout=300):
-    env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
-    return subprocess.run([RAYLOAD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def test_validate_ok(tmp_path):
+def test_validate_ok(cli, tmp_path):
     r = cli("validate", "jobs/movielens_deepfm.yaml", home=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "spec valid" in r.stdout
 
 
-def test_bad_spec_exits_2_with_every_error_and_no_traceback(tmp_path):
+def test_bad_spec_exits_2_with_every_error_and_no_traceback(cli, tmp_path):
     r = cli("validate", "jobs/movielens_deepfm.yaml", "--set", "split.kind=randm", "--set", "features.numeric.year.scale=zz", home=tmp_path)
     assert r.returncode == 2
     assert "split.kind" in r.stderr and "features.numeric.year.scale" in r.stderr and "movielens_deepfm.yaml" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
 
-def test_missing_data_path_exits_2(tmp_path):
+def test_missing_data_path_exits_2(cli, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(
         "# rayload preprocess job.yaml\nname: x\ndata:\n  source: {kind: csv, path: /no/such/dir}\n"
@@ -40,7 +35,7 @@ def test_missing_data_path_exits_2(tmp_path):
     assert r.returncode == 2 and "'/no/such/dir' does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_synth_then_preprocess(tmp_path):
+def test_synth_then_preprocess(cli, tmp_path):
     out = tmp_path / "synth"
     r = cli("data", "synth", "--rows", "20000", "--shard-rows", "5000", "--out", str(out), home=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -61,7 +56,7 @@ def test_synth_then_preprocess(tmp_path):
     assert "features (fitted on train)" in r.stdout and "C26" in r.stdout
 
 
-def test_train_then_evaluate_a_checkpoint(tmp_path):
+def test_train_then_evaluate_a_checkpoint(cli, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(open(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")).read())
     r = cli("train", str(spec), "--set", "train.epochs=1", "--set", "model.hidden=[16]", "--run-name", "e2e", home=tmp_path)
@@ -119,7 +114,7 @@ def _kill_session(sid: int) -> None:
     raise AssertionError(f"processes of session {sid} survived SIGKILL for 30 s")
 
 
-def test_killed_training_driver_resumes_with_the_same_run_name(tmp_path):
+def test_killed_training_driver_resumes_with_the_same_run_name(cli, tmp_path):
     """`rayload train` with two Ray Train workers is SIGKILLed (every process of its session:
     the driver and its embedded Ray) after the first checkpoint is registered; the relaunch
     with the same --run-name starts at the next epoch and keeps the first epoch's metrics."""

@@ -7,32 +7,22 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
+from small_jobs import sets
 
 pytestmark = pytest.mark.e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RAYLOAD = os.path.join(os.path.dirname(sys.executable), "rayload")
 PIPELINE = os.path.join(ROOT, "jobs", "movielens_pipeline.yaml")
 # The demo's own options plus small stages; `rayload run` with the same items finds them unchanged.
 SETS = ["ab.serving.port=8771", "search.num_samples=2", "search.startup_trials=2", "search.scheduler.max_epochs=2",
         "ab.simulate.requests=600", "baseline.train.epochs=2"]
 
 
-def cli(*args, home, timeout=600):
-    env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
-    return subprocess.run([RAYLOAD, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _sets(items):
-    return [a for item in items for a in ("--set", item)]
-
-
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(cli, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", "--ab-requests", "600",
             "--set", "baseline.train.epochs=2", home=home, timeout=800)
@@ -95,13 +85,13 @@ def test_manifest_has_versions_commit_seeds_hashes_specs_and_durations(demo):
     assert all(s["seconds"] > 0 and s["outcome"] == "ok" for s in manifest["stages"])
 
 
-def test_a_rerun_skips_unchanged_stages_and_reruns_changed_ones(demo):
+def test_a_rerun_skips_unchanged_stages_and_reruns_changed_ones(cli, demo):
     home, _ = demo
-    r = cli("run", PIPELINE, "--run-id", "demo", *_sets(SETS), home=home)
+    r = cli("run", PIPELINE, "--run-id", "demo", *sets(SETS), home=home, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s["outcome"] for s in _manifest(home)["stages"]] == ["skipped"] * 5
     changed = [s for s in SETS if not s.startswith("ab.simulate")] + ["ab.simulate.requests=200"]
-    r = cli("run", PIPELINE, "--run-id", "demo", *_sets(changed), home=home)
+    r = cli("run", PIPELINE, "--run-id", "demo", *sets(changed), home=home, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     stages = _manifest(home)["stages"]
     assert [s["outcome"] for s in stages] == ["skipped", "skipped", "skipped", "ok", "ok"]
@@ -109,7 +99,7 @@ def test_a_rerun_skips_unchanged_stages_and_reruns_changed_ones(demo):
     assert sum(a["exposures"] for a in stages[4]["outputs"]["arms"].values()) < 600
 
 
-def test_a_failing_stage_stops_the_run_and_says_why(demo, tmp_path):
+def test_a_failing_stage_stops_the_run_and_says_why(cli, demo, tmp_path):
     import pandas as pd
 
     home, _ = demo
@@ -122,7 +112,7 @@ def test_a_failing_stage_stops_the_run_and_says_why(demo, tmp_path):
                                         {"name": "baseline", "kind": "train", "job": "job.yaml"},
                                         {"name": "again", "kind": "train", "job": "job.yaml"}]}
     (tmp_path / "broken.yaml").write_text(yaml.safe_dump(raw))
-    r = cli("run", str(tmp_path / "broken.yaml"), home=home)
+    r = cli("run", str(tmp_path / "broken.yaml"), home=home, timeout=600)
     assert r.returncode == 2  # a user's error (the missing column), as `rayload train` exits
     assert "stage prepare failed" in r.stdout and "'b'" in r.stdout  # the missing column is named
     assert [s["outcome"] for s in _manifest(home, "broken")["stages"]] == ["failed"]  # nothing after it ran
@@ -139,11 +129,11 @@ def _chromium() -> str:
     return path
 
 
-def test_report_loads_in_chromium_without_script_errors_with_plots_and_key_numbers(demo, tmp_path):
+def test_report_loads_in_chromium_without_script_errors_with_plots_and_key_numbers(cli, demo, tmp_path):
     from PIL import Image
 
     home, _ = demo
-    r = cli("report", "demo", home=home)
+    r = cli("report", "demo", home=home, timeout=600)
     assert r.returncode == 0, r.stderr
     path = str(home / "demo" / "report.html")
     stages = {s["name"]: s["outputs"] for s in _manifest(home)["stages"]}

@@ -51,7 +51,7 @@ def finished(run_dir: str) -> dict:
     return dict(rows)
 
 
-def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_path):
+def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(cli, tmp_path):
     spec, home = specs(tmp_path), tmp_path / "runs"
     env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
     driver = subprocess.Popen([RAYLOAD, "tune", spec], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -70,13 +70,12 @@ def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_p
         before = finished(run_dir)
         assert 2 <= len(before) < 5
         stamps = {n: os.path.getmtime(os.path.join(run_dir, "trials", f"trial_{n:04d}", "checkpoints.json")) for n in before}
-        status = subprocess.run([RAYLOAD, "tune", "status", run_dir], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        status = cli("tune", "status", run_dir, env=env, timeout=60)
         assert status.returncode == 0 and "interrupted" in status.stdout, status.stdout + status.stderr
     finally:
         _kill_group(driver)
     time.sleep(2)
-    resumed = subprocess.run([RAYLOAD, "tune", spec, "--resume", os.path.basename(run_dir)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=400)
+    resumed = cli("tune", spec, "--resume", os.path.basename(run_dir), env=env, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     done = finished(run_dir)
     study = optuna.load_study(study_name="resumable", storage=f"sqlite:///{run_dir}/study.db")
@@ -88,7 +87,7 @@ def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(tmp_p
         path = os.path.join(run_dir, "trials", f"trial_{number:04d}", "checkpoints.json")
         assert os.path.getmtime(path) == stamps[number]
     assert os.path.exists(os.path.join(run_dir, "best.yaml")) and "5 complete" in resumed.stdout
-    status = subprocess.run([RAYLOAD, "tune", "status", os.path.basename(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    status = cli("tune", "status", os.path.basename(run_dir), env=env, timeout=60)
     assert ": finished, 5 of 5 trials finished" in " ".join(status.stdout.split()), status.stdout
 
 

@@ -10,3 +10,13 @@ def ray_local():
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    """A real S3 endpoint (moto's server on loopback) with one bucket, for one module; its URI.
+    Ask for it before the module's Ray or nodes start: their processes inherit the credentials."""
+    import helpers
+
+    with helpers.s3_bucket() as uri:
+        yield uri

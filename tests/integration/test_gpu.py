@@ -1,17 +1,13 @@
 """GPU paths: skipped without CUDA (tests/conftest.py), run when a GPU is lent."""
 
 import os
-import sys
 
 import pytest
 import torch
 
+from _loop import MemorySession, features, job, table  # the loop's in-process helpers (an in-memory session, a tiny spec and table)
+
 pytestmark = pytest.mark.gpu
-
-
-# The in-process helpers of the loop's unit tests (an in-memory session, a tiny spec and table).
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
-from test_train_loop import MemorySession, features, job, table  # noqa: E402
 
 
 class CudaSession(MemorySession):

@@ -23,12 +23,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bucket():
-    with helpers.s3_bucket() as uri:  # before the nodes start: their processes inherit the credentials
-        yield uri
-
-
-@pytest.fixture(scope="module")
 def two_nodes(bucket):
     import ray
     from ray.cluster_utils import Cluster
@@ -76,7 +70,7 @@ def test_data_on_this_machines_disk_only_is_refused_before_anything_runs(subset,
 
 
 def job(path: str, epochs: int = 1, **train) -> JobSpec:
-    return helpers.movielens_job(path, "ml-nodes", 2, epochs, **train)  # one 1-CPU worker per node
+    return helpers.movielens_job(path, "ml-nodes", 2, epochs, train=train)  # one 1-CPU worker per node
 
 
 def test_a_local_folder_is_refused_with_the_fix_and_a_declared_shared_one_is_accepted(bucket, subset, tmp_path, monkeypatch):

@@ -14,13 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from helpers import movielens_subset, pg_database
+from helpers import movielens_job, movielens_subset, pg_database
 
 from rayload.ab_spec import ab_from_dict
 from rayload.errors import SpecError
 from rayload.serve import control
 from rayload.serve.assign import Layout
-from rayload.spec import JobSpec
 
 pytestmark = pytest.mark.integration
 PORT = 8765
@@ -36,16 +35,10 @@ def served(ray_local, tmp_path_factory):
     old_home = os.environ.get("RAYLOAD_HOME")
     os.environ["RAYLOAD_HOME"] = str(folder / "runs")
     table = pq.read_table(movielens_subset(folder, 6000))
-    raw = {"name": "ml-serve",
-           "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
-                    "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                                {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
-                    "label": {"column": "rating", "threshold": 4.0}},
-           "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
-           "train": {"epochs": 1, "batch_size": 256, "lr": 0.005}}
     ckpts = {}
     for arm, epochs in (("control", 1), ("challenger", 3)):
-        job = JobSpec.model_validate({**raw, "train": {**raw["train"], "epochs": epochs, "run_name": f"serve-{arm}"}})
+        job = movielens_job(str(folder / "subset.parquet"), "ml-serve", workers=1, epochs=epochs,
+                            train={"batch_size": 256, "run_name": f"serve-{arm}"})
         ckpts[arm] = fit(job, evaluate_test=False).checkpoint
     spec = ab_from_dict({"name": "itest", "arms": [{"name": "control", "weight": 0.7, "checkpoint": ckpts["control"]},
                                                    {"name": "challenger", "weight": 0.3, "checkpoint": ckpts["challenger"]}],

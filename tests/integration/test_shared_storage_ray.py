@@ -22,18 +22,12 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def bucket():
-    with helpers.s3_bucket() as uri:  # before the module's Ray starts: its processes inherit the credentials
-        yield uri
-
-
-@pytest.fixture(scope="module")
 def subset(bucket, ray_local, tmp_path_factory):
     return helpers.movielens_subset(tmp_path_factory.mktemp("ml"), 20_000)
 
 
 def job(path: str, workers: int = 2, epochs: int = 2, **train):
-    return helpers.movielens_job(path, "ml-s3", workers, epochs, **train)
+    return helpers.movielens_job(path, "ml-s3", workers, epochs, train=train)
 
 
 def keys(bucket: str, prefix: str) -> set[str]:

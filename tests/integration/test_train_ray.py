@@ -23,20 +23,11 @@ def movielens_subset(ray_local, tmp_path_factory):
 
 
 def job(path: str, **sections) -> JobSpec:
-    raw = {
-        "name": "ml-subset",
-        "data": {"source": {"kind": "parquet", "path": path},
-                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                             {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
-                 "label": {"column": "rating", "threshold": 4.0}},
-        "split": {"seed": 0},
-        "model": {"name": "deepfm", "embedding_dim": 8, "hidden": [32], "dropout": 0.0},
-        "train": {"epochs": 2, "batch_size": 512, "lr": 0.005},
-        "resources": {"workers": 2},
-    }
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value}
-    return JobSpec.model_validate(raw)
+    """`helpers.movielens_job` with a seeded split and a wider DeepFM, two workers, two epochs;
+    each of `sections` updates that section key by key."""
+    base = {"split": {"seed": 0}, "model": {"embedding_dim": 8, "hidden": [32], "dropout": 0.0}}
+    merged = {key: {**base.get(key, {}), **sections.get(key, {})} for key in {*base, *sections}}
+    return helpers.movielens_job(path, "ml-subset", workers=2, epochs=2, **merged)
 
 
 def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_path, monkeypatch):

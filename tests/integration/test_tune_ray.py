@@ -7,7 +7,7 @@ import os
 import optuna
 import pytest
 import yaml
-from helpers import movielens_subset
+from helpers import MOVIELENS_COLUMNS, movielens_subset
 
 import rayload
 from rayload.errors import RayloadError
@@ -23,8 +23,7 @@ def base_job(ray_local, tmp_path_factory):
     movielens_subset(folder, 6000)
     raw = {"name": "ml-tiny",
            "data": {"source": {"kind": "parquet", "path": str(folder / "subset.parquet")},
-                    "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"},
-                                {"name": "genres", "role": "multi_categorical"}, {"name": "year", "role": "numeric"}],
+                    "columns": MOVIELENS_COLUMNS,
                     "label": {"column": "rating", "threshold": 4.0}},
            "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16]},
            "train": {"epochs": 2, "batch_size": 256, "lr": 0.005}}

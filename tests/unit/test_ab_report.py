@@ -1,9 +1,15 @@
 """The A/B sections of the reports without Ray: `rayload ab report` and the pipeline report."""
 
+import pytest
+
+from _ab_control import control_run, events, spec_of
 from rayload import report
 from rayload.serve import control
 
-from test_ab_control import events, run, spec_of  # noqa: F401 - run is a fixture
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    return control_run(tmp_path, monkeypatch)
 
 
 def test_the_pipeline_report_shows_a_lift_without_an_interval_when_the_challenger_has_no_clicks(run):

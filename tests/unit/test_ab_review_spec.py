@@ -18,7 +18,7 @@ from rayload.serve.events import default_url
 from rayload.serve.http_io import AssignBody, PredictBody
 from rayload.serve.serve_config import serve_config
 
-from test_ab_control import events, spec_of, user
+from _ab_control import events, spec_of, user
 
 
 # ------------------------------------------------------------------ generations

@@ -11,7 +11,7 @@ from rayload.models import build_model
 from rayload.models._inputs import InputShape
 from rayload.spec import ModelSpec
 from rayload.train.batch import Layout
-from test_train_loop import features, table
+from _loop import features, table
 
 
 @pytest.mark.parametrize("batch_norm", [True, False])

@@ -4,8 +4,7 @@ ranking requests counted per request, values read as the model reads them (no Ra
 
 import numpy as np
 import pytest
-from helpers import frame
-from test_features import fit
+from helpers import fit_features as fit, frame
 
 from rayload.serve import drift
 

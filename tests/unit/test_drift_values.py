@@ -70,8 +70,7 @@ def test_counts_read_off_the_model_ids_equal_counts_of_the_raw_values(encode, ma
     must count exactly what the raw values count: in and out of vocabulary, missing, mixed
     types, bags cut at max_bag (whose tokens past the cut still count), and a slice of a larger
     table (the A/B batch gives each arm its slice)."""
-    from helpers import frame
-    from test_features import fit
+    from helpers import fit_features as fit, frame
 
     df = frame(800, seed=2)
     features, _ = fit(df, {"categorical": {c: {"encode": encode, "max_bag": max_bag, "top_k": 20} for c in ("user", "item", "tags")}})

@@ -32,7 +32,7 @@ def test_binary_metrics_from_logits_rank_the_logits_a_sigmoid_saturates():
 
 def test_checkpoint_evaluation_ranks_by_logits(tmp_path):
     """A model whose logits all lie near +40 (float32 probabilities all 1.0) keeps its ranking."""
-    from test_train_loop import MemorySession, features, job, table
+    from _loop import MemorySession, features, job, table
 
     from rayload.data.pipeline import LocalShards
     from rayload.train import checkpoint as ckpt

@@ -11,24 +11,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from helpers import COLUMNS, frame
+from helpers import fit_features as fit, frame, frame_schema
 from rayload._feature_fit import FitPlan, finalize, merge_stats, partial_stats
-from rayload.data.validate import Schema, validate_table
+from rayload.data.validate import validate_table
 from rayload.errors import DataError
 from rayload.features import MISSING_ID, OOV_ID, FittedFeatures
 from rayload.spec import FeatureSpec
-
-LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
-
-
-def fit(df: pd.DataFrame, features: dict, chunks: int = 1) -> tuple[FittedFeatures, pa.Table]:
-    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
-    good, bad = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
-    assert bad.num_rows == 0
-    plan = FitPlan.from_spec(FeatureSpec.model_validate(features), schema)
-    bounds = np.linspace(0, good.num_rows, chunks + 1).astype(int)
-    parts = [partial_stats(good.slice(a, b - a), plan) for a, b in zip(bounds[:-1], bounds[1:])]
-    return finalize(merge_stats(parts), plan), good
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +170,7 @@ def test_batch_and_single_row_transforms_agree_on_1000_random_rows():
     test.loc[rng.random(1000) < 0.1, "user"] = None
     test.loc[rng.random(1000) < 0.1, "item"] = 10_000 + rng.integers(0, 100)
     test.loc[rng.random(1000) < 0.1, "tags"] = None
-    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    schema = frame_schema()
     good, bad = validate_table(pa.Table.from_pandas(test, preserve_index=False), schema)
     assert bad.num_rows == 0
     batch = feats.transform_table(good).drop(["label"])
@@ -240,7 +228,7 @@ def test_target_statistics_without_smoothing_fall_back_to_the_prior_where_no_row
     training rows whose value occurs only in their own fold."""
     from rayload.spec import SplitSpec
 
-    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    schema = frame_schema()
     good, _ = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
     plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"user": {"target_stats": True, "smoothing": 0}}}),
                              schema, SplitSpec(key=["user", "item", "ts"]))
@@ -360,7 +348,7 @@ def test_out_of_fold_log_count_agrees_with_serving_on_average():
 
     rng = np.random.default_rng(0)
     df = frame(4000, seed=6).assign(user=[f"v{v % 50}" for v in rng.zipf(1.3, 4000)])
-    schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), LABEL)
+    schema = frame_schema()
     good, _ = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
     plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"user": {"target_stats": True, "smoothing": 10}}}),
                              schema, SplitSpec(key=["user", "item", "ts"]))

@@ -13,7 +13,7 @@ from rayload.compression import _beside, compress, default_suffix
 from rayload.pruning import prune as _prune, unmask as _unmask
 from rayload.errors import RayloadError
 from rayload.models import build_model
-from test_quantized import SHAPE, inputs, model
+from _tiny_model import SHAPE, inputs, model
 
 
 def _post_activation(module: nn.Module, forward):

@@ -13,7 +13,7 @@ from rayload.errors import RayloadError
 from rayload.models import InputShape, build_model
 from rayload.retraining import _model_section, next_ab_spec, next_name, retrain
 from rayload.spec import ModelSpec
-from test_retrain_next import NOW, _ab_run, _checkpoint, _stub_fit
+from _retrain import NOW, ab_run, placeholder_checkpoint, stub_fit
 
 SHADOW = {"name": "exp", "champion": "a", "shadow": True,
           "arms": [{"name": "a", "weight": 1.0, "checkpoint": "/x/a"}, {"name": "b", "weight": 0.0, "checkpoint": "/x/b"}]}
@@ -56,12 +56,12 @@ def test_a_champion_from_before_align_is_rebuilt_unpadded(tmp_path):
 
 
 def test_a_deleted_champion_is_named_before_anything_is_read_or_trained(tmp_path, monkeypatch):
-    champion = _checkpoint(tmp_path / "champion")
+    champion = placeholder_checkpoint(tmp_path / "champion")
     spec = {"name": "exp", "champion": "a", "arms": [{"name": "a", "weight": 0.9, "checkpoint": champion},
-                                                     {"name": "b", "weight": 0.1, "checkpoint": _checkpoint(tmp_path / "b")}]}
-    run = _ab_run(tmp_path, spec, "a")
+                                                     {"name": "b", "weight": 0.1, "checkpoint": placeholder_checkpoint(tmp_path / "b")}]}
+    run = ab_run(tmp_path, spec, "a")
     calls = []
-    _stub_fit(monkeypatch, tmp_path, calls)
+    stub_fit(monkeypatch, tmp_path, calls)
     monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
     shutil.rmtree(champion)
     with pytest.raises(RayloadError, match=rf"the champion of A/B run {run} \(arm 'a'.*\), {champion}, does not exist: a checkpoint "
@@ -73,11 +73,11 @@ def test_a_deleted_champion_is_named_before_anything_is_read_or_trained(tmp_path
 def test_retrain_writes_the_next_shadow_experiment_under_a_name_that_does_not_grow(tmp_path, monkeypatch):
     import yaml
 
-    champion, other = _checkpoint(tmp_path / "champion"), _checkpoint(tmp_path / "b")
+    champion, other = placeholder_checkpoint(tmp_path / "champion"), placeholder_checkpoint(tmp_path / "b")
     prior = {**SHADOW, "name": "exp-r20260101-000000", "arms": [{**SHADOW["arms"][0], "checkpoint": champion},
                                                                 {**SHADOW["arms"][1], "checkpoint": other}]}
-    _stub_fit(monkeypatch, tmp_path, [])
-    result = retrain(job(str(tmp_path / "unused.parquet")), _ab_run(tmp_path, prior, "a"), attribution="30m", now=NOW)
+    stub_fit(monkeypatch, tmp_path, [])
+    result = retrain(job(str(tmp_path / "unused.parquet")), ab_run(tmp_path, prior, "a"), attribution="30m", now=NOW)
     spec = yaml.safe_load(open(result.ab_spec))
     assert spec["name"] == next_name("exp", retraining._dt.datetime.fromtimestamp(NOW).strftime("%Y%m%d-%H%M%S"))
     assert spec["shadow"] is True and [a["weight"] for a in spec["arms"]] == [1.0, 0.0]

@@ -1,7 +1,6 @@
 """`rayload demo --spec` on a pipeline whatever its stages are named, and the cluster commands'
 and doctor's user errors as exit-2 messages instead of tracebacks."""
 
-import importlib
 import os
 import shutil
 
@@ -9,16 +8,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from _ops import cli_app
 from rayload.errors import RayloadError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _app():
-    importlib.import_module("rayload._cli_ops")  # registers `demo`, `doctor`, `cluster`, ...
-    from rayload.cli import app
-
-    return app
 
 
 # ---------------------------------------------------------------- rayload demo --spec
@@ -55,7 +48,7 @@ def test_demo_on_a_pipeline_without_an_ab_stage_sets_no_port(tmp_path):
     assert demo_sets(path, 8000) == []
     with pytest.raises(RayloadError, match="--trials: the pipeline .* has no tune stage"):
         demo_sets(path, 8000, trials=4)
-    r = CliRunner().invoke(_app(), ["demo", "--spec", path, "--trials", "4"])
+    r = CliRunner().invoke(cli_app(), ["demo", "--spec", path, "--trials", "4"])
     assert r.exit_code == 2 and "no tune stage" in r.output, r.output
 
 
@@ -63,7 +56,7 @@ def test_demo_on_a_pipeline_without_an_ab_stage_sets_no_port(tmp_path):
 
 
 def test_cluster_commands_report_bad_files_and_options_as_messages(tmp_path):
-    app = _app()
+    app = cli_app()
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\n")
     bare = tmp_path / "bare.yaml"
@@ -91,5 +84,5 @@ def test_doctor_prints_a_users_error_as_a_message(monkeypatch):
         raise RayloadError("nothing answers at 10.0.0.9:6379")
 
     monkeypatch.setattr(rayload.ops, "doctor", refuse)
-    r = CliRunner().invoke(_app(), ["doctor", "--address", "10.0.0.9:6379"])
+    r = CliRunner().invoke(cli_app(), ["doctor", "--address", "10.0.0.9:6379"])
     assert r.exit_code == 2 and "nothing answers" in r.output, r.output

@@ -17,15 +17,6 @@ SPEC = PipelineSpec.model_validate({"name": "p", "stages": [
     {"name": "ab", "kind": "ab", "spec": "ab.yaml", "champion": "baseline", "challenger": "search"}]})
 
 
-@pytest.fixture()
-def fakes(monkeypatch):
-    monkeypatch.setattr(runners, "plan_for", lambda spec, stage: (stage.model_dump(mode="json"), None, None))
-    monkeypatch.setattr(runners, "train", lambda *a: {"checkpoint": "ckpt"})
-    monkeypatch.setattr(runners, "ab", lambda spec, stage, folder, outputs, address, progress:
-                        {"served": runners._checkpoint_of(outputs, stage.challenger)})
-    monkeypatch.setattr(stages, "_ray_for_direct_ingress", lambda spec, address: None)
-
-
 def _failed_search(monkeypatch, tmp_path):
     """The search runner's inputs: every trial of the search failed (tune() returns best None)."""
     import rayload.tuning
@@ -37,7 +28,7 @@ def _failed_search(monkeypatch, tmp_path):
     monkeypatch.setattr(rayload.tuning, "tune", lambda *a, **kw: found)
 
 
-def test_a_search_whose_trials_all_failed_fails_its_stage_on_every_run(fakes, monkeypatch, tmp_path):
+def test_a_search_whose_trials_all_failed_fails_its_stage_on_every_run(fake_runners, monkeypatch, tmp_path):
     """It was recorded `ok` with no best trial, skipped on every rerun, and the A/B stage after
     it failed instead, naming the wrong stage."""
     _failed_search(monkeypatch, tmp_path)
@@ -50,7 +41,7 @@ def test_a_search_whose_trials_all_failed_fails_its_stage_on_every_run(fakes, mo
         assert failed.user_error and "stage 'search'" in failed.error and "--force search" in failed.error
 
 
-def test_run_exits_2_for_a_users_error_in_a_stage_and_1_for_a_bug(fakes, monkeypatch):
+def test_run_exits_2_for_a_users_error_in_a_stage_and_1_for_a_bug(fake_runners, monkeypatch):
     """`rayload train` exits 2 for a RayloadError; `rayload run` exited 1 for the same one."""
     import rayload._cli_ops  # noqa: F401  (registers `run`)
     import rayload.pipeline_spec

@@ -2,7 +2,6 @@
 test split of the events (not the validation split that picked the best epoch), and a
 compressed champion warm-starts the retrain from the checkpoint it was compressed from."""
 
-import dataclasses
 import json
 import os
 import shutil
@@ -14,24 +13,12 @@ from rayload import evaluate
 from rayload.errors import DataError, RayloadError
 from rayload.retraining import GATE_SPLIT, MIN_GATE_CLASS, RetrainResult, gate_aucs, gate_from_scores, job_for, warm_start
 from rayload.spec import JobSpec
-from test_train_loop import features
-
-COLUMNS = [{"name": "x", "role": "numeric"}, {"name": "c", "role": "categorical"}, {"name": "y", "role": "label"}]
-
-
-def _checkpoint(folder, compression=None):
-    os.makedirs(folder)
-    dataclasses.replace(features(), columns=COLUMNS).save(os.path.join(folder, "features.json"))
-    with open(os.path.join(folder, "model.json"), "w") as f:
-        json.dump({"config": {"name": "mlp", "hidden": [8]}, **({"compression": compression} if compression else {})}, f)
-    open(os.path.join(folder, "model.pt"), "wb").close()
-    return str(folder)
-
+from _retrain import PLACEHOLDER_COLUMNS, placeholder_checkpoint
 
 @pytest.fixture()
 def champions(tmp_path):
-    source = _checkpoint(tmp_path / "run" / "epoch_0003")
-    int8 = _checkpoint(tmp_path / "run" / "epoch_0003-int8", {"method": "int8", "source": source})
+    source = placeholder_checkpoint(tmp_path / "run" / "epoch_0003")
+    int8 = placeholder_checkpoint(tmp_path / "run" / "epoch_0003-int8", {"method": "int8", "source": source})
     return source, int8
 
 
@@ -124,7 +111,7 @@ def test_a_compressed_champion_whose_source_is_gone_or_changed_is_refused_naming
     with open(os.path.join(source, "features.json")) as f:
         fitted = json.load(f)
     with open(os.path.join(source, "features.json"), "w") as f:
-        json.dump({**fitted, "columns": COLUMNS[1:]}, f)
+        json.dump({**fitted, "columns": PLACEHOLDER_COLUMNS[1:]}, f)
     with pytest.raises(RayloadError, match="features.json has changed"):
         warm_start(int8)
     shutil.rmtree(source)

@@ -1,75 +1,27 @@
 """The experiment `rayload retrain` registers next: its arms, its challenger's weight, and the
 checks it passes before any training (the fine-tune itself is replaced by a stub here)."""
 
-import dataclasses
-import json
-import os
-
 import pytest
 import yaml
 
 from helpers import job
 from rayload import retraining
-from rayload.retraining import Gate, next_ab_spec, retrain
-from rayload.serve import event_writer
-from test_train_loop import features
-
-NOW = 1_800_000_000.0
-COLUMNS = [{"name": "x", "role": "numeric"}, {"name": "c", "role": "categorical"}, {"name": "y", "role": "label"}]
-
-
-def _checkpoint(folder):
-    os.makedirs(folder)
-    dataclasses.replace(features(), columns=COLUMNS).save(os.path.join(folder, "features.json"))
-    with open(os.path.join(folder, "model.json"), "w") as f:
-        json.dump({"config": {"name": "mlp", "hidden": [8]}}, f)
-    open(os.path.join(folder, "model.pt"), "wb").close()
-    return str(folder)
-
-
-def _ab_run(tmp_path, spec: dict, champion_arm: str) -> str:
-    """An A/B run folder (serve.json) with 80 logged exposures, every other one clicked."""
-    url = f"sqlite:///{tmp_path / 'events.db'}"
-    writer = event_writer.EventWriter(url, flush_ms=1)
-    for i in range(80):
-        writer.submit("exposure", {"request_id": f"r{i}", "experiment": spec["name"], "unit_id": f"u{i}", "arm": "a", "model_version": "v",
-                                   "score": 0.5, "status": "ok", "latency_ms": 1.0, "layout": "{}", "ts": NOW - 7200 - i,
-                                   "features": json.dumps({"x": float(i), "c": str(i % 5)})}).result()
-        if i % 2:
-            writer.submit("outcome", {"request_id": f"r{i}", "event": "click", "value": 1.0, "ts": NOW - 7200 - i + 5}).result()
-    writer.close()
-    run = tmp_path / "ab-run"
-    run.mkdir()
-    args = {"experiment": spec["name"], "spec": spec, "events_url": url, "checkpoints": {a["name"]: a["checkpoint"] for a in spec["arms"]}}
-    (run / "serve.json").write_text(json.dumps({"config": {"applications": [{"args": args, "deployments": [
-        {"user_config": {"champion": champion_arm}}]}]}}))
-    return str(run)
-
+from rayload.retraining import next_ab_spec, retrain
+from _retrain import NOW, ab_run, placeholder_checkpoint, stub_fit
 
 @pytest.fixture()
 def second_round(tmp_path):
     """The experiment a first retrain wrote, after its `retrained` arm was promoted."""
-    first, retrained = _checkpoint(tmp_path / "first"), _checkpoint(tmp_path / "retrained")
+    first, retrained = placeholder_checkpoint(tmp_path / "first"), placeholder_checkpoint(tmp_path / "retrained")
     spec = {"name": "exp-r1", "champion": "control", "arms": [{"name": "control", "weight": 0.9, "checkpoint": first},
                                                               {"name": "retrained", "weight": 0.1, "checkpoint": retrained}]}
-    return _ab_run(tmp_path, spec, "retrained"), retrained
-
-
-def _stub_fit(monkeypatch, tmp_path, calls: list):
-    new = _checkpoint(tmp_path / "retrained-again")
-
-    def fit_and_gate(job_, champion, address):
-        calls.append(job_.train.init_from)
-        return Gate(0.7, 0.6, 100, 50, (0.05, 0.15), 0.01), new
-
-    monkeypatch.setattr(retraining, "_fit_and_gate", fit_and_gate)
-    return new
+    return ab_run(tmp_path, spec, "retrained"), retrained
 
 
 def test_a_second_round_after_a_promote_names_its_challenger_apart_from_the_champion(second_round, tmp_path, monkeypatch):
     run, champion = second_round
     calls = []
-    new = _stub_fit(monkeypatch, tmp_path, calls)
+    new = stub_fit(monkeypatch, tmp_path, calls)
     result = retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
     assert calls == [champion] and result.passed
     spec = yaml.safe_load(open(result.ab_spec))
@@ -81,7 +33,7 @@ def test_the_next_spec_is_checked_before_the_fine_tune(second_round, tmp_path, m
     """An arm-name clash (as the second round had) is refused before anything is trained."""
     run, _ = second_round
     calls = []
-    _stub_fit(monkeypatch, tmp_path, calls)
+    stub_fit(monkeypatch, tmp_path, calls)
     monkeypatch.setattr(retraining, "challenger_arm", lambda champion_arm: champion_arm)
     with pytest.raises(retraining.RayloadError, match="arm names must be unique"):
         retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
@@ -108,7 +60,7 @@ def test_the_challenger_weight_comes_from_the_prior_challenger_when_the_champion
 def test_a_weight_the_next_experiment_would_refuse_is_named_before_anything_is_trained(second_round, tmp_path, monkeypatch, weight, message):
     run, _ = second_round
     calls = []
-    _stub_fit(monkeypatch, tmp_path, calls)
+    stub_fit(monkeypatch, tmp_path, calls)
     monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
     with pytest.raises(retraining.RayloadError, match=message):
         retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", challenger_weight=weight, now=NOW)

@@ -13,7 +13,7 @@ from rayload.data.validate import validate_request
 from rayload.errors import DataError, RayloadError
 from rayload.retraining import _check_rows, _labelled, parse_duration, training_rows
 from rayload.serve import event_writer, events
-from test_train_loop import features
+from _loop import features
 
 NOW = 1_800_000_000.0
 

@@ -9,26 +9,13 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
-from helpers import frame, job
-from rayload.data.pipeline import preprocess
+from helpers import frame, prepared_features, tiny_checkpoint
 from rayload.errors import DataError
 from rayload.features import FittedFeatures
-from rayload.models import InputShape, build_model
 from rayload.serve.app import RequestIds
 from rayload.serve.batch_scoring import score_grouped
 from rayload.serve.scorer import Scorer
-from rayload.spec import ModelSpec
-from rayload.train import checkpoint as ckpt
-
-
-def _checkpoint(path, features, seed: int) -> str:
-    torch.manual_seed(seed)
-    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [8]}).model_dump()
-    model = build_model(config, InputShape.from_features(features))
-    ckpt.save(str(path), model, features, config, {"state": ckpt.TrainState(), "optimizers": []}, {})
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +24,11 @@ def arms(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-batch")
     out = {}
     for name, data_seed in (("shared", 4), ("other", 5)):
-        src = tmp / f"{name}.parquet"
-        frame(600, seed=data_seed).to_parquet(src)
-        out[name] = preprocess(job(str(src)), out=str(tmp / f"prep-{name}"), engine="local").features
+        out[name] = prepared_features(tmp, data_seed, name)
     rows = frame(60, seed=9).drop(columns=["y"]).to_dict("records")
-    scorers = {"a": Scorer.load("a", _checkpoint(tmp / "a", out["shared"], 0)),
-               "b": Scorer.load("b", _checkpoint(tmp / "b", out["shared"], 1)),
-               "c": Scorer.load("c", _checkpoint(tmp / "c", out["other"], 2))}
+    scorers = {"a": Scorer.load("a", tiny_checkpoint(tmp / "a", out["shared"], 0)),
+               "b": Scorer.load("b", tiny_checkpoint(tmp / "b", out["shared"], 1)),
+               "c": Scorer.load("c", tiny_checkpoint(tmp / "c", out["other"], 2))}
     return scorers, rows
 
 

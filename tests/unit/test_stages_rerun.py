@@ -1,10 +1,6 @@
 """`rayload run` re-runs the stages that use the outputs of a stage that ran again (`--force`),
 and skips the unchanged ones; the stage runners are fakes that record what they were given."""
 
-import itertools
-
-import pytest
-
 from rayload import _stage_runners as runners
 from rayload import stages
 from rayload.pipeline_spec import PipelineSpec
@@ -15,23 +11,11 @@ SPEC = PipelineSpec.model_validate({"name": "p", "stages": [
     {"name": "decide", "kind": "decide", "experiment": "ab"}]})
 
 
-@pytest.fixture()
-def fakes(monkeypatch):
-    counter = itertools.count(1)
-    monkeypatch.setattr(runners, "plan_for", lambda spec, stage: (stage.model_dump(mode="json"), None, None))
-    monkeypatch.setattr(runners, "train", lambda spec, stage, folder, outputs, address, progress: {"checkpoint": f"ckpt-v{next(counter)}"})
-    monkeypatch.setattr(runners, "ab", lambda spec, stage, folder, outputs, address, progress:
-                        {"run_dir": folder, "served": [outputs[stage.champion]["checkpoint"], outputs[stage.challenger]["checkpoint"]],
-                         "n": next(counter)})
-    monkeypatch.setattr(runners, "decide", lambda spec, stage, folder, outputs, address, progress: {"on": outputs[stage.experiment]})
-    monkeypatch.setattr(stages, "_ray_for_direct_ingress", lambda spec, address: None)
-
-
 def _outcomes(result):
     return {s.name: s.outcome for s in result.stages}
 
 
-def test_a_forced_stage_reruns_the_stages_that_use_it_and_no_other(fakes):
+def test_a_forced_stage_reruns_the_stages_that_use_it_and_no_other(fake_runners):
     first = stages.run(SPEC, "p1")
     assert set(_outcomes(first).values()) == {"ok"}
     again = stages.run(SPEC, "p1")
@@ -46,7 +30,7 @@ def test_a_forced_stage_reruns_the_stages_that_use_it_and_no_other(fakes):
     assert set(_outcomes(stages.run(SPEC, "p1")).values()) == {"skipped"}  # and then all unchanged again
 
 
-def test_a_run_recorded_before_executions_were_kept_is_not_rerun(fakes, monkeypatch):
+def test_a_run_recorded_before_executions_were_kept_is_not_rerun(fake_runners, monkeypatch):
     """stage.json files from before executions were recorded (fingerprints from upstream
     fingerprints alone): an unchanged pipeline is still skipped."""
     import json
@@ -77,7 +61,7 @@ def test_a_train_stage_starting_from_a_checkpoint_changes_when_the_checkpoint_th
     from rayload.data.sources import resolve_inputs
     from rayload.paths import cache_root
     from rayload.spec import load_spec
-    from test_train_loop import features
+    from _loop import features
 
     frame(200).to_parquet(tmp_path / "d.parquet")
     ckpt = tmp_path / "champion"

@@ -8,13 +8,6 @@ from rayload.train import trainer
 from rayload.train.resources import ResourceError
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(trainer, "ensure_ray", lambda address=None: None)
-    monkeypatch.setattr(trainer, "preprocess", lambda *a, **k: pytest.fail("preprocessed before the cheap checks"))
-
-
 def _refuse(what):
     def check(*args, **kwargs):
         raise ResourceError(what)

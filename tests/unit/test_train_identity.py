@@ -11,7 +11,7 @@ import helpers
 from rayload.errors import SpecError
 from rayload.train import identity, trainer
 from rayload.train.loop import Trainer, run
-from test_train_loop import MemorySession, features, job, table
+from _loop import MemorySession, features, job, table
 
 
 def manifest(spec, data_hash="d1", cache_key="k1") -> dict:
@@ -100,13 +100,6 @@ def _run_folder(tmp_path, spec, data_hash="d1") -> str:
     (ckpt / "manifest.json").write_text(json.dumps(dict(manifest(spec, data_hash), epoch=0)))
     (home / "checkpoints.json").write_text(json.dumps([{"path": str(ckpt), "metrics": {"epoch": 0, "val_auc": 0.7}}]))
     return str(ckpt)
-
-
-@pytest.fixture
-def no_ray(monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(trainer, "ensure_ray", lambda address=None: None)
-    monkeypatch.setattr(trainer, "check_resources", lambda *a, **k: None)
 
 
 def test_fit_refuses_a_changed_spec_under_a_runs_name_before_preprocessing(no_ray, monkeypatch, tmp_path):

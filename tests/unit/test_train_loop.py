@@ -9,71 +9,14 @@ import pydantic
 import pytest
 import torch
 
-from rayload.features import CategoricalState, FittedFeatures, LabelState, NumericState
+from _loop import MemorySession, RankSession, features, job, spawn_two, table
+from rayload.features import CategoricalState, LabelState
 from rayload.errors import SpecError
 from rayload.spec import JobSpec
 from rayload.train import checkpoint as ckpt
 from rayload.train.batch import Layout, collate
 from rayload.train.loop import Trainer, run
 from rayload.train.session import Session
-
-
-def features() -> FittedFeatures:
-    return FittedFeatures(
-        numeric=[NumericState("x", 0.0, None, None, False, "zscore")],
-        categorical=[CategoricalState("c", "vocab", vocab=[str(i) for i in range(30)]),
-                     CategoricalState("b", "vocab", multi=True, vocab=["p", "q", "r"])],
-        crosses=[], label=LabelState("y", "binary"), columns=[],
-    )
-
-
-def table(n: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    c = rng.integers(2, 32, n)
-    x = rng.normal(size=n).astype(np.float32)
-    logit = 1.5 * x + np.where(c % 2 == 0, 1.0, -1.0)
-    y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-    bags = [list(rng.integers(2, 5, rng.integers(1, 3))) for _ in range(n)]
-    return pa.table({"x": x, "c": c.astype(np.int64), "b": pa.array(bags, pa.list_(pa.int64())), "label": y})
-
-
-class MemorySession(Session):
-    """Batches from an in-memory table (the Ray sessions are exercised in integration tests)."""
-
-    def __init__(self, train: pa.Table, val: pa.Table, folder: str):
-        super().__init__({"layout": Layout(("x",), ("c",), ("b",)), "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 0})
-        self.train, self.val, self.folder, self.reports = train, val, folder, []
-
-    def _batches(self, t: pa.Table, size: int):
-        for start in range(0, t.num_rows, size):
-            yield collate(t.slice(start, size), self.loader["layout"])
-
-    def train_batches(self, epoch, batch_size):
-        return self._batches(self.train, batch_size)
-
-    def val_batches(self, batch_size):
-        return self._batches(self.val, batch_size)
-
-    def latest_checkpoint(self):
-        import contextlib
-
-        return contextlib.nullcontext(self.reports[-1][1] if self.reports else None)
-
-    def report(self, metrics, checkpoint_dir, name):
-        dest = os.path.join(self.folder, name)
-        if checkpoint_dir:
-            import shutil
-
-            shutil.copytree(checkpoint_dir, dest)
-        self.reports.append((metrics, dest))
-
-
-def job(**train) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "t", "data": {"source": {"kind": "movielens"}},
-        "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0},
-        "train": {"batch_size": 256, "lr": 0.01, **train},
-    })
 
 
 def test_training_learns_and_reports_every_epoch(tmp_path):
@@ -333,41 +276,6 @@ def test_worker_cache_streams_every_epoch_over_budget_or_when_off():
     assert loader_options(job(worker_cache_mb=0), features())["cache_bytes"] == 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_two(target, *args) -> list:
-    """Run target(rank, port, *args, queue) on two gloo ranks; returns what each put, by rank."""
-    import torch.multiprocessing as mp
-
-    ctx, port = mp.get_context("spawn"), _free_port()
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(rank, port, *args, out), daemon=True) for rank in range(2)]
-    for p in procs:
-        p.start()
-    import queue
-    import time
-
-    got, deadline = {}, time.monotonic() + 300
-    while len(got) < 2:
-        failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-        assert not failed and time.monotonic() < deadline, f"rank exit codes {[p.exitcode for p in procs]}"
-        try:
-            rank, value = out.get(timeout=1)
-            got[rank] = value
-        except queue.Empty:
-            pass
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
-    return [got[0], got[1]]
-
-
 def _two_ranks(rank: int, port: int, budgets: tuple, out) -> None:
     import torch.distributed as dist
 
@@ -384,7 +292,7 @@ def test_worker_cache_is_all_ranks_or_none():
     """One rank over its budget: no rank caches (a rank streaming alone would wait forever for
     the others at Ray Data's streaming split)."""
     for budgets, reads in (((2**20, 2**20), 1), ((2**20, 1000), 3)):
-        assert _spawn_two(_two_ranks, budgets) == [reads, reads]
+        assert spawn_two(_two_ranks, budgets) == [reads, reads]
 
 
 def _sync_sparse_grads(rank: int, port: int, out) -> None:
@@ -426,20 +334,9 @@ def _sync_sparse_grads(rank: int, port: int, out) -> None:
 def test_sparse_gradients_are_averaged_across_ranks_like_ddp():
     """Each rank ends with the sparse, coalesced average of both ranks' gradients, also for a
     table one rank never touched (the reference is the dense gradients' mean)."""
-    for flags, errors in _spawn_two(_sync_sparse_grads):
+    for flags, errors in spawn_two(_sync_sparse_grads):
         assert flags == [True, True, True]
         assert max(errors) < 1e-6, errors
-
-
-class RankSession(MemorySession):
-    """A MemorySession on one rank of a real gloo group, the model wrapped in DDP."""
-
-    def __init__(self, rank: int, *args):
-        super().__init__(*args)
-        self.rank, self.world_size = rank, 2
-
-    def prepare(self, model):
-        return torch.nn.parallel.DistributedDataParallel(model)
 
 
 def _train_two_ranks(rank: int, port: int, folder: str, out) -> None:
@@ -467,7 +364,7 @@ def test_two_gloo_ranks_with_sparse_tables_keep_identical_weights(tmp_path):
     """The sparse tables stay out of DDP (its gloo sparse all-reduce corrupted the heap on
     torch 2.13) and are averaged by SparseGradSync: after two epochs on different data, with
     accumulation, both ranks hold the same weights bit for bit, and training moved the tables."""
-    r0, r1 = _spawn_two(_train_two_ranks, str(tmp_path))
+    r0, r1 = spawn_two(_train_two_ranks, str(tmp_path))
     tables = {k for k in r0["final"] if ".tables." in k or ".bags." in k}
     assert tables and r0["ignored"] == r1["ignored"] == tables
     assert r0["aucs"][-1] > 0.7
@@ -507,7 +404,7 @@ def test_validation_reader_is_chosen_once_so_uneven_val_caches_cannot_deadlock(t
 
     path = str(tmp_path / "val.parquet")
     pq.write_table(table(2100, 3), path)
-    r0, r1 = _spawn_two(_uneven_val_caches, path)
+    r0, r1 = spawn_two(_uneven_val_caches, path)
     assert r0 == ([1076] * 3, False) and r1 == ([1024] * 3, True)
 
 
@@ -724,7 +621,7 @@ def _norm_stats_after_ddp(rank: int, port: int, out) -> None:
 
 
 def test_validation_uses_rank_0s_batch_norm_statistics_on_every_rank():
-    (before0, after0), (before1, after1) = _spawn_two(_norm_stats_after_ddp)
+    (before0, after0), (before1, after1) = spawn_two(_norm_stats_after_ddp)
     assert before0 != before1  # each rank updated the running statistics with its own batch
     assert len(after0) > 0 and after0 == after1 == before0
 

@@ -13,7 +13,7 @@ from rayload.train import checkpoint as ckpt
 from rayload.train.batch import Layout, collate
 from rayload.train.loop import Trainer, run
 from rayload.train.setup import seed_rank
-from test_train_loop import MemorySession, RankSession, _spawn_two, features, job, table
+from _loop import MemorySession, RankSession, spawn_two, features, job, table
 
 LAYOUT = Layout(("x",), ("c",), ("b",))
 
@@ -108,7 +108,7 @@ def _dropout_ranks(rank: int, port: int, out) -> None:
 def test_two_gloo_ranks_draw_their_own_masks_keep_equal_weights_and_resume_their_own_streams():
     """DDP (sparse tables through SparseGradSync, clipped): the ranks' dropout masks differ, their
     weights stay equal, and a resume gives each rank its own stream back, not rank 0's."""
-    r0, r1 = _spawn_two(_dropout_ranks)
+    r0, r1 = spawn_two(_dropout_ranks)
     assert not np.allclose(r0["first"], r1["first"])
     for k, v in r0["weights"].items():
         assert np.array_equal(v, r1["weights"][k]), k

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_train_loop import MemorySession, features, job, table
+from _loop import MemorySession, features, job, table
 
 from rayload.errors import RayloadError
 from rayload.spec import JobSpec

@@ -21,7 +21,7 @@ beside a row move its rounding (measured: logits up to about 4e-3 apart between 
 alone and in a 4096-row batch, on the MLP and DCN; 1e-4 on DeepFM). What inference.py checks
 (traced = eager within 1e-6 on the same batch) therefore makes a served fp32 score equal its
 offline prediction, and a served int8 score equal it within the int8 tolerance (README,
-"Compression"; tests/unit/test_life_review_int8_batch.py), not within 1e-6.
+"Compression"; tests/unit/test_quantized.py), not within 1e-6.
 """
 
 from __future__ import annotations

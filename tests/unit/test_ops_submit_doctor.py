@@ -3,76 +3,15 @@ check asks the cluster, a spec that does not load is never uploaded, the job get
 RAYLOAD_HOME, an unreachable address fails without ray.init (which retries for minutes),
 and RAY_AUTH_TOKEN_PATH is honoured."""
 
-import http.server
-import importlib
-import json
 import socket
-import threading
 
 import pytest
 from typer.testing import CliRunner
 
+from _ops import JOB, cli_app
 from rayload import ops
 from rayload.errors import RayloadError, SpecError
-from test_ops import JOB  # a job spec that loads; its data is never read
 
-
-
-@pytest.fixture
-def stub():
-    """A stub Ray job API: `make(auth=False)` answers like a cluster without token auth,
-    `make(auth=True)` refuses requests without a token (401) as Ray's dashboard does; it accepts
-    uploads and submissions and records what reaches it."""
-    servers = []
-
-    def make(auth: bool = False):
-        hits, submitted = [], []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _send(self, code, body=b""):
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _any(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                data = self.rfile.read(n) if n else b""
-                hits.append((self.command, self.path))
-                if auth and not self.headers.get("Authorization"):
-                    return self._send(401, b"Unauthorized: Missing authentication token")
-                if self.path.startswith("/api/version"):
-                    return self._send(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode())
-                if self.path.startswith("/api/jobs/") and self.command == "GET":
-                    return self._send(200, b"[]")
-                if self.path.startswith("/api/packages/"):
-                    return self._send(404 if self.command == "GET" else 200)
-                if self.path.startswith("/api/jobs/") and self.command == "POST":
-                    submitted.append(json.loads(data))
-                    return self._send(200, json.dumps({"job_id": "raysubmit_stub", "submission_id": "raysubmit_stub"}).encode())
-                self._send(500)
-
-            do_GET = do_POST = do_PUT = _any
-
-            def log_message(self, *args):
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", hits, submitted
-
-    yield make
-    for server in servers:
-        server.shutdown()
-
-
-def _app():
-    importlib.import_module("rayload._cli_ops")  # registers `submit`, `doctor`
-    from rayload.cli import app
-
-    return app
 
 
 def _closed_port() -> int:
@@ -84,12 +23,12 @@ def _closed_port() -> int:
 # ---------------------------------------------------------------- doctor: token authentication
 
 
-def test_doctor_asks_the_cluster_whether_it_requires_a_token_not_the_client(stub, monkeypatch):
+def test_doctor_asks_the_cluster_whether_it_requires_a_token_not_the_client(job_api, monkeypatch):
     """The client turns token mode on by itself when ~/.ray/auth_token exists; the check was
     'on' for a cluster without it. Now the job API is asked without a token."""
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # this client is in token mode either way
-    open_url, _, _ = stub(auth=False)
-    closed_url, _, _ = stub(auth=True)
+    open_url, _, _ = job_api(auth=False)
+    closed_url, _, _ = job_api(auth=True)
     off = ops._auth(open_url)
     assert not off.ok and off.detail.startswith("OFF") and open_url in off.detail
     on = ops._auth(closed_url)
@@ -132,8 +71,8 @@ def test_an_unreachable_address_fails_in_seconds_naming_it(monkeypatch):
 # ---------------------------------------------------------------- submit
 
 
-def test_submit_refuses_a_spec_that_does_not_load_before_anything_is_uploaded(stub, tmp_path, monkeypatch):
-    url, hits, submitted = stub()
+def test_submit_refuses_a_spec_that_does_not_load_before_anything_is_uploaded(job_api, tmp_path, monkeypatch):
+    url, hits, submitted = job_api()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.yaml").write_text(JOB.replace("name: x", "name: x\ntrain: {epochs: -1}"))
     (tmp_path / "job.yaml").write_text(JOB)
@@ -143,14 +82,14 @@ def test_submit_refuses_a_spec_that_does_not_load_before_anything_is_uploaded(st
         ops.submit("job.yaml", url, ["train.train.epochs=abc"], wait=False)  # a --set value that does not fit
     assert hits == [] and submitted == []
 
-    r = CliRunner().invoke(_app(), ["submit", "job.yaml", "--address", url, "--set", "train.train.epochs=abc", "--no-wait"])
+    r = CliRunner().invoke(cli_app(), ["submit", "job.yaml", "--address", url, "--set", "train.train.epochs=abc", "--no-wait"])
     assert r.exit_code == 2, r.output
     assert hits == [] and submitted == []
 
 
-def test_submit_sends_the_jobs_rayload_home_when_one_is_given(stub, tmp_path, monkeypatch):
+def test_submit_sends_the_jobs_rayload_home_when_one_is_given(job_api, tmp_path, monkeypatch):
     """Without RAYLOAD_HOME a submitted job's run folders went into Ray's temporary copy of the upload."""
-    url, _, submitted = stub()
+    url, _, submitted = job_api()
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAYLOAD_JOB_HOME", raising=False)
     (tmp_path / "job.yaml").write_text(JOB)
@@ -164,7 +103,7 @@ def test_submit_sends_the_jobs_rayload_home_when_one_is_given(stub, tmp_path, mo
         ops.submit("job.yaml", url, wait=False, home="runs")
 
     monkeypatch.setenv("RAYLOAD_JOB_HOME", "/srv/runs")
-    r = CliRunner().invoke(_app(), ["submit", "job.yaml", "--address", url, "--no-wait"])
+    r = CliRunner().invoke(cli_app(), ["submit", "job.yaml", "--address", url, "--no-wait"])
     assert r.exit_code == 0, r.output
     assert submitted[-1]["runtime_env"]["env_vars"]["RAYLOAD_HOME"] == "/srv/runs"
 

@@ -12,36 +12,21 @@ import time
 import numpy as np
 import pytest
 import sqlalchemy as sa
-import torch
 
-from helpers import frame, job
+from helpers import frame, prepared_features, tiny_checkpoint
 from rayload.ab_spec import ab_from_dict
-from rayload.data.pipeline import preprocess
 from rayload.errors import DataError, RayloadError
-from rayload.models import InputShape, build_model
 from rayload.serve.batch_scoring import score_grouped
 from rayload.serve.serve_config import app_args
-from rayload.spec import ModelSpec
-from rayload.train import checkpoint as ckpt
-
-
-def _checkpoint(path, features, seed: int) -> str:
-    torch.manual_seed(seed)
-    config = ModelSpec.model_validate({"name": "deepfm", "embedding_dim": 4, "hidden": [8]}).model_dump()
-    model = build_model(config, InputShape.from_features(features))
-    ckpt.save(str(path), model, features, config, {"state": ckpt.TrainState(), "optimizers": []}, {})
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Two models on one features.json (A and B) and rows to score."""
     tmp = tmp_path_factory.mktemp("ab-review")
-    src = tmp / "data.parquet"
-    frame(600, seed=4).to_parquet(src)
-    features = preprocess(job(str(src)), out=str(tmp / "prep"), engine="local").features
+    features = prepared_features(tmp, 4)
     rows = frame(60, seed=9).drop(columns=["y"]).to_dict("records")
-    return {"A": _checkpoint(tmp / "A", features, 0), "B": _checkpoint(tmp / "B", features, 1)}, rows
+    return {"A": tiny_checkpoint(tmp / "A", features, 0), "B": tiny_checkpoint(tmp / "B", features, 1)}, rows
 
 
 @pytest.fixture(scope="module")
