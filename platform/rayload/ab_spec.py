@@ -120,6 +120,8 @@ class Drift(_Spec):
     threshold: float = Field(default=0.2, gt=0, description="PSI above which a feature is flagged")
     min_rows: int = Field(default=500, ge=1, description="rows a feature needs before it can be flagged")
     flush_s: float = Field(default=5.0, gt=0, description="how often each replica writes its counts to the event store")
+    window_s: float | None = Field(default=86_400.0, ge=60, description="the served traffic compared: the last window_s seconds "
+                                   "(counted in 24 periods; null: everything since each replica started)")
 
 
 class Ramp(_Spec):

@@ -10,8 +10,16 @@ from rayload.serve.events import EventReader
 
 
 class _Counter:
+    """The flusher's side of a DriftCounter (one period: `window_s` unset)."""
+
     def __init__(self):
-        self.version, self.rows = 0, 0
+        self.version, self.rows, self.period, self.closed = 0, 0, 0, []
+
+    def count_by(self, period_s):
+        assert period_s is None
+
+    def period_end(self, period):
+        return None
 
     def observe(self, n):
         self.rows += n
@@ -74,9 +82,9 @@ def test_only_replicas_of_the_arms_current_model_are_merged():
     from rayload.serve import drift
 
     new = drift.Bins("price", "numeric", ("missing", "<= 10", "> 10"), (0.0, 0.5, 0.5), edges=(10.0,))
-    snaps = {"b": [{"model_version": "run-b@ffff000000", "rows": 4000, "counts": {"price": [0, 1000, 1000, 1000, 1000]}},
-                   {"model_version": "run-b@0000aaaaaa", "rows": 1000, "counts": {"price": [0, 900, 100]}},
-                   {"model_version": "run-b@0000aaaaaa", "rows": 1000, "counts": {"price": [0, 800, 200]}}]}
+    snaps = {"b": [{"model_version": "run-b@ffff000000", "replica": "r1", "rows": 4000, "counts": {"price": [0, 1000, 1000, 1000, 1000]}},
+                   {"model_version": "run-b@0000aaaaaa", "replica": "r2", "rows": 1000, "counts": {"price": [0, 900, 100]}},
+                   {"model_version": "run-b@0000aaaaaa", "replica": "r3", "rows": 1000, "counts": {"price": [0, 800, 200]}}]}
     row, = monitor.merged_report(snaps, {"b": [new]}, 0.2, 500, {"b": "run-b@0000aaaaaa"})
     assert (row["model_version"], row["replicas"], row["rows"]) == ("run-b@0000aaaaaa", 2, 2000)
     assert row["psi"] == pytest.approx(drift.psi(new.expected, [0, 1700, 300]))

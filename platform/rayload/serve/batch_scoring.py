@@ -146,7 +146,7 @@ def monitor_args(args: dict) -> dict | None:
     if not cfg.enabled:
         return None
     return {"url": args["events_url"], "experiment": args["experiment"],
-            "cfg": cfg.model_dump(include={"threshold", "min_rows", "flush_s"})}
+            "cfg": cfg.model_dump(include={"threshold", "min_rows", "flush_s", "window_s"})}
 
 
 def drift_flusher(monitor: dict | None, scorers: dict):

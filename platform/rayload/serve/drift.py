@@ -31,6 +31,7 @@ once per request, and `min_rows` counts requests (tests/unit/test_drift_fixes.py
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -211,11 +212,30 @@ def _categorical_bins(state) -> Bins:
 class DriftCounter:
     """Bin counts of one model's traffic: fixed size, whatever the number of requests."""
 
-    def __init__(self, features):
+    def __init__(self, features, period_s: float | None = None, clock=time.time):
         self.bins = {b.feature: b for b in bins_for(features)}
+        self.version = 0  # bumps on every observe: the flusher writes only what changed
+        # Counts by period (`period_s`, None: one period, since the replica started), so that
+        # readers can merge the periods of a recent window only (monitor.py). A period's counts
+        # are final once the next one starts: `closed` holds them, (period, snapshot), for the
+        # flusher to write and drop. Only `observe` (the serving thread) changes the counts.
+        self.period_s, self.clock = period_s, clock
+        self.closed: list[tuple[int, dict]] = []
+        self._start(self._period())
+
+    def _start(self, period: int) -> None:
+        self.period = period
         self.counts = {name: np.zeros(len(b.labels), dtype=np.int64) for name, b in self.bins.items()}
         self.rows = 0
-        self.version = 0  # bumps on every observe: the flusher writes only what changed
+
+    def count_by(self, period_s: float | None) -> None:
+        """Count by periods of `period_s` from now on (None: one period), starting afresh."""
+        self.period_s = period_s
+        self.closed.clear()
+        self._start(self._period())
+
+    def _period(self) -> int:
+        return int(self.clock() // self.period_s) if self.period_s else 0
 
     def observe(self, rows: list[dict], table: pa.Table | None = None, sizes: list[int] | None = None) -> None:
         """Count raw request rows; `table`, when given, is their transform by this model's
@@ -226,6 +246,12 @@ class DriftCounter:
         request's candidates repeat its request-level values (the user's ID and age): a value
         the same in all of a request's rows is counted once, and `rows` counts requests, the
         independent observations `report`'s min_rows asks for."""
+        if self.period_s:
+            period = self._period()
+            if period != self.period:
+                if self.rows:
+                    self.closed.append((self.period, self.snapshot()))
+                self._start(period)
         starts = None if sizes is None or len(sizes) == len(rows) else np.cumsum([0, *sizes]).tolist()
         for name, b in self.bins.items():
             if starts is None:  # one row per request, the usual case: nothing to select
@@ -247,6 +273,10 @@ class DriftCounter:
 
     def snapshot(self) -> dict:
         return {"rows": self.rows, "counts": {k: v.tolist() for k, v in self.counts.items()}}
+
+    def period_end(self, period: int) -> float | None:
+        """When `period` ends (None without periods)."""
+        return (period + 1) * self.period_s if self.period_s else None
 
 
 def merge(snapshots: list[dict]) -> dict:

@@ -5,7 +5,8 @@ How events are written, and what a 2xx answer guarantees, is in serve/event_writ
 `request_id` is the primary key of an exposure; an outcome is keyed by (request_id, event),
 so a repeated feedback call is a no-op. An exposure keeps the raw features of the row it
 showed (JSON), which `rayload retrain` turns back into training rows. `ab_drift` holds each
-replica's feature-drift counts (serve/drift.py), rewritten in place as they grow.
+replica's feature-drift counts (serve/drift.py) by period (serve/monitor.py; the period is part
+of the `replica` key, `host:pid:id/period`), rewritten in place while the period lasts.
 
 An exposure carries the `generation` of the experiment that served it: `rayload serve` starts
 a new one when the experiment's name comes back with other models, salt, arms or shadow mode
@@ -262,7 +263,8 @@ class EventReader:
         with self.engine.connect() as conn:
             for row in conn.execute(q).mappings():
                 out.setdefault(row["arm"], []).append({"model_version": row["model_version"], "rows": row["rows"],
-                                                       "counts": json.loads(row["counts"]), "replica": row["replica"]})
+                                                       "counts": json.loads(row["counts"]), "replica": row["replica"],
+                                                       "ts": row["ts"]})
         return out
 
     def counts(self) -> dict[str, int]:
@@ -271,6 +273,13 @@ class EventReader:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def prune_drift(engine: sa.Engine, experiment: str, before: float) -> int:
+    """Delete an experiment's drift rows last written before `before` (periods past any window)."""
+    with engine.begin() as conn:
+        return conn.execute(drift_counts.delete().where(drift_counts.c.experiment == experiment,
+                                                        drift_counts.c.ts < before)).rowcount
 
 
 def upsert_drift(engine: sa.Engine, rows: list[dict]) -> None:

@@ -1,7 +1,15 @@
 """Drift counts out of the replicas and back together: each replica writes its counters to the
-event store's `ab_drift` table every `drift.flush_s` (one row per experiment, arm and replica,
-rewritten in place), and readers sum the rows of all replicas. A replica killed without
-warning loses at most its last `flush_s` of counts: these are statistics, not events.
+event store's `ab_drift` table every `drift.flush_s` (one row per experiment, arm, replica and
+period, rewritten in place while the period lasts), and readers sum the rows of all replicas
+over the recent window. A replica killed without warning loses at most its last `flush_s` of
+counts: these are statistics, not events.
+
+The window: `drift.window_s` (default a day) is counted in PERIODS periods of window_s / PERIODS
+each; a reader merges the periods written within window_s of the latest (the current one's),
+so a shift shows at its full size once it fills the window, and a flag clears once the shifted
+traffic has left it, instead of being diluted by (and then stuck behind) everything served
+since the replica started. Rows older than two windows are deleted by the replicas' flushers.
+`window_s: null` counts everything since each replica started, in one row per replica.
 
 Each replica also exports the merged figures through Ray Serve's metrics API, which Ray's
 Prometheus endpoint serves (with Ray's `ray_` prefix): `ray_rayload_feature_psi` and
@@ -21,27 +29,45 @@ import time
 import uuid
 
 from . import drift
-from .events import EventReader, engine_for, upsert_drift
+from .events import EventReader, engine_for, prune_drift, upsert_drift
 
 log = logging.getLogger(__name__)
 
+PERIODS = 24  # a window is counted in this many periods
+
+
+def period_s(window_s: float | None) -> float | None:
+    return window_s / PERIODS if window_s else None
+
 
 def merged_report(snapshots: dict[str, list[dict]], bins: dict[str, list], threshold: float, min_rows: int,
-                  versions: dict[str, str]) -> list[dict]:
+                  versions: dict[str, str], window_s: float | None = None) -> list[dict]:
     """Per arm and feature, over all replicas: rows, PSI, OOV rate, flagged. `bins`: arm -> Bins
     of the arm's model now; `versions`: arm -> that model's version. Only replicas that served
     that version are merged: an experiment restarted under its name after an arm's checkpoint
     changed (a retrained or compressed model) leaves the old replicas' rows in the store, and
-    their counts are in the old features.json's bins, which the current ones do not mean."""
+    their counts are in the old features.json's bins, which the current ones do not mean.
+    `window_s`: only the periods written within window_s of the arm's latest (a row's `ts`):
+    a live experiment's last window, and a stopped one's last window of traffic, whatever the
+    reader's clock says."""
     out = []
     for arm, arm_bins in bins.items():
         snaps = [s for s in snapshots.get(arm, []) if s["model_version"] == versions[arm]]
         if not snaps:
             continue
+        if window_s:
+            since = max(s["ts"] for s in snaps) - window_s
+            snaps = [s for s in snaps if s["ts"] >= since]
         merged = drift.merge(snaps)
+        replicas = len({s["replica"].partition("/")[0] for s in snaps})  # a replica's periods are one replica
         for row in drift.report(arm_bins, merged, threshold, min_rows):
-            out.append({"arm": arm, "model_version": versions[arm], "replicas": len(snaps), **row})
+            out.append({"arm": arm, "model_version": versions[arm], "replicas": replicas, **row})
     return out
+
+
+def window_of(cfg) -> float | None:
+    """The window a report merges (`cfg`: the spec's Drift section or its dict)."""
+    return cfg.get("window_s") if isinstance(cfg, dict) else cfg.window_s
 
 
 def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> list[dict]:
@@ -57,7 +83,7 @@ def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> l
         snapshots = reader.drift(experiment)
     finally:
         reader.close()
-    return merged_report(snapshots, bins, cfg.threshold, cfg.min_rows, versions)
+    return merged_report(snapshots, bins, cfg.threshold, cfg.min_rows, versions, window_of(cfg))
 
 
 def _version(checkpoint: str) -> str:
@@ -76,10 +102,14 @@ def _version_cached(checkpoint: str, _mtime_ns: int, _size: int) -> str:
 class DriftFlusher:
     """Background writer of one replica's drift counters (scorers with a DriftCounter)."""
 
-    def __init__(self, url: str, experiment: str, scorers: dict, cfg: dict):
-        self.url, self.experiment, self.cfg = url, experiment, cfg
+    def __init__(self, url: str, experiment: str, scorers: dict, cfg: dict, clock=time.time):
+        self.url, self.experiment, self.cfg, self.clock = url, experiment, cfg, clock
         self.scorers = {arm: s for arm, s in scorers.items() if s.drift is not None}
+        self.period_s = period_s(cfg.get("window_s"))
+        for scorer in self.scorers.values():  # fresh counters (nothing served yet): by period from now on
+            scorer.drift.count_by(self.period_s)
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pruned = 0.0
         self.written = {arm: -1 for arm in self.scorers}
         self.engine = engine_for(url)
         self._gauges = None
@@ -94,20 +124,34 @@ class DriftFlusher:
             except Exception:  # statistics must never take serving down
                 log.exception("drift flush failed")
 
+    def _row(self, arm: str, scorer, period: int, snap: dict, now: float) -> dict:
+        end = scorer.drift.period_end(period)
+        return {"experiment": self.experiment, "arm": arm, "replica": self.replica if end is None else f"{self.replica}/{period}",
+                "model_version": scorer.version, "rows": snap["rows"], "counts": json.dumps(snap["counts"]),
+                "ts": now if end is None else min(now, end)}  # a period's row is dated by its last count, at most its end
+
     def flush(self) -> None:
-        rows, versions = [], {}
+        rows, versions, closed = [], {}, {}
+        now = self.clock()
         for arm, scorer in self.scorers.items():
             counter = scorer.drift
             version = counter.version  # read before the snapshot: counts observed meanwhile are written next time
+            closed[arm] = list(counter.closed)  # periods that ended: their final counts
+            rows += [self._row(arm, scorer, period, snap, now) for period, snap in closed[arm]]
             if version == self.written[arm]:
                 continue
-            snap = counter.snapshot()
+            period, snap = counter.period, counter.snapshot()
             versions[arm] = version
-            rows.append({"experiment": self.experiment, "arm": arm, "replica": self.replica, "model_version": scorer.version,
-                         "rows": snap["rows"], "counts": json.dumps(snap["counts"]), "ts": time.time()})
+            if snap["rows"]:
+                rows.append(self._row(arm, scorer, period, snap, now))
         if rows:
             upsert_drift(self.engine, rows)
             self.written.update(versions)  # only once stored: a failed write is retried on the next tick and at close()
+            for arm, done in closed.items():
+                del self.scorers[arm].drift.closed[:len(done)]  # `observe` only appends
+        if self.period_s and now - self.pruned >= self.period_s:
+            prune_drift(self.engine, self.experiment, now - 2 * self.period_s * PERIODS)
+            self.pruned = now
         if self.written and any(v >= 0 for v in self.written.values()):
             self._export()  # every tick: other replicas' counts move the merged figures too
 
@@ -119,7 +163,7 @@ class DriftFlusher:
             reader.close()
         bins = {arm: list(s.drift.bins.values()) for arm, s in self.scorers.items()}
         report = merged_report(snapshots, bins, self.cfg["threshold"], self.cfg["min_rows"],
-                               {arm: s.version for arm, s in self.scorers.items()})
+                               {arm: s.version for arm, s in self.scorers.items()}, window_of(self.cfg))
         gauges = self._metrics()
         if gauges is None:
             return
