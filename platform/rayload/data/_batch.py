@@ -43,10 +43,12 @@ def validated(batch: pa.Table, plan: BatchPlan) -> list[tuple[pa.Table, pa.Table
     """(good rows, quarantine rows) per input unit of the batch."""
     if plan.fmt == "parquet":
         return [validate_table(batch, plan.schema, "parquet")]
-    parse = parse_csv if plan.fmt == "csv" else parse_jsonl
     out = []
     for data, path in zip(batch.column("bytes").to_pylist(), batch.column("path").to_pylist()):
-        table, malformed = parse(data, plan.schema.names, path)
+        if plan.fmt == "csv":
+            table, malformed = parse_csv(data, plan.schema.names, path)
+        else:
+            table, malformed = parse_jsonl(data, plan.schema.names, path, plan.schema.bags)
         good, bad = validate_table(table, plan.schema, path)
         if malformed:
             bad = pa.concat_tables([bad, malformed_rows(malformed, path)])

@@ -237,7 +237,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

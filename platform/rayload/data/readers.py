@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import DataError
-from .validate import json_texts, python_array
+from .validate import bag_values, json_texts, python_array
 
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -196,7 +196,9 @@ class _NotUtf8(Exception):
     pass
 
 
-def parse_jsonl(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
+def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str] | None = None) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """`bags`: multi_categorical column -> separator; their JSON arrays are read as the joined
+    text (validate.bag_values), as serving reads a request's."""
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
     for number, line in enumerate(data.splitlines(), start=1):
@@ -215,7 +217,8 @@ def parse_jsonl(data: bytes, names: list[str], source: str) -> tuple[pa.Table, l
             continue
         for n in names:
             columns[n].append(obj.get(n))
-    return pa.table({n: _column(v) for n, v in columns.items()}), malformed
+    bags = bags or {}
+    return pa.table({n: _column(bag_values(v, bags[n]) if n in bags else v) for n, v in columns.items()}), malformed
 
 
 def _column(values: list) -> pa.Array:

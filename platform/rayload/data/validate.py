@@ -36,6 +36,11 @@ class Schema:
         return cls(cols, data_spec.resolved_label().model_dump())
 
     @property
+    def bags(self) -> dict[str, str]:
+        """multi_categorical column -> its separator."""
+        return {c["name"]: c.get("separator") or "|" for c in self.columns if c["role"] == "multi_categorical"}
+
+    @property
     def names(self) -> list[str]:
         return [c["name"] for c in self.columns] + [self.label["column"]]
 
@@ -80,7 +85,9 @@ def _require_columns(table: pa.Table, schema: Schema, source: str) -> None:
 
 def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
     name, role = col["name"], col["role"]
-    if role in _STRING_ROLES:
+    if role == "multi_categorical" and _is_list(as_array(column).type):
+        values = join_bag(column, col.get("separator") or "|", name)
+    elif role in _STRING_ROLES:
         values = as_string(column, name)
     else:  # numeric, timestamp
         values = _as_float(column, name, reasons, timestamp=role == "timestamp")
@@ -104,7 +111,34 @@ def as_string(column, name: str) -> pa.Array:
         return pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
         return value_text(arr)
-    raise DataError(f"column '{name}' has type {t}; a categorical column must hold strings, integers or booleans")
+    raise DataError(f"column '{name}' has type {t}; a categorical column must hold strings, integers or booleans "
+                    "(lists: declare it multi_categorical)")
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def join_bag(column, separator: str, name: str) -> pa.Array:
+    """A multi_categorical column given as lists (a Parquet list column, JSON arrays) in its
+    text form: each element's text as a categorical value's (`as_string`: 3 -> "3", True ->
+    "true"), missing and empty elements dropped, the rest joined by the column's separator;
+    an empty list is missing, as "" is. An element holding the separator is split by the
+    transform as the text form would be: ["a|b"] is the tokens a and b with separator "|"."""
+    arr = as_array(column)
+    if pa.types.is_large_list(arr.type):
+        arr = arr.cast(pa.list_(arr.type.value_type))
+    flat = arr.flatten()
+    if _is_list(flat.type):
+        raise DataError(f"column '{name}' holds lists of lists; a multi_categorical value is a list of values or a text")
+    texts = as_string(flat, name) if len(flat) else pa.array([], pa.string())
+    keep = texts.is_valid().to_numpy(zero_copy_only=False)
+    offsets = arr.offsets.to_numpy()  # of the flattened values: a null list has no elements
+    rows = np.repeat(np.arange(len(arr)), np.diff(offsets))
+    counts = np.bincount(rows[keep], minlength=len(arr))
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)), texts.filter(pa.array(keep)))
+    joined = pc.binary_join(lists, separator)
+    return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
 
 def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> pa.Array:
@@ -235,6 +269,8 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
     raw = {}
     for col in feature_cols:
         values = [r.get(col["name"]) for r in rows]
+        if col["role"] == "multi_categorical":
+            values = bag_values(values, col.get("separator") or "|")
         raw[col["name"]] = python_array(values)
     reasons = _Reasons(len(rows))
     out = {c["name"]: _validate_column(raw[c["name"]], dict(c, required=c.get("required", False)), reasons) for c in feature_cols}
@@ -255,6 +291,22 @@ def python_array(values: list) -> pa.Array:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             pass  # an integer past int64 (10**22), or mixed types (3 and "x"): compare as text, as a CSV would be
     return json_texts(values)
+
+
+def bag_values(values: list, separator: str) -> list:
+    """Raw JSON values of a multi_categorical column with its arrays in their text form: each
+    element's own text (`json_texts`), missing and empty ones dropped, the rest joined by the
+    separator (an empty array is missing, as "" is); other values as they are. So a request or
+    a JSONL line may send a bag as ["a", "b"] or as "a|b", and both are the same tokens. An
+    element holding the separator is split as the text would be."""
+    if not any(isinstance(v, list) for v in values):
+        return values
+    out = list(values)
+    for i, v in enumerate(values):
+        if isinstance(v, list):
+            texts = [t for t in json_texts(v).to_pylist() if t]
+            out[i] = separator.join(texts) if texts else None
+    return out
 
 
 def _respells(kinds: set, values: list) -> bool:

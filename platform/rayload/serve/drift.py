@@ -63,6 +63,10 @@ class Bins:
         """Bin of every raw value (bags: of every token)."""
         if self.kind == "numeric":
             return self._numeric(values)
+        if self.multi:  # a bag sent as a JSON array: its text form, as the model's validation reads it
+            from ..data.validate import bag_values
+
+            values = bag_values(values, self.separator)
         if self.kind == "missing-only":
             if all(v is None or type(v) is str for v in values):  # the usual request: as_string reads null and "" as missing
                 return np.fromiter((0 if v is None or v == "" else 1 for v in values), dtype=np.int64, count=len(values))
@@ -193,7 +197,7 @@ def _categorical_bins(state) -> Bins:
         return Bins(state.name, "hashed", ("missing", *top, "other values"), (null, *[(1 - null) * s for s in shares], (1 - null) * rest),
                     top=tuple(top), vocab=frozenset(top))
     if state.encode == "hash" or state.vocab is None:  # rows, bags included: a null or empty one is missing
-        return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null))
+        return Bins(state.name, "missing-only", ("missing", "present"), (null, 1 - null), multi=state.multi, separator=state.separator)
     null = 0.0 if state.multi else null  # a vocabulary bag's bins count its tokens, and an empty bag has none
     coverage = float(state.stats.get("coverage", 1.0))
     # Fresh traffic brings values the training split never had: their expected share (Good-Turing,
