@@ -61,6 +61,7 @@ def test_ray_and_local_engines_write_the_same_rows_for_any_file_layout(ray_local
     # 2,000 rows keep every batch under the quantile sketch size, so statistics are exact
     # and only float summation order may differ between layouts.
     df = frame(2000, seed=11)
+    df.loc[[5, 1500], "price"] = np.inf  # quarantined: in p0 and p5 of the seven files
     one, many = tmp_path / "one", tmp_path / "many"
     one.mkdir(), many.mkdir()
     df.to_parquet(one / "all.parquet")
@@ -79,8 +80,12 @@ def test_ray_and_local_engines_write_the_same_rows_for_any_file_layout(ray_local
         return t.sort_values(["user", "item", "tags", "label", "age", "price"]).reset_index(drop=True)
 
     ref = runs["ray-one"]
+    # Quarantined rows name their own file (Ray Data's include_paths; the local engine's reader)
+    sources = {name: sorted(pq.read_table(res.out_dir + "/quarantine").column("source").to_pylist()) for name, res in runs.items()}
+    assert sources["ray-one"] == [str(one / "all.parquet")] * 2
+    assert sources["ray-many"] == sources["local-many"] == [str(many / "p0.parquet"), str(many / "p5.parquet")]
     for name, res in runs.items():
-        assert res.counts["written"] == ref.counts["written"], name
+        assert res.counts["quarantined"] == 2 and res.counts["written"] == ref.counts["written"], name
         assert res.features.categorical == ref.features.categorical, name
         for s in ("train", "val", "test"):
             pd.testing.assert_frame_equal(rows(res, s), rows(ref, s), rtol=1e-9)

@@ -225,3 +225,28 @@ def test_training_rows_are_written_in_a_seeded_order_not_the_input_order(tmp_pat
     assert 0.2 < first_half.mean() < 0.8 and 0.2 < labels[0].mean() < 0.8  # not all the 0s, then all the 1s
     val = np.concatenate([pq.read_table(f).column("label").to_numpy() for f in ours[0].files["val"]])
     assert (np.diff(val) >= 0).all()  # validation keeps its order: nothing shuffles what no one trains on
+
+
+def test_parquet_quarantine_rows_name_their_file_and_a_data_column_named_path_is_kept(tmp_path):
+    """Quarantined Parquet rows said "parquet" as their source; they now name the file (the
+    reader adds each row's path, as Ray Data's include_paths does), unless the data has its
+    own `path` column, which stays the data's."""
+    df = frame(300, seed=2)
+    df.loc[[3, 200], "price"] = np.inf
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    df.iloc[:150].to_parquet(folder / "a.parquet")
+    df.iloc[150:].to_parquet(folder / "b.parquet")
+    res = preprocess(job(str(folder)), out=str(tmp_path / "out"), engine="local")
+    q = pq.read_table(str(tmp_path / "out" / "quarantine")).to_pylist()
+    assert sorted(r["source"] for r in q) == [str(folder / "a.parquet"), str(folder / "b.parquet")]
+    assert res.counts["quarantined"] == 2 and res.counts["good"] == 298
+    from helpers import COLUMNS
+
+    (folder / "a.parquet").unlink()
+    df.iloc[150:].assign(path=[f"/shop/{i}" for i in range(150)]).to_parquet(folder / "b.parquet")
+    own = job(str(folder), data={"source": {"kind": "parquet", "path": str(folder)}, "label": {"column": "y"},
+                                 "columns": [*COLUMNS, {"name": "path", "role": "categorical"}]})
+    res = preprocess(own, out=str(tmp_path / "own"), engine="local")
+    assert "path" in res.features.sparse_columns and res.counts["quarantined"] == 1
+    assert pq.read_table(str(tmp_path / "own" / "quarantine")).column("source").to_pylist() == ["parquet"]

@@ -22,6 +22,7 @@ from .._feature_fit import FitPlan, partial_stats
 from ..features import FittedFeatures
 from . import rebalance as rb
 from .readers import parse_csv, parse_jsonl
+from .sources import PATH_COLUMN
 from .split import SPLITS, TRAIN, SplitPlan, assign, row_hash, split_keys
 from .validate import QUARANTINE_SCHEMA, Schema, malformed_rows, validate_table
 
@@ -42,7 +43,12 @@ class BatchPlan:
 def validated(batch: pa.Table, plan: BatchPlan) -> list[tuple[pa.Table, pa.Table]]:
     """(good rows, quarantine rows) per input unit of the batch."""
     if plan.fmt == "parquet":
-        return [validate_table(batch, plan.schema, "parquet")]
+        if PATH_COLUMN in plan.schema.names or PATH_COLUMN not in batch.column_names or not batch.num_rows:  # the data's own column
+            return [validate_table(batch, plan.schema, "parquet")]
+        paths = batch.column(PATH_COLUMN).to_numpy(zero_copy_only=False)
+        cuts = [0, *(np.flatnonzero(paths[1:] != paths[:-1]) + 1).tolist(), len(paths)]  # runs of one file, in order
+        batch = batch.drop_columns([PATH_COLUMN])
+        return [validate_table(batch.slice(a, b - a), plan.schema, str(paths[a])) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     out = []
     for data, path in zip(batch.column("bytes").to_pylist(), batch.column("path").to_pylist()):
         if plan.fmt == "csv":

@@ -34,7 +34,7 @@ from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from .checks import check_files
 from .fixed import check_fixed_columns, check_fixed_spec, fixed_features
-from .sources import Inputs, read_dataset, resolve_inputs
+from .sources import PATH_COLUMN, Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
 # the result and its readers, re-exported: callers name them as data.pipeline's
@@ -210,7 +210,8 @@ class LocalEngine:
         fs = self.inputs.filesystem
         for path in self.inputs.paths:
             if self.inputs.fmt == "parquet":
-                yield pq.read_table(path, columns=self.columns, filesystem=fs)
+                table = pq.read_table(path, columns=self.columns, filesystem=fs)
+                yield table if PATH_COLUMN in self.columns else table.append_column(PATH_COLUMN, pa.array([path] * table.num_rows, pa.string()))
             else:
                 with fs.open_input_stream(path) as f:
                     yield pa.table({"bytes": [f.read()], "path": [path]})
@@ -237,7 +238,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

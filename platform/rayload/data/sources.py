@@ -102,13 +102,18 @@ def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
     ]
 
 
+PATH_COLUMN = "path"  # the input file of a row, as Ray Data's include_paths names it
+
+
 def read_dataset(inputs: Inputs, columns: list[str]):
     """A lazy Ray Dataset over the inputs, one read task per file; text files arrive whole."""
     import ray.data
 
     blocks = len(inputs.paths)
     if inputs.fmt == "parquet":
-        return read_parquet(list(inputs.paths), filesystem=inputs.filesystem, columns=columns, override_num_blocks=blocks)
+        # Each row's file (a `path` column, unless the data has its own), which quarantine records name
+        return read_parquet(list(inputs.paths), filesystem=inputs.filesystem, columns=columns, override_num_blocks=blocks,
+                            include_paths=PATH_COLUMN not in columns)
     return ray.data.read_binary_files(list(inputs.paths), filesystem=inputs.filesystem, include_paths=True, override_num_blocks=blocks)
 
 
