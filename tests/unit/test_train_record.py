@@ -32,7 +32,7 @@ def ray_run(home, epochs_aucs: list[tuple[int, float]], keep: int = 2) -> None:
                                     pending_validation_specs=[], current_report_index=len(results),
                                     validated_checkpoint_dir_names=[], timed_out_validation_checkpoint_dir_names=[],
                                     failed_validation_checkpoint_dir_names=[])
-    open(os.path.join(home, record.RAY_SNAPSHOT), "w").write(state.json())
+    open(os.path.join(home, record.RAY_SNAPSHOT), "w").write(state.model_dump_json())
 
 
 def scratch(tmp_path, tag: str) -> str:
