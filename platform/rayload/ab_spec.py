@@ -87,10 +87,12 @@ class Events(_Spec):
 
 
 class Guardrails(_Spec):
-    """Per-arm limits; a challenger's breach rolls it back (final), so a breach must be clear:
-    the error rate is judged over the arm's whole history and p99 latency over its last
-    `latency_window` requests, each by a test that stays at level `alpha` however often it is
-    looked at (serve/analysis.py, guardrail_breaches)."""
+    """Per-arm limits. A challenger's breach rolls it back (final) when the challenger also
+    fails clearly more often than the champion on the same requests; when the champion
+    breaches too (a shared incident), the ramp holds instead (serve/guardrails.py). A breach
+    must be clear: the error rate is judged over the arm's whole history and p99 latency over
+    its last `latency_window` requests, each by a test that stays at level `alpha` however often
+    it is looked at (serve/analysis.py, guardrail_breaches)."""
 
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     max_p99_ms: float = Field(default=250.0, gt=0)
@@ -111,6 +113,9 @@ class Analysis(_Spec):
                        "once would need (units_needed, fewer: not the deciding test)")
     power: float = Field(default=0.8, gt=0, lt=1, description="the power those figures are for")
     min_units: int = Field(default=500, ge=1, description="exposed units per arm before any decision")
+    attribution_s: float | None = Field(default=None, ge=0, description="how long after an exposure its outcome may still "
+                                        "arrive: the sequential test looks only at exposures older than this, so a look is "
+                                        "final when taken (default: 0 for clicks, 1800 for conversions)")
 
 
 class Drift(_Spec):

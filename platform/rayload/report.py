@@ -114,7 +114,7 @@ def _ab_section(ab: dict, decided: dict) -> str:
     result = analysis_for(ab["run_dir"])
     rows = "".join(f"<tr><td>{html.escape(a.arm)}</td><td>{a.units}</td><td>{a.exposures}</td><td>{a.clicks}</td>"
                    f"<td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td></tr>" for a in result.arms)
-    # lift_text: the lift has no interval when an arm has no clicks, and none at all at a champion CTR of 0
+    # lift_text: the lift and its interval (MOVER-R: defined with no challenger clicks); none at a champion CTR of 0
     lift = "" if result.diff is None else (f"<p><b>{html.escape(lift_text(result))}</b>; "
                                            f"fixed-horizon p {_num(result.z_p_value, '.4g')}; sequential p {_num(result.sequential_p, '.4g')}; "
                                            f"sample ratio p {_num(result.srm_p, '.4g')}</p>")

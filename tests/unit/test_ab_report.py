@@ -12,12 +12,13 @@ def run(tmp_path, monkeypatch):
     return control_run(tmp_path, monkeypatch)
 
 
-def test_the_pipeline_report_shows_a_lift_without_an_interval_when_the_challenger_has_no_clicks(run):
+def test_the_pipeline_report_shows_a_lift_and_its_interval_when_the_challenger_has_no_clicks(run):
     run_dir = run(spec_of(0.5, guardrails={"min_requests": 200}), events(3_000, {"A": 0.10, "B": 0.0}, {"A": 0.5, "B": 0.5}))
     result = control.analysis_for(run_dir)
-    assert result.lift == -1.0 and result.lift_ci is None  # the case: a lift of -100% with no interval
+    # a lift of -100%: the score interval (MOVER-R) is defined there, from -100% up
+    assert result.lift == -1.0 and result.lift_ci[0] == pytest.approx(-1.0) and -1.0 < result.lift_ci[1] < -0.9
     section = report._ab_section({"run_dir": run_dir}, {})
-    assert "lift -100.00% [n/a]" in section and "sequential p" in section
+    assert "lift -100.00% [-100.00%, -9" in section and "sequential p" in section
 
 
 def test_the_lift_over_time_is_the_analysis_lift_within_ramp_periods_not_a_ratio_of_pooled_ctrs():

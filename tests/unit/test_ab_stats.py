@@ -421,3 +421,67 @@ def test_the_timeline_band_is_the_tables_per_unit_interval():
         assert (last["low"], last["high"]) == pytest.approx(arm.ctr_ci, rel=1e-9)
     first = result.timeline[0]["control"]
     assert first["high"] - first["low"] > 2 * (result.arms[0].ctr_ci[1] - result.arms[0].ctr_ci[0])  # fewer units, wider
+
+
+def test_the_difference_interval_is_not_zero_width_without_clicks():
+    # 500 vs 500 units and no clicks yet (a conversion test just started): Wald gave [0, 0].
+    none = stats.ArmSums(500, 0, 500, 0, 500, 0)
+    cmp = stats.compare(none, none)
+    assert cmp.diff == 0 and cmp.diff_ci[0] < -0.005 and cmp.diff_ci[1] > 0.005
+    every = stats.ArmSums(500, 500, 500, 500, 500, 500)  # every exposure clicked: the same at the other end
+    assert stats.compare(every, every).diff_ci[1] > 0.005
+
+
+def _coverage(n: int, p_c: float, p_t: float, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Share of `reps` experiments (n units per arm, one exposure each) whose 95% difference and
+    lift intervals hold the true values; and the share where the lift interval is defined."""
+    rng = np.random.default_rng(seed)
+    xc, xt = rng.binomial(n, p_c, reps), rng.binomial(n, p_t, reps)
+    diff = lift = defined = 0
+    for a, b in zip(xc, xt):
+        cmp = stats.compare(stats.ArmSums(n, a, n, a, n, a), stats.ArmSums(n, b, n, b, n, b))
+        diff += cmp.diff_ci[0] <= p_t - p_c <= cmp.diff_ci[1]
+        if cmp.lift_ci is not None:
+            defined += 1
+            lift += cmp.lift_ci[0] <= p_t / p_c - 1 <= cmp.lift_ci[1]
+    return diff / reps, lift / max(defined, 1), defined / reps
+
+
+def test_the_difference_and_lift_intervals_cover_at_rare_events():
+    # 200 units per arm at 0.2% -> 0.4%: most experiments have 0 or 1 click per arm. The Wald
+    # interval covered the true difference in about half of them (zero-width at 0 clicks).
+    diff, lift, defined = _coverage(200, 0.002, 0.004)
+    assert diff >= 0.92, diff
+    assert lift >= 0.92 and defined > 0.3, (lift, defined)  # defined wherever the champion has a click
+    diff, lift, defined = _coverage(200, 0.01, 0.02, seed=1)
+    assert diff >= 0.93 and lift >= 0.93 and defined > 0.8, (diff, lift, defined)
+    diff, lift, _ = _coverage(50, 0.99, 0.995, seed=2)  # near 1
+    assert diff >= 0.92 and lift >= 0.92, (diff, lift)
+
+
+def test_the_lift_interval_is_defined_when_the_challenger_has_no_clicks():
+    control, none = stats.ArmSums(2000, 200, 2000, 200, 2000, 200), stats.ArmSums(2000, 0, 2000, 0, 2000, 0)
+    cmp = stats.compare(control, none)
+    assert cmp.lift == -1.0 and cmp.lift_ci[0] == pytest.approx(-1.0) and -1.0 < cmp.lift_ci[1] < -0.9
+
+
+def test_the_stratified_intervals_are_not_zero_width_without_clicks():
+    data = _ramp_frame([(4000, 0.05, {"control": 0.0, "challenger": 0.0}), (4000, 0.5, {"control": 0.0, "challenger": 0.0})])
+    result = analyze(data, ab_from_dict(SPEC), {"control": 0.5, "challenger": 0.5})
+    assert result.diff == 0 and result.diff_ci[0] < -0.0005 and result.diff_ci[1] > 0.0005 and result.lift is None
+
+
+def test_the_failure_comparison_against_the_champion_is_anytime_valid():
+    # Both arms fail alike while a ramp moves the challenger's share 5% -> 25% -> 50%: among the
+    # failed requests a failure is the challenger's with its period's share. Looked at every 25
+    # failures, "the challenger fails more" is claimed in at most alpha of 500 experiments.
+    rng = np.random.default_rng(11)
+    share = np.repeat([0.05, 0.25, 0.5], [100, 100, 200])
+    looks = np.arange(25, 401, 25)
+    def ever(odds):
+        q = share * odds / (1 - share + share * odds)  # the chance a failure is the challenger's
+        x = rng.random((500, len(share))) < q
+        return np.array([any(stats.failures_above_p(row[:k], share[:k]) <= 0.05 for k in looks) for row in x])
+    assert ever(1.0).mean() <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 500)
+    assert ever(3.0).mean() > 0.95  # a challenger failing three times as often is found
+    assert stats.failures_above_p(np.ones(0), np.ones(0)) == 1.0

@@ -1,22 +1,38 @@
 """The live analysis of an experiment (`GET /experiment`, `rayload ab status`) and the
-decision it supports: promote, rollback or continue."""
+decision it supports: promote, rollback or continue. The sequential test that decides is in
+serve/sequential.py, the guardrails in serve/guardrails.py (both re-exported here)."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from ..ab_spec import ABSpec, Guardrails
+from ..ab_spec import ABSpec
 from . import stats
+from .guardrails import breaches, guardrail_breaches, recent_rows, versus_champion
+from .sequential import LOOK_FIRST, LOOK_GROWTH, Pairs, _sequential_p, look_rows, sequential, sequential_looks, sequential_p
 
-# The sequential test looks after the first 100 compared rows, then each time the rows grow by
-# 5% (look_rows): a grid fixed in advance, so a look once taken is taken again, on the same rows,
-# by every later analysis, and the always-valid p-value can only fall as data arrives.
-LOOK_FIRST, LOOK_GROWTH = 100, 1.05
+__all__ = ["Analysis", "ArmReport", "analyze", "decide", "final_reasons", "timeline", "unit_sums", "cumulative_unit_sums",
+           "attribution_window", "ATTRIBUTION_S", "guardrail_breaches", "Pairs", "look_rows", "sequential_looks", "sequential_p",
+           "_sequential_p", "LOOK_FIRST", "LOOK_GROWTH"]
+
+# How long after its exposure an outcome may still arrive, by analysis.event (seconds): the
+# sequential test takes a look only once all its exposures are older (serve/sequential.py). A
+# page's click comes with or just after its request (the simulator's in the same call), so 0;
+# a conversion may take its time: 30 minutes, retraining's default attribution window. An
+# outcome later than the window still changes the looks that hold its exposure.
+ATTRIBUTION_S = {"click": 0.0, "conversion": 1800.0}
+
+
+def attribution_window(spec: ABSpec) -> float:
+    """The spec's analysis.attribution_s where it has one, else ATTRIBUTION_S by its event."""
+    own = getattr(spec.analysis, "attribution_s", None)
+    return float(own) if own is not None else ATTRIBUTION_S[spec.analysis.event]
 
 
 @dataclass
@@ -54,8 +70,11 @@ class Analysis:
     lift: float | None = None  # None where the champion's CTR is 0 (no relative change is defined)
     lift_ci: tuple[float, float] | None = None
     z_p_value: float | None = None
-    sequential_p: float | None = None
+    sequential_p: float | None = None  # over the looks whose exposures' attribution windows have closed
     sequential_significant: bool = False
+    # +1 / -1: the sign of the difference at every look where the sequential test crossed;
+    # 0: looks crossed on both sides; None: none crossed (serve/sequential.py, Sequential)
+    sequential_direction: int | None = None
     compared_units: dict[str, int] = field(default_factory=dict)  # per arm: units in the periods the comparison uses
     srm_p: float = 1.0
     srm_flagged: bool = False
@@ -71,6 +90,10 @@ class Analysis:
     sequential_mde_now: float | None = None
     decision: str = "continue"
     reasons: list[str] = field(default_factory=list)
+    # Per guardrail the challenger breaches ("errors", "latency"): its reason, whether the
+    # champion breaches it too, and p, the anytime-valid p-value that the challenger fails more
+    # often than the champion on the same requests (None: too few champion requests to tell)
+    guardrail_vs_champion: dict[str, dict] = field(default_factory=dict)
     timeline: list[dict] = field(default_factory=list)
     drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
     # Shadow mode: per shadow arm, requests it scored and how many failed (EventReader.shadow_summary); filled by the caller
@@ -98,67 +121,46 @@ def unit_sums(frame) -> "stats.ArmSums":
     return stats.ArmSums.from_units(per_unit["clicks"].to_numpy(), per_unit["exposures"].to_numpy())
 
 
-def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champion: str | None = None) -> Analysis:
-    """`frame`: EventReader.frame(...) rows. Weights and champion: those in force now."""
+def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champion: str | None = None,
+            now: float | None = None, attribution_s: float | None = None) -> Analysis:
+    """`frame`: EventReader.frame(...) rows. Weights and champion: those in force now.
+
+    An exposure counts a click (or conversion) when its outcome's value is > 0; only ok
+    exposures enter the CTRs and their comparison (an error is the error-rate guardrail's).
+    The sequential test looks only at exposures served at or before `now` (default: the clock)
+    minus the attribution window (`attribution_s`, default attribution_window(spec)); the
+    descriptive figures (CTRs, difference, lift, intervals) use every outcome known now."""
     weights = weights or spec.weights
     champion = champion or spec.champion_arm
     challengers = [a.name for a in spec.arms if a.name != champion]
     challenger = challengers[0] if len(challengers) == 1 else None
     frame = frame.assign(clicked=(frame["outcome"] > 0).astype(float)) if len(frame) else frame.assign(clicked=[])
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
-    result = Analysis(spec.name, champion, challenger, dict(weights), [_arm_report(frame, ok, a.name, spec) for a in spec.arms])
+    reports = {a.name: _arm_report(frame, ok, a.name, spec) for a in spec.arms}
+    result = Analysis(spec.name, champion, challenger, dict(weights), [r for r, _ in reports.values()])
     result.srm_p = stats.srm_p_value(_periods(ok))
     result.srm_flagged = result.srm_p < spec.analysis.srm_p
     result.valid = not result.srm_flagged
+    if challenger is not None and reports[challenger][1]:
+        result.guardrail_vs_champion = versus_champion(frame, champion, challenger, reports[challenger][1], reports[champion][1],
+                                                       spec.guardrails)
     if challenger is not None and len(ok):
-        _compare(result, ok, champion, challenger, spec)
+        window = attribution_window(spec) if attribution_s is None else attribution_s
+        _compare(result, ok, champion, challenger, spec, (time.time() if now is None else now) - window)
     result.timeline = timeline(ok, [a.name for a in spec.arms], spec.analysis.alpha)
     result.decision, result.reasons = decide(result, spec)
     return result
 
 
-def _arm_report(frame, ok, arm: str, spec: ABSpec) -> ArmReport:
+def _arm_report(frame, ok, arm: str, spec: ABSpec) -> tuple[ArmReport, dict[str, str]]:
+    """The arm's figures, and its guardrail breaches by kind (guardrails.breaches)."""
     rows, good = frame[frame["arm"] == arm], ok[ok["arm"] == arm]
     sums = unit_sums(good) if len(good) else stats.ArmSums(0, 0, 0, 0, 0, 0)
     requests, errors = len(rows), int((rows["status"] != "ok").sum())
-    order = np.argsort(rows["ts"].to_numpy(), kind="stable")
-    recent = rows["latency_ms"].to_numpy(dtype=float)[order][-spec.guardrails.latency_window:]
-    reasons = guardrail_breaches(errors, requests, recent, spec.guardrails)
+    recent = recent_rows(rows, spec.guardrails.latency_window)["latency_ms"].to_numpy(dtype=float)
+    kinds = breaches(errors, requests, recent, spec.guardrails)
     return ArmReport(arm, sums.n, int(sums.y), int(sums.x), sums.ctr, stats.ctr_interval(sums, spec.analysis.alpha), requests,
-                     errors / requests if requests else 0.0, stats.p99(recent), not reasons, reasons)
-
-
-def guardrail_breaches(errors: int, requests: int, recent: np.ndarray, g: Guardrails) -> list[str]:
-    """An arm's clear guardrail breaches (a challenger's roll it back, final), so each must be
-    statistically clear under continuous looking, not a point estimate over its limit:
-
-    - errors: over the arm's whole history (`requests` with `errors` not ok), the anytime-valid
-      test of "error rate <= max_error_rate" rejects at g.alpha (stats.rate_above_p): the rate's
-      anytime-valid lower confidence bound is above the limit. However often it is looked at,
-      an arm just at the limit is reported with probability at most g.alpha.
-    - latency: over the arm's last g.latency_window requests (`recent`, any status), p99 above
-      max_p99_ms means more than 1% of them slower than it; the same test on that share against
-      1%. A window sees a late regression that a whole history dilutes, and a few slow warm-up
-      requests age out. A window is a fresh sample every latency_window requests, so the k-th
-      (k = requests / latency_window, rounded up) is tested at g.alpha * 6 / (pi^2 k^2): these
-      sum to g.alpha, which keeps the chance of a false breach over the whole experiment near
-      g.alpha; a later window asks for a little more evidence (log(1/level) grows as 2 log k).
-
-    Neither is judged before the arm (and its window) has g.min_requests requests."""
-    reasons = []
-    if requests >= g.min_requests:
-        p = stats.rate_above_p(errors, requests, g.max_error_rate)
-        if p <= g.alpha:
-            reasons.append(f"error rate {errors / requests:.3%} over {requests} requests is clearly above {g.max_error_rate:.3%} "
-                           f"(anytime-valid p={p:.2g} <= {g.alpha})")
-    if len(recent) >= g.min_requests:
-        slow = int((recent > g.max_p99_ms).sum())
-        p = stats.rate_above_p(slow, len(recent), 0.01)
-        level = g.alpha * 6 / (math.pi**2 * math.ceil(max(requests, len(recent)) / g.latency_window) ** 2)
-        if p <= level:
-            reasons.append(f"p99 latency {stats.p99(recent):.1f} ms > {g.max_p99_ms:.1f} ms over the last {len(recent)} requests: "
-                           f"{slow / len(recent):.1%} of them slower, clearly more than 1% (p={p:.2g} <= {level:.2g})")
-    return reasons
+                     errors / requests if requests else 0.0, stats.p99(recent), not kinds, list(kinds.values())), kinds
 
 
 def _periods(ok) -> list[tuple[dict[str, int], dict[str, float]]]:
@@ -169,8 +171,9 @@ def _periods(ok) -> list[tuple[dict[str, int], dict[str, float]]]:
     return [(group.groupby("arm").size().to_dict(), json.loads(layout)) for layout, group in first.groupby("layout")]
 
 
-def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec) -> None:
-    """Difference, lift and tests from the arms compared within each weight period."""
+def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec, closed_before: float) -> None:
+    """Difference, lift and tests from the arms compared within each weight period; the
+    sequential test on the rows served at or before `closed_before`."""
     a = spec.analysis
     pairs = Pairs.of(ok, champion, challenger)
     est = pairs.estimate()
@@ -180,55 +183,10 @@ def _compare(result: Analysis, ok, champion: str, challenger: str, spec: ABSpec)
     result.compared_units = {champion: est.units[0], challenger: est.units[1]}
     cmp = stats.comparison(est, a.alpha)
     result.diff, result.diff_ci, result.lift, result.lift_ci, result.z_p_value = cmp.diff, cmp.diff_ci, cmp.lift, cmp.lift_ci, cmp.p_value
-    result.sequential_p = _sequential_p(pairs, a.tau)
+    seq = sequential(pairs, a.tau, a.alpha, closed_before)
+    result.sequential_p, result.sequential_direction = seq.p, seq.direction
     result.sequential_significant = result.sequential_p <= a.alpha
     _power(result, unit_sums(ok[ok["arm"] == champion]), unit_sums(ok[ok["arm"] == challenger]), a)
-
-
-@dataclass(frozen=True)
-class Pairs:
-    """The compared arms' ok rows in time order, each coded by its (unit, weight period, arm)
-    cell member: what stats.stratified compares. The period is the row's `layout` (the weights
-    in force when it was served)."""
-
-    row_pair: np.ndarray  # per row: its pair, numbered in order of first appearance
-    clicked: np.ndarray  # per row
-    unit: np.ndarray  # per pair: unit code
-    period: np.ndarray  # per pair: period code
-    treated: np.ndarray  # per pair: challenger?
-    ts: np.ndarray  # per row, ascending
-
-    @classmethod
-    def of(cls, ok, champion: str, challenger: str) -> "Pairs":
-        rows = ok[ok["arm"].isin([champion, challenger])]
-        order = np.argsort(rows["ts"].to_numpy(), kind="stable")
-        unit = pd.factorize(rows["unit_id"].to_numpy()[order])[0].astype(np.int64)
-        period, layouts = pd.factorize(rows["layout"].to_numpy()[order])
-        treated = rows["arm"].to_numpy()[order] == challenger
-        row_pair, keys = pd.factorize((unit * max(len(layouts), 1) + period) * 2 + treated)
-        keys = keys.astype(np.int64)
-        return cls(row_pair, rows["clicked"].to_numpy(dtype=float)[order], keys // 2 // max(len(layouts), 1),
-                   keys // 2 % max(len(layouts), 1), keys % 2 == 1, rows["ts"].to_numpy()[order])
-
-    def estimate(self) -> "stats.Estimate | None":
-        """The stratified estimate from all the rows."""
-        return next(self.at_looks([len(self.row_pair)]), None)
-
-    def at_looks(self, rows):
-        """The stratified estimate from the first r rows, for each r of the ascending `rows`
-        (None where no period has 2 units in each arm yet), adding the rows look by look."""
-        seen = np.maximum.accumulate(self.row_pair) + 1 if len(self.row_pair) else self.row_pair
-        x, y, start = np.zeros(0), np.zeros(0), 0
-        for end in rows:
-            if end == 0:
-                yield None
-                continue
-            m = int(seen[end - 1])
-            x, y = np.pad(x, (0, m - len(x))), np.pad(y, (0, m - len(y)))
-            x += np.bincount(self.row_pair[start:end], weights=self.clicked[start:end], minlength=m)
-            y += np.bincount(self.row_pair[start:end], minlength=m)
-            start = end
-            yield stats.stratified(self.unit[:m], self.period[:m], self.treated[:m], x, y)
 
 
 def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums", a) -> None:
@@ -237,7 +195,7 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     exposures of one user are worth less than ten users). n/a (None) while the challenger's
     share is 0 or 1."""
     share = result.weights.get(result.challenger, 0.0)
-    base = control.ctr if math.isfinite(control.ctr) and 0 < control.ctr < 1 else 0.5
+    base = _base_rate(control.x + treatment.x, control.y + treatment.y, a.alpha)
     unit_var = (control.unit_variance(base), treatment.unit_variance(base))
     n = sum(result.compared_units.values())
     needed = stats.sample_size(base, a.mde, a.alpha, a.power, share, unit_var)
@@ -248,35 +206,17 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     result.sequential_mde_now = stats.msprt_mde(n, base, a.alpha, a.power, share, unit_var, a.tau)
 
 
-def sequential_p(ok, champion: str, challenger: str, tau: float) -> float:
-    """Always-valid p-value: the mSPRT on the stratified difference at each look of look_rows
-    (rows in time order), running minimum of 1/Lambda."""
-    return _sequential_p(Pairs.of(ok, champion, challenger), tau)
-
-
-def look_rows(total: int) -> np.ndarray:
-    """The row counts (of `total` so far) the sequential test looks at: LOOK_FIRST, then x
-    LOOK_GROWTH each time. Only grows as rows arrive: an analysis repeats every earlier
-    analysis's looks (on the same rows, as long as rows arrive in time order and outcomes are
-    known; an outcome that arrives later changes the look its exposure is in), and adds the
-    ones the new rows reach. The newest rows wait for the next look: at most 5% more data.
-    47 looks per tenfold growth; their sizes add up to ~21x all the rows (a geometric sum), so
-    the whole test costs about 21 estimates on all the data, however long it runs."""
-    if total < LOOK_FIRST:
-        return np.zeros(0, int)
-    last = int(math.floor(math.log(total / LOOK_FIRST) / math.log(LOOK_GROWTH))) + 1
-    looks = np.unique(np.ceil(LOOK_FIRST * LOOK_GROWTH ** np.arange(last + 1)).astype(int))
-    return looks[looks <= total]
-
-
-def _sequential_p(pairs: Pairs, tau: float) -> float:
-    # The larger of the arms' own variance and the one under "no difference" (pooled as the
-    # two-proportion test pools it): with its own, an arm whose first units happen not to click
-    # has none and proves a loss at once; the pooled one understates the variance of a rare
-    # event's arm that happens to click more.
-    looks = pairs.at_looks(look_rows(len(pairs.ts)))
-    lambdas = [stats.msprt_lambda(est.diff, max(est.var, est.null_var), tau) for est in looks if est is not None]
-    return stats.always_valid_p(lambdas)
+def _base_rate(clicks: float, exposures: float, alpha: float) -> float:
+    """The CTR the power figures assume where a unit's variance is not known yet: both arms'
+    pooled CTR; before the first click (or with every exposure clicked) the Wilson bound of
+    that pooled rate nearest 1/2, the rate the data cannot rule out yet that needs the most
+    units (a 50% CTR asked 50x too many units of a conversion test at its start)."""
+    if not exposures:
+        return 0.5
+    if 0 < clicks < exposures:
+        return clicks / exposures
+    low, high = stats.wilson(clicks, exposures, alpha)
+    return high if clicks == 0 else low
 
 
 def cumulative_unit_sums(frame, times) -> list["stats.ArmSums"]:
@@ -321,15 +261,16 @@ def timeline(ok, arms: list[str], alpha: float, points: int = 30) -> list[dict]:
 
 def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
     """promote | rollback | continue, with the reasons. Invalid results (SRM) never decide on
-    the comparison; a challenger's guardrail breach rolls back all the same."""
+    the comparison; a challenger's guardrail breach where it is worse than the champion rolls
+    back all the same. A breach the challenger is not clearly worse in (one the champion
+    shares: an incident) decides nothing, and the ramp holds while it lasts (control._ramp)."""
     if result.challenger is None:
         return "continue", ["automatic decisions need one challenger"]
-    arms = {a.arm: a for a in result.arms}
-    bad = arms[result.challenger]
-    # Guardrails (errors, latency) are per-arm facts, not comparisons: a sample ratio mismatch
-    # does not make them invalid, and a breach must roll back whatever the split looks like.
+    bad = next(a for a in result.arms if a.arm == result.challenger)
+    # Guardrails (errors, latency) are per-request facts: a sample ratio mismatch does not make
+    # them invalid, and a breach the challenger is worse in rolls back whatever the split.
     if not bad.guardrail_ok:
-        return "rollback", [f"challenger guardrail: {r}" for r in bad.guardrail_reasons]
+        return _guardrail_decision(result, bad, spec)
     if result.srm_flagged:
         return "continue", [f"sample ratio mismatch (p={result.srm_p:.2g} < {spec.analysis.srm_p}): results invalid until it is explained"]
     need = spec.analysis.min_units
@@ -338,17 +279,44 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
         return "continue", [f"each arm needs {need} units in the comparison (served while both arms had traffic) first "
                             f"(have {have[0]} and {have[1]})"]
     if result.sequential_significant:
-        # The test says which way only through the difference: without a finite one there is
-        # nothing to act on (NaN > 0 is False, which once rolled back a clear winner).
-        if result.diff is None or not math.isfinite(result.diff) or result.diff == 0:
-            return "continue", [f"sequential test p={result.sequential_p:.3g} but the CTR difference is not defined ({result.diff}): no decision"]
-        word = "promote" if result.diff > 0 else "rollback"
-        return word, [f"sequential test p={result.sequential_p:.3g} <= {spec.analysis.alpha}: CTR difference {result.diff:+.4f}"]
+        return _sequential_decision(result, spec)
     more = ""
     if result.sequential_units_needed:
         more = (f"; the sequential test needs about {result.sequential_units_needed} more units for {spec.analysis.power:.0%} power "
                 f"at an effect of {spec.analysis.mde} (a fixed-horizon test looked at once: {result.units_needed})")
     return "continue", [f"no significant difference yet (sequential p={_fmt(result.sequential_p)}){more}"]
+
+
+def _guardrail_decision(result: Analysis, bad: ArmReport, spec: ABSpec) -> tuple[str, list[str]]:
+    """Roll back on the breaches the challenger is clearly worse than the champion in (or that
+    have no champion requests to compare with); otherwise continue, saying why."""
+    alpha, compared = spec.guardrails.alpha, result.guardrail_vs_champion
+    if not compared:  # not judged against the champion (a result built by hand): the breach decides
+        return "rollback", [f"challenger guardrail: {r}" for r in bad.guardrail_reasons]
+    worse = [c for c in compared.values() if c["p"] is None or c["p"] <= alpha]
+    if worse:
+        return "rollback", [f"challenger guardrail: {c['reason']}" + ("" if c["p"] is None else f"; worse than the champion on the same "
+                            f"requests (anytime-valid p={c['p']:.2g} <= {alpha})") for c in worse]
+    return "continue", [f"challenger guardrail: {c['reason']}; " + (
+        "the champion breaches too: a shared incident, not the challenger's doing" if c["champion_breaches"] else
+        "but it is not clearly worse than the champion on the same requests") + f" (anytime-valid p={c['p']:.2g} > {alpha} that it "
+        "is worse); no decision, and the ramp holds, until it ends" for c in compared.values()]
+
+
+def _sequential_decision(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
+    """The significant sequential test's decision: the way the difference points now, where
+    that is the way the looks that crossed pointed."""
+    p = f"sequential test p={result.sequential_p:.3g} <= {spec.analysis.alpha}"
+    # The test says which way only through the difference: without a finite one there is
+    # nothing to act on (NaN > 0 is False, which once rolled back a clear winner).
+    if result.diff is None or not math.isfinite(result.diff) or result.diff == 0:
+        return "continue", [f"sequential test p={result.sequential_p:.3g} but the CTR difference is not defined ({result.diff}): no decision"]
+    sign = 1 if result.diff > 0 else -1
+    if result.sequential_direction is not None and result.sequential_direction != sign:
+        then = {1: "a win", -1: "a loss", 0: "a win at some and a loss at others"}[result.sequential_direction]
+        return "continue", [f"{p}, but the looks that crossed saw {then} and the CTR difference is {result.diff:+.4f} now: the effect "
+                            "changed sign over time, so the evidence is not for this direction; no automatic decision"]
+    return ("promote" if sign > 0 else "rollback"), [f"{p}: CTR difference {result.diff:+.4f}"]
 
 
 def final_reasons(final: dict) -> list[str]:

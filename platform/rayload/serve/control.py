@@ -341,6 +341,10 @@ def _ramp(run_dir: str, state: dict, result, spec: ABSpec) -> list[str]:
     """Move the challenger to the next ramp step when the current one has its units; what was done."""
     if result.srm_flagged or result.challenger is None:
         return []
+    if not next(a.guardrail_ok for a in result.arms if a.arm == result.challenger):
+        # A breach the challenger is not clearly worse in (an incident both arms share): more
+        # traffic waits until it ends (a breach it is worse in has rolled it back).
+        return ["the ramp holds while the challenger breaches a guardrail"]
     _, user = parts(state["config"])
     if user.get("shadow"):
         return ["shadow mode: the champion answers all traffic, so the ramp holds"]

@@ -1,5 +1,6 @@
 """Experiment statistics: CTR per arm with intervals, lift, a two-proportion test, the
-sample-ratio-mismatch check, an always-valid sequential test (mSPRT), and power.
+sample-ratio-mismatch check, an always-valid sequential test (mSPRT), the guardrails' rate
+tests, and power (serve/power.py, re-exported here).
 
 The unit of randomisation is the unit (user), not the request: a user's requests are
 correlated, so CTR = sum(clicks) / sum(exposures) over units is a ratio metric and its
@@ -13,7 +14,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import special, stats
+
+from . import power
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,15 @@ def ctr_interval(a: ArmSums, alpha: float = 0.05) -> tuple[float, float]:
 @dataclass(frozen=True)
 class Estimate:
     """A CTR difference (treatment - control) with its variance, and the two CTR levels it is
-    made of with the variance of the log of their ratio (the relative lift's delta method)."""
+    made of, each with its own variance and the exposures it would rest on were they all
+    independent (its binomial size: where no unit varies yet, e.g. before the first click)."""
 
     diff: float
     var: float
     control: float
     treatment: float
-    log_ratio_var: float
+    level_var: tuple[float, float] = (float("nan"), float("nan"))  # (control, treatment): delta method over units
+    level_n: tuple[float, float] = (float("nan"), float("nan"))  # (control, treatment) binomial sizes
     units: tuple[int, int] = (0, 0)  # units of (control, treatment) the estimate is made of
     null_var: float = float("nan")  # the variance if the arms did not differ (for the mSPRT; stats.stratified)
 
@@ -102,43 +107,100 @@ class Comparison:
     diff: float
     diff_ci: tuple[float, float]
     lift: float | None  # None where the control's CTR is 0: no relative change is defined
-    lift_ci: tuple[float, float] | None  # None also where the challenger's CTR is 0 (lift -100%, no log ratio)
+    lift_ci: tuple[float, float] | None  # None with the lift (and where an interval bound is not finite)
     z: float
     p_value: float  # fixed-horizon two-sided test: valid only when looked at once
 
 
 def compare(control: ArmSums, treatment: ArmSums, alpha: float = 0.05) -> Comparison:
-    """Difference (treatment - control), relative lift (delta method on the log ratio) and a
-    two-sided z-test of equal CTRs. A control CTR of 0 leaves only the lift undefined: the
-    difference, its interval and the test hold at any CTR (a broken champion or a rare event)."""
+    """Difference (treatment - control), relative lift and a two-sided z-test of equal CTRs. A
+    control CTR of 0 leaves only the lift undefined: the difference, its interval and the test
+    hold at any CTR (a broken champion or a rare event)."""
     c, t = control.ctr, treatment.ctr
-    log_var = control.var / c**2 + treatment.var / t**2 if c > 0 and t > 0 else float("nan")
-    return comparison(Estimate(t - c, control.var + treatment.var, c, t, log_var, (control.n, treatment.n)), alpha)
+    return comparison(Estimate(t - c, control.var + treatment.var, c, t, (control.var, treatment.var), (control.y, treatment.y),
+                               (control.n, treatment.n)), alpha)
 
 
 def comparison(est: Estimate, alpha: float = 0.05) -> Comparison:
-    """Interval and z-test of an estimated difference; NaN where its variance is not defined."""
+    """Intervals and z-test of an estimated difference; NaN where its variance is not defined.
+
+    The intervals are score intervals, not Wald's: each level gets its Wilson interval at the
+    effective size its variance implies (ctr_interval's), and the difference combines them by
+    Newcombe's hybrid score method, the relative lift by MOVER-R (Zou & Donner): the method of
+    variance estimates recovery, with the correlation of the levels where a unit is in both arms
+    (a ramp step moved it). Wald's estimate +- z se has zero width with no clicks (or all) and
+    covered a difference at 0.2% -> 0.4% on 200 units per arm in about half the experiments;
+    these hold about 95% there, and equal Wald's at large counts. The z-test stays the
+    difference over its delta-method standard error."""
     nan = float("nan")
     if not (math.isfinite(est.diff) and math.isfinite(est.var)):
         return Comparison(nan, (nan, nan), None, None, nan, nan)
-    z_c, se = z_crit(alpha), math.sqrt(max(est.var, 0.0))
+    se = math.sqrt(max(est.var, 0.0))
     if se > 0:
         z = est.diff / se
         p = float(2 * stats.norm.sf(abs(z)))
     else:  # no variation within either arm (every unit alike): no test, unless there is nothing to test
         z, p = (0.0, 1.0) if est.diff == 0 else (nan, nan)
-    lift, lift_ci = _lift(est, z_c)
-    return Comparison(est.diff, (est.diff - z_c * se, est.diff + z_c * se), lift, lift_ci, z, p)
+    c, t = (_level_interval(level, v, n, alpha) for level, v, n in zip((est.control, est.treatment), est.level_var, est.level_n))
+    rho = _correlation(est)
+    low = est.diff - _root_sum(est.treatment - t[0], c[1] - est.control, rho)
+    high = est.diff + _root_sum(t[1] - est.treatment, est.control - c[0], rho)
+    lift, lift_ci = _lift(est, c, t, rho)
+    return Comparison(est.diff, (low, high), lift, lift_ci, z, p)
 
 
-def _lift(est: Estimate, z_c: float) -> tuple[float | None, tuple[float, float] | None]:
-    if not (math.isfinite(est.control) and est.control > 0 and math.isfinite(est.treatment)):
+def _level_interval(p: float, var: float, n_binomial: float, alpha: float) -> tuple[float, float]:
+    """Wilson at the effective size the level's variance implies, as ctr_interval; where it has
+    none (no unit varies: no clicks yet, or every exposure clicked) at its binomial size."""
+    n_eff = p * (1 - p) / var if math.isfinite(var) and var > 0 and 0 < p < 1 else n_binomial
+    if not (math.isfinite(n_eff) and n_eff > 0):
+        return (p, p)
+    return wilson(p * n_eff, n_eff, alpha)
+
+
+def _correlation(est: Estimate) -> float:
+    """Correlation of the two levels: 0 for disjoint arms; positive where units are in both."""
+    v_c, v_t = est.level_var
+    if not (math.isfinite(v_c) and math.isfinite(v_t) and v_c > 0 and v_t > 0):
+        return 0.0
+    return min(1.0, max(-1.0, (v_c + v_t - est.var) / (2 * math.sqrt(v_c * v_t))))
+
+
+def _root_sum(a: float, b: float, rho: float) -> float:
+    return math.sqrt(max(a * a + b * b - 2 * rho * a * b, 0.0))
+
+
+def _lift(est: Estimate, c: tuple[float, float], t: tuple[float, float], rho: float):
+    """Relative lift treatment / control - 1 and its MOVER-R interval: the bounds are the ratios
+    r where the difference treatment - r * control has a MOVER bound of 0 (the roots of a
+    quadratic). Defined at a challenger CTR of 0 (lift -100%, lower bound -100%); where a root is
+    missing (a champion with a handful of clicks), the conservative ratio of the outer bounds."""
+    p_c, p_t = est.control, est.treatment
+    if not (math.isfinite(p_c) and p_c > 0 and math.isfinite(p_t)):
         return None, None
-    lift = est.treatment / est.control - 1
-    if not (est.treatment > 0 and math.isfinite(est.log_ratio_var)):
-        return lift, None
-    log_ratio, se = math.log(est.treatment / est.control), math.sqrt(max(est.log_ratio_var, 0.0))
-    return lift, (math.exp(log_ratio - z_c * se) - 1, math.exp(log_ratio + z_c * se) - 1)
+    ratio = p_t / p_c
+    a, b = p_t - t[0], c[1] - p_c
+    low = _ratio_root(c[1] * (2 * p_c - c[1]), p_t * p_c - rho * a * b, t[0] * (2 * p_t - t[0]), ratio, upper=False)
+    low = max(low, 0.0) if low is not None else t[0] / c[1]
+    a, b = t[1] - p_t, p_c - c[0]
+    high = _ratio_root(c[0] * (2 * p_c - c[0]), p_t * p_c - rho * a * b, t[1] * (2 * p_t - t[1]), ratio, upper=True)
+    if high is None:
+        high = t[1] / c[0] if c[0] > 0 else float("inf")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ratio - 1, None
+    return ratio - 1, (min(low, ratio) - 1, max(high, ratio) - 1)
+
+
+def _ratio_root(a: float, b: float, c: float, ratio: float, upper: bool) -> float | None:
+    """The root of a r^2 - 2 b r + c = 0 on its side of the estimated `ratio` (the nearest, were
+    there two); None where there is none."""
+    if abs(a) < 1e-300:
+        roots = [c / (2 * b)] if b else []
+    else:
+        disc = b * b - a * c
+        roots = [(b - math.sqrt(disc)) / a, (b + math.sqrt(disc)) / a] if disc >= 0 else []
+    kept = [r for r in roots if r >= 0 and (r >= ratio * (1 - 1e-12) if upper else r <= ratio * (1 + 1e-12))]
+    return (min(kept) if upper else max(kept)) if kept else None
 
 
 def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.ndarray, y: np.ndarray) -> Estimate | None:
@@ -157,13 +219,15 @@ def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.
     period's estimated variance they do not depend on the outcomes, so a short period whose few
     units happened not to click (estimated variance 0) cannot take all the weight, and the
     estimate stays unbiased for an effect common to the periods. The CTR levels (for the
-    relative lift) are combined with the same weights.
+    intervals and the relative lift) are combined with the same weights.
 
     Variance: units, not rows or periods, are independent. A unit seen in several periods (a
     returning user, or one a ramp step moved from the champion to the challenger) adds up its
     linearised contributions to the estimate before they are squared, so its correlated
-    behaviour across periods is neither ignored nor double counted. With one period this is
-    ArmSums.var of each arm summed, and the levels are the arms' CTRs."""
+    behaviour across periods is neither ignored nor double counted; each level's own variance
+    is that of its arm's terms, and their covariance (units in both arms) what the difference's
+    variance lacks of their sum. With one period this is ArmSums.var of each arm summed, and the
+    levels are the arms' CTRs."""
     treated = np.asarray(treated, bool)
     cells = 2 * (int(period.max()) + 1) if len(period) else 0
     cell = 2 * period + treated
@@ -182,10 +246,11 @@ def stratified(unit: np.ndarray, period: np.ndarray, treated: np.ndarray, x: np.
     sign = np.where(treated, 1.0, -1.0)
     var = _squared_unit_sums(unit, sign * resid)
     null_var = _null_variance(unit, period, cell, sign, x, y, w, n, clicks, exposures)
-    log_var = _squared_unit_sums(unit, resid * np.where(treated, 1 / levels[1], -1 / levels[0])) if min(levels) > 0 else float("nan")
+    level_var = tuple(_squared_unit_sums(unit, np.where(treated == arm, resid, 0.0)) for arm in (False, True))
+    level_n = tuple(1.0 / float((w[w > 0] ** 2 / e[w > 0]).sum()) for e in (exposures[0::2], exposures[1::2]))  # 1 / sum w^2 / Y
     used = w[period] > 0
     units = tuple(int(np.count_nonzero(np.bincount(unit[used & (treated == arm)]))) for arm in (False, True))
-    return Estimate(levels[1] - levels[0], var, levels[0], levels[1], log_var, units, null_var)
+    return Estimate(levels[1] - levels[0], var, levels[0], levels[1], level_var, level_n, units, null_var)
 
 
 def _null_variance(unit, period, cell, sign, x, y, w, n, clicks, exposures) -> float:
@@ -254,100 +319,9 @@ def srm_p_value(periods: list[tuple[dict[str, int], dict[str, float]]]) -> float
     return float(stats.chi2.sf(stat, dof)) if dof else 1.0
 
 
-def _split_variance(unit_var: tuple[float, float], share: float) -> float | None:
-    """n_total * Var(treatment CTR - control CTR) when the challenger gets `share` of n_total
-    units; None when one arm gets no units (share 0 or 1: nothing to compare)."""
-    if not 0 < share < 1:
-        return None
-    return unit_var[0] / (1 - share) + unit_var[1] / share
-
-
-def sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
-                unit_var: tuple[float, float] | None = None) -> int | None:
-    """Units in total for a two-sided FIXED-HORIZON z-test, looked at once, to detect an absolute
-    CTR change `mde` with the challenger getting `share` of the units; None when share is 0 or
-    1. Not what the mSPRT that decides needs: see msprt_sample_size.
-
-    `unit_var`: (control, challenger) variance of one unit's share of the CTR estimate
-    (ArmSums.unit_variance: the delta method, so a unit with many exposures counts for what it
-    holds); default: one exposure per unit, the binomial at p_base and p_base + mde."""
-    var = _split_variance(_default_unit_var(p_base, mde, unit_var), share)
-    if var is None:
-        return None
-    z = z_crit(alpha) + float(stats.norm.ppf(power))
-    return int(math.ceil(z * z * var / (mde * mde)))
-
-
-def minimum_detectable_effect(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
-                              unit_var: tuple[float, float] | None = None) -> float | None:
-    """Smallest absolute CTR change the fixed-horizon z-test on `n_total` units detects with the
-    given power; None when share is 0 or 1. `unit_var` as in sample_size; default: one exposure
-    per unit, equal variances. The mSPRT's: msprt_mde."""
-    var = _split_variance(unit_var or (p_base * (1 - p_base),) * 2, share)
-    if var is None:
-        return None
-    if n_total <= 0:
-        return float("inf")
-    z = z_crit(alpha) + float(stats.norm.ppf(power))
-    return z * math.sqrt(var / n_total)
-
-
-def msprt_power(effect: float, var: float, tau: float, alpha: float) -> float:
-    """Chance that ONE look at a normal estimate of variance `var` and mean `effect` finds the
-    mSPRT's Lambda >= 1/alpha: |z| beyond the boundary b with b^2 = 2 (var + tau^2) / tau^2 *
-    (log(1/alpha) + log((var + tau^2) / var) / 2), solved from msprt_lambda."""
-    b = math.sqrt(2 * (var + tau * tau) / (tau * tau) * (math.log(1 / alpha) + 0.5 * math.log((var + tau * tau) / var)))
-    m = abs(effect) / math.sqrt(var)
-    return float(stats.norm.cdf(m - b) + stats.norm.cdf(-m - b))
-
-
-def msprt_sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
-                      unit_var: tuple[float, float] | None = None, tau: float = 0.01) -> int | None:
-    """Units in total by which the mSPRT (mixing scale `tau`) has detected an absolute CTR change
-    `mde` with probability at least `power`; None when share is 0 or 1 (or beyond 2^62 units).
-
-    Conservative: it is the sample size at which one look has that power. Looking continuously
-    can only reject earlier (the look at that sample size is among the looks), so the real
-    chance by then is higher: 0.86 instead of 0.80 at 10% -> 11% with tau = 0.01, where the
-    fixed-horizon z-test's sample_size gives the mSPRT only about 0.55. `unit_var` as in
-    sample_size (normal approximation, plug-in variances)."""
-    var1 = _split_variance(_default_unit_var(p_base, mde, unit_var), share)
-    if var1 is None:
-        return None
-    gap = lambda n: msprt_power(mde, var1 / n, tau, alpha) - power  # noqa: E731
-    n = 2.0
-    while gap(n) < 0:
-        if n > 2.0**62:
-            return None
-        n *= 2
-    return int(math.ceil(optimize.brentq(gap, n / 2, n))) if n > 2 else 2
-
-
-def msprt_mde(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
-              unit_var: tuple[float, float] | None = None, tau: float = 0.01) -> float | None:
-    """Smallest absolute CTR change that one look at the mSPRT on `n_total` units detects with
-    the given power (conservative as msprt_sample_size); None when share is 0 or 1."""
-    var1 = _split_variance(unit_var or (p_base * (1 - p_base),) * 2, share)
-    if var1 is None:
-        return None
-    if n_total <= 0:
-        return float("inf")
-    var = var1 / n_total
-    gap = lambda effect: msprt_power(effect, var, tau, alpha) - power  # noqa: E731
-    if gap(0.0) >= 0:
-        return 0.0
-    high = math.sqrt(var)
-    while gap(high) < 0:
-        high *= 2
-    return float(optimize.brentq(gap, 0.0, high))
-
-
-def _default_unit_var(p_base: float, mde: float, unit_var: tuple[float, float] | None) -> tuple[float, float]:
-    """One exposure per unit: the binomial at p_base and p_base + mde, unless given."""
-    if unit_var is not None:
-        return unit_var
-    p2 = min(max(p_base + mde, 1e-9), 1 - 1e-9)
-    return (p_base * (1 - p_base), p2 * (1 - p2))
+# The power calculator (serve/power.py), importable from here as before.
+sample_size, minimum_detectable_effect = power.sample_size, power.minimum_detectable_effect
+msprt_power, msprt_sample_size, msprt_mde = power.msprt_power, power.msprt_sample_size, power.msprt_mde
 
 
 def rate_above_p(events, trials, limit: float):
@@ -378,6 +352,30 @@ def rate_above_p(events, trials, limit: float):
         p = np.minimum(1.0, np.exp(-np.clip(log_m, -700.0, 700.0)))
     p = np.where(trials > 0, p, 1.0)
     return float(p) if p.ndim == 0 else p
+
+
+ODDS_RATIOS = np.geomspace(1.25, 20.0, 13)  # the mixture's alternatives: a challenger failing 1.25x to 20x as often
+
+
+def failures_above_p(challenger: np.ndarray, share: np.ndarray) -> float:
+    """Anytime-valid p-value against "the challenger fails no more often than the champion",
+    from the failed requests of the two arms: per failure, whether it was the challenger's and
+    the challenger's share of the requests of its weight period (the split then in force).
+
+    Were the arms to fail alike, a failure is the challenger's with probability `share`; no
+    more if it fails less. Against a challenger whose odds of failing are theta >= 1 times the
+    champion's, each failure multiplies the likelihood ratio by theta^x / (1 - share + share
+    theta), whose expectation under that null is at most 1; the product is a nonnegative
+    supermartingale, and so is its mixture over ODDS_RATIOS (equal weights). By Ville's
+    inequality the chance that 1 / mixture EVER falls to alpha is at most alpha, however often
+    one looks. Conditioning on the failures cancels what both arms share (an incident), and a
+    period's own share keeps a ramp step from looking like a difference."""
+    x, q = np.asarray(challenger, float)[:, None], np.asarray(share, float)[:, None]
+    if not len(x):
+        return 1.0
+    log_lr = (x * np.log(ODDS_RATIOS) - np.log1p(q * (ODDS_RATIOS - 1))).sum(axis=0)
+    log_m = float(special.logsumexp(log_lr) - math.log(len(ODDS_RATIOS)))
+    return float(min(1.0, math.exp(-min(log_m, 700.0))))
 
 
 def p99(latencies: np.ndarray) -> float:
