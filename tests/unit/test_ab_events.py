@@ -267,16 +267,17 @@ def test_the_wal_sync_runs_under_steady_traffic_and_a_failed_sync_is_retried(tmp
 
 
 OPENER = """
-import sys, time
+import os, sys, time
 from rayload.serve.event_writer import EventWriter
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
+open(sys.argv[2] + "." + str(os.getpid()), "w").close()  # imported: ready
+while not os.path.exists(sys.argv[2]):  # every opener waits for the others, then all open at once
+    time.sleep(0.001)
 EventWriter(sys.argv[1]).close()
 print("opened")
 """
 
 
-def test_replicas_opening_a_new_store_at_once_all_start(url):
+def test_replicas_opening_a_new_store_at_once_all_start(url, tmp_path):
     """Serve starts an experiment's replicas together: each creates the schema of the same new
     store at the same moment (the race once stopped a replica with "table ab_meta already
     exists")."""
@@ -288,9 +289,13 @@ def test_replicas_opening_a_new_store_at_once_all_start(url):
                 for table in ("ab_drift", "ab_outcomes", "ab_shadow", "ab_exposures", "ab_meta"):
                     conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
             engine.dispose()
-        start = time.time() + 3  # past every interpreter's start-up
-        procs = [subprocess.Popen([sys.executable, "-c", OPENER, target, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        go = tmp_path / f"go-{round_}"
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, target, str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(4)]
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob(f"go-{round_}.*"))) < 4 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.01)
+        go.touch()  # all four have imported rayload: they open the store together
         outs = [p.communicate(timeout=120) for p in procs]
         assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outs]
         reader = EventReader(target)
