@@ -1,6 +1,8 @@
 """Every spec in jobs/ as a small `ray job submit --working-dir .` run (test_job_submit.py), except
-the pipeline, which test_demo.py runs whole through `rayload demo` (the same `rayload run` the
-job's entrypoint calls; its A/B stage on a cluster is the A/B spec's job here)."""
+those another test runs the same way (ELSEWHERE): the pipeline, which test_demo.py runs whole
+through `rayload demo` (the same `rayload run` the job's entrypoint calls; its A/B stage on a
+cluster is the A/B spec's job here), and the MovieLens job, which `rayload submit` runs as the
+same job with the uploaded working dir."""
 
 import json
 import os
@@ -10,14 +12,18 @@ from ray_head import ROOT, Head
 # Tiny versions of each spec, so every file in jobs/ runs as a job within seconds. A spec added
 # to jobs/ without an entry here fails test_every_job_spec_has_a_small_run.
 SMALL = {
-    "movielens_deepfm.yaml": ["train.train.epochs=1", "train.model.hidden=[16]"],
     "synthetic_dlrm.yaml": ["train.data.source.rows=3000", "train.data.source.shard_rows=1500", "train.train.epochs=1",
                             "train.train.batch_size=256"],
     "ab_movielens.yaml": ['ab.arms.0.set=["train.epochs=1", "model.hidden=[16]"]', 'ab.arms.1.set=["train.epochs=1", "model.hidden=[16]"]',
                           "ab.simulate.requests=300", "ab.serving.port=8781"],
 }
 # Specs a job here would only repeat: what runs them instead.
-ELSEWHERE = {"movielens_pipeline.yaml": "tests/e2e/test_demo.py (`rayload demo` runs this file)"}
+ELSEWHERE = {"movielens_pipeline.yaml": "tests/e2e/test_demo.py (`rayload demo` runs this file)",
+             # the same `rayload run` of the same file as a job with the uploaded working dir, by `rayload submit`
+             # (`ray job submit` itself: the other specs here, and test_fake_cluster.py's training job of this file)
+             "movielens_deepfm.yaml": "tests/e2e/test_job_submit.py::test_rayload_submit_runs_a_spec_with_the_uploaded_code"}
+# The small settings of the specs run elsewhere from here.
+MOVIELENS_SMALL = ["train.train.epochs=1", "train.model.hidden=[16]"]
 
 
 def sets(items):

@@ -10,7 +10,7 @@ import subprocess
 import httpx
 import pytest
 from ray_head import BIN, ROOT, ensure_token
-from small_jobs import ELSEWHERE, SMALL, sets, submit_and_check
+from small_jobs import ELSEWHERE, MOVIELENS_SMALL, SMALL, sets, submit_and_check
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ def test_job_api_refuses_missing_and_wrong_tokens(head):
 
 def test_rayload_submit_runs_a_spec_with_the_uploaded_code(head):
     r = head.run(os.path.join(BIN, "rayload"), "submit", "jobs/movielens_deepfm.yaml", "--address", head.url,
-                 *sets(SMALL["movielens_deepfm.yaml"]))
+                 *sets(MOVIELENS_SMALL))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "SUCCEEDED" in r.stdout and "python -m rayload run jobs/movielens_deepfm.yaml" in r.stdout
     head_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
