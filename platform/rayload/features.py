@@ -25,7 +25,7 @@ from . import target_stats
 from ._memo import Memo
 from .derived import derive
 from .errors import DataError
-from .hashing import as_array, as_strings, combine, hash_strings, seed_key
+from .hashing import as_array, as_strings, combine, hash_strings, kept_lists, seed_key
 from .target_stats import TargetState
 
 MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
@@ -309,13 +309,8 @@ def split_bag(state: CategoricalState, values: pa.Array) -> pa.ListArray:
     parts = pc.split_pattern(pc.fill_null(values, ""), state.separator)
     tokens = pc.utf8_trim_whitespace(parts.flatten())
     keep = pc.not_equal(tokens, "")
-    lengths = pc.list_value_length(parts).to_numpy()
-    # Count surviving tokens per row to rebuild offsets after dropping empty tokens.
-    row_of = np.repeat(np.arange(len(values)), lengths)
-    kept = np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)
-    counts = np.bincount(row_of[kept], minlength=len(values))
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), tokens.filter(keep))
+    offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(parts).to_numpy())])
+    return kept_lists(offsets, tokens, np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool))
 
 
 def _bags(state: CategoricalState, values: pa.Array) -> pa.Array:

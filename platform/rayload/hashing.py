@@ -88,3 +88,11 @@ def digest(obj) -> str:
     """Short content hash of a JSON-able object (spec sections, file fingerprints)."""
     text = json.dumps(obj, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kept_lists(offsets: np.ndarray, values: pa.Array, keep: np.ndarray) -> pa.ListArray:
+    """Lists of `values` (row i holds values[offsets[i]:offsets[i + 1]]) with only the values
+    `keep` marks: a bag's tokens less its empty or missing ones."""
+    rows = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    counts = np.bincount(rows[keep], minlength=len(offsets) - 1)
+    return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)), values.filter(pa.array(keep)))

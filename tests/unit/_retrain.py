@@ -7,7 +7,7 @@ import os
 
 from _loop import features
 from rayload import retraining
-from rayload.retraining import Gate
+from rayload.retrain_gate import Gate
 from rayload.serve import event_writer
 
 NOW = 1_800_000_000.0

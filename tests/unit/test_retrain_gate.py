@@ -11,7 +11,8 @@ import pytest
 
 from rayload import evaluate
 from rayload.errors import DataError, RayloadError
-from rayload.retraining import GATE_SPLIT, MIN_GATE_CLASS, RetrainResult, gate_aucs, gate_from_scores, job_for, warm_start
+from rayload.retrain_gate import GATE_SPLIT, MIN_GATE_CLASS, gate_aucs, gate_from_scores
+from rayload.retraining import RetrainResult, job_for, warm_start
 from rayload.spec import JobSpec
 from _retrain import PLACEHOLDER_COLUMNS, placeholder_checkpoint
 

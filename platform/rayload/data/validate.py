@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import DataError
-from ..hashing import as_array, value_text
+from ..hashing import as_array, kept_lists, value_text
 
 RAW_LABEL = "__label_raw"  # the label before thresholding (target statistics may use it)
 QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
@@ -133,10 +133,7 @@ def join_bag(column, separator: str, name: str) -> pa.Array:
         raise DataError(f"column '{name}' holds lists of lists; a multi_categorical value is a list of values or a text")
     texts = as_string(flat, name) if len(flat) else pa.array([], pa.string())
     keep = texts.is_valid().to_numpy(zero_copy_only=False)
-    offsets = arr.offsets.to_numpy()  # of the flattened values: a null list has no elements
-    rows = np.repeat(np.arange(len(arr)), np.diff(offsets))
-    counts = np.bincount(rows[keep], minlength=len(arr))
-    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)), texts.filter(pa.array(keep)))
+    lists = kept_lists(arr.offsets.to_numpy(), texts, keep)  # offsets of the flattened values: a null list has none
     joined = pc.binary_join(lists, separator)
     return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
