@@ -67,10 +67,7 @@ def final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str,
             stats.update(_heavy_hitters(acc))
         state.buckets, state.stats = cfg.buckets, stats
         return state
-    counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
-    values = counts.column("value").to_numpy(zero_copy_only=False)
-    freq = counts.column("count_sum").to_numpy()
-    order = np.lexsort((values.astype(str), -freq))  # most frequent first, ties by value
+    values, freq, order = _ranked(acc)
     keep = order[freq[order] >= cfg.min_count]
     if cfg.top_k is not None:
         keep = keep[: cfg.top_k]
@@ -94,14 +91,21 @@ def final_categorical(name: str, cfg: CategoricalFeature, multi: bool, sep: str,
     return state
 
 
+def _ranked(acc: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batches' merged counts: (values, counts, order), the order most frequent first,
+    ties by value, so the result does not depend on how the rows were batched."""
+    counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
+    values = counts.column("value").to_numpy(zero_copy_only=False)
+    freq = counts.column("count_sum").to_numpy()
+    return values, freq, np.lexsort((values.astype(str), -freq))
+
+
 def _heavy_hitters(acc: dict) -> dict:
     """A hashed column's most frequent values (up to TOP_SHARES) and their shares of its
     non-null values, for drift monitoring: only values whose count is known within 10% (at
     least ten times the batches' summed slack; every value when no batch left one out)."""
-    counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
-    values = counts.column("value").to_numpy(zero_copy_only=False)
-    freq = counts.column("count_sum").to_numpy()
-    order = np.lexsort((values.astype(str), -freq))[:TOP_SHARES]
+    values, freq, order = _ranked(acc)
+    order = order[:TOP_SHARES]
     top = order[freq[order] >= 10 * acc["slack"]] if acc["slack"] else order
     total = float(acc["counted"])
     return {"top_values": [str(v) for v in values[top]], "top_shares": [float(f / total) for f in freq[top]] if total else []}

@@ -11,7 +11,8 @@ import pytest
 from _ab_control import control_run, spec_of, user
 from rayload.ab_spec import ab_from_dict
 from rayload.serve import control
-from rayload.serve.analysis import Pairs, analyze
+from rayload.serve.analysis import analyze
+from rayload.serve.sequential import Pairs
 
 SPEC = {"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"}, {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
         "analysis": {"min_units": 200}, "guardrails": {"min_requests": 100}}
@@ -36,7 +37,7 @@ def ab_frame(n: int, rates: dict, seed: int = 0, **kw) -> pd.DataFrame:
 # --- D1: a late outcome must not re-open a look already taken -------------------------------
 
 def test_an_outcome_inside_its_attribution_window_changes_no_sequential_look():
-    from rayload.serve.analysis import sequential_looks
+    from rayload.serve.sequential import sequential_looks
 
     spec = ab_from_dict(SPEC)
     data = ab_frame(6000, {"control": 0.10, "challenger": 0.12}, seed=1)
@@ -56,7 +57,7 @@ def test_an_outcome_inside_its_attribution_window_changes_no_sequential_look():
 
 
 def test_without_a_window_every_exposure_is_in_the_looks():
-    from rayload.serve.analysis import sequential_looks
+    from rayload.serve.sequential import sequential_looks
 
     data = ab_frame(3000, {"control": 0.10, "challenger": 0.12}, seed=2)
     ok = data.assign(clicked=(data["outcome"] > 0).astype(float))

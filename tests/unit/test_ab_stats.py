@@ -391,7 +391,7 @@ def test_a_challengers_first_units_without_clicks_are_no_proof_of_a_loss():
 
 
 def test_the_always_valid_p_value_never_rises_as_data_arrives():
-    from rayload.serve.analysis import look_rows, sequential_p
+    from rayload.serve.sequential import look_rows, sequential_p
 
     assert list(look_rows(5000)) == list(look_rows(9000)[:len(look_rows(5000))]) and look_rows(99).size == 0
     data = frame({"control": 0.10, "challenger": 0.106}, n=40_000, seed=3).assign(clicked=lambda f: (f["outcome"] > 0).astype(float))

@@ -1,6 +1,6 @@
 """The live analysis of an experiment (`GET /experiment`, `rayload ab status`) and the
 decision it supports: promote, rollback or continue. The sequential test that decides is in
-serve/sequential.py, the guardrails in serve/guardrails.py (both re-exported here)."""
+serve/sequential.py, the guardrails in serve/guardrails.py."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ import pandas as pd
 
 from ..ab_spec import ABSpec
 from . import stats
-from .guardrails import breaches, guardrail_breaches, recent_rows, versus_champion
-from .sequential import LOOK_FIRST, LOOK_GROWTH, Pairs, _sequential_p, look_rows, sequential, sequential_looks, sequential_p
+from .guardrails import breaches, recent_rows, versus_champion
+from .sequential import Pairs, sequential
 
 __all__ = ["Analysis", "ArmReport", "analyze", "decide", "final_reasons", "timeline", "unit_sums", "cumulative_unit_sums",
-           "attribution_window", "ATTRIBUTION_S", "guardrail_breaches", "Pairs", "look_rows", "sequential_looks", "sequential_p",
-           "_sequential_p", "LOOK_FIRST", "LOOK_GROWTH"]
+           "attribution_window", "ATTRIBUTION_S"]
 
 # How long after its exposure an outcome may still arrive, by analysis.event (seconds): the
 # sequential test takes a look only once all its exposures are older (serve/sequential.py). A

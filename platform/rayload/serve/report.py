@@ -65,7 +65,7 @@ def lift_over_time(result: Analysis, frame=None) -> list[tuple[float, float]]:
     import numpy as np
 
     from . import stats
-    from .analysis import Pairs
+    from .sequential import Pairs
 
     ok = frame[frame["status"] == "ok"]  # as analyze counts: ok rows, a click is an outcome > 0
     pairs = Pairs.of(ok.assign(clicked=(ok["outcome"] > 0).astype(float)), champion, challenger)
