@@ -7,17 +7,20 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import socket
 import threading
 from typing import TYPE_CHECKING
 
+from . import _tune_beat as beats
 from .errors import RayloadError
 from .paths import runs_root
 
 if TYPE_CHECKING:
     from .search_spec import SearchSpec
 
+log = logging.getLogger(__name__)
 _DRIVEN: set[str] = set()  # run folders a tune call of this process drives now
 _DRIVEN_LOCK = threading.Lock()
 
@@ -31,7 +34,9 @@ def driving(run_dir: str, resume: bool):
     """This call drives the search in `run_dir` while the block runs. A resume is refused while
     the run's driver is alive: a second one would re-attach the same running trials, run them
     twice and tell the same Optuna trials twice. Else the run is this driver's from now on:
-    preparing (its data), by this pid and host, so `status` does not call it interrupted."""
+    preparing (its data), by this pid and host, so `status` does not call it interrupted; and
+    while the block runs, this process beats in the run folder (_tune_beat), so a resume on
+    another machine can tell whether it still runs."""
     key, before = os.path.abspath(run_dir), None
     with _DRIVEN_LOCK, _locked(key if resume else None):  # two resumes at once: one claims it, the other sees it alive
         if resume:
@@ -39,9 +44,11 @@ def driving(run_dir: str, resume: bool):
             _refuse_live_driver(key, before)
             write_state(key, state="preparing", pid=os.getpid(), host=socket.gethostname())
         _DRIVEN.add(key)
+    beat = beats.Beat(key).start()
     try:
         yield
     finally:
+        beat.stop()
         _DRIVEN.discard(key)
         if before is not None:
             _unclaim(key, before)
@@ -80,8 +87,17 @@ def _refuse_live_driver(run_dir: str, state: dict) -> None:
         return
     what = f"the search {run_dir} is still {state['state']}: its driver, pid {pid} on {host}, "
     if host != socket.gethostname():
-        raise SearchRunningError(what + "another machine, may still run it (it cannot be checked from here); two drivers "
-                                 "would run the same trials twice. Resume it once that driver has ended; if it is gone "
+        beating = beats.still_beating(run_dir, pid, host)
+        if beating is False:
+            log.warning("%s: the driver of this search, pid %s on %s, has not marked it for %.0f s (its machine or process "
+                        "stopped): resuming it here", run_dir, pid, host, beats.WATCH_S)
+            return
+        if beating:
+            raise SearchRunningError(what + f"another machine, still runs it (its beat in {run_dir}/{beats.BEAT_FILE} moved "
+                                     "just now); two drivers would run the same trials twice. Wait for it to end (rayload "
+                                     "tune status) or stop it, then resume")
+        raise SearchRunningError(what + "another machine, may still run it (it left no beat to check: an older rayload); two "
+                                 "drivers would run the same trials twice. Resume it once that driver has ended; if it is gone "
                                  f'(its machine stopped), set "state": "interrupted" in {run_dir}/search.json first')
     raise SearchRunningError(what + "is alive; two drivers would run the same trials twice. Wait for it to end (rayload "
                              "tune status) or stop it, then resume")
@@ -153,8 +169,12 @@ def status(run: str) -> dict:
         if state.get("state") != "preparing":
             raise
         rows = []  # its data is being prepared: the study opens after that
-    if state.get("state", "preparing") in ("running", "preparing") and not _alive(state.get("pid"), state.get("host")):
-        state["state"] = "interrupted (driver gone; continue with --resume)"
+    if state.get("state", "preparing") in ("running", "preparing"):
+        silent = beats.silent_for(run_dir) if state.get("host") != socket.gethostname() else None
+        if silent is not None and silent > beats.STALE_S:
+            state["state"] = f"interrupted? (its driver on {state.get('host')} has not marked it for {silent:.0f} s; --resume checks and continues)"
+        elif not _alive(state.get("pid"), state.get("host")):
+            state["state"] = "interrupted (driver gone; continue with --resume)"
     return {"run_dir": run_dir, "state": state.get("state", "preparing"), "total": state["total"], "metric": state["metric"],
             "mode": state["mode"], "trials": rows, "best": best_row(rows), "ended": state.get("ended"),
             "spent_s": state.get("spent_s")}

@@ -156,3 +156,82 @@ def test_a_resume_that_fails_before_its_search_starts_leaves_the_runs_state_as_i
         tuning.tune(None, resume=run)
     state = tuning.read_state(run)
     assert (state["state"], state["pid"], state["host"], state["ended"]) == ("finished", 1, "elsewhere", "all trials finished")
+
+
+def _foreign_beat(run, count, pid=4242, host="another-host"):
+    """What a driver on another machine writes to the shared run folder (_tune_beat's record)."""
+    import json
+
+    with open(os.path.join(run, "driver.beat"), "r+b" if os.path.exists(os.path.join(run, "driver.beat")) else "wb") as f:
+        f.write(json.dumps({"pid": pid, "host": host, "beat": count}).ljust(256).encode())
+
+
+def test_a_resume_from_another_machine_waits_for_its_drivers_beat_and_goes_on_once_it_stopped(tmp_path, monkeypatch, caplog):
+    """A run folder on shared storage whose driver ran on another machine: its pid cannot be
+    checked from here, so the resume watches the beat that driver keeps writing. A moving beat
+    is refused; a beat that stopped (the machine went down) is resumed, with no hand edit."""
+    import threading
+
+    from rayload import _tune_beat
+
+    monkeypatch.setattr(_tune_beat, "WATCH_S", 1.0)
+    path, run = started(tmp_path, monkeypatch)
+    running(run, 4242, host="another-host")
+    stop, counts = threading.Event(), iter(range(1, 10**6))
+
+    def beating():
+        while not stop.wait(0.1):
+            _foreign_beat(run, next(counts))
+
+    _foreign_beat(run, 0)
+    t = threading.Thread(target=beating)
+    t.start()
+    try:
+        with pytest.raises(tuning.SearchRunningError, match=r"pid 4242 on another-host, another machine, still runs it .*driver\.beat moved"):
+            tuning.tune(None, resume=run)
+    finally:
+        stop.set()
+        t.join()
+    assert tuning.read_state(run)["host"] == "another-host"  # a refused resume claims nothing
+    with caplog.at_level("WARNING", logger="rayload._tune_runs"), pytest.raises(Reached):
+        tuning.tune(None, resume=run)  # the beat stopped: the resume goes on past the check, to Ray
+    assert "pid 4242 on another-host, has not marked it" in caplog.text
+
+
+def test_the_driving_process_beats_while_it_drives_and_stops_after(tmp_path, monkeypatch):
+    import socket
+
+    from rayload import _tune_beat
+
+    path, run = started(tmp_path, monkeypatch)
+    seen = {}
+
+    def reached(address):  # inside the resume: this process beats in the run folder
+        seen["beat"] = _tune_beat.read_beat(run)
+        raise Reached
+
+    monkeypatch.setattr(tuning, "ensure_ray", reached)
+    with pytest.raises(Reached):
+        tuning.tune(None, resume=run)
+    assert (seen["beat"]["pid"], seen["beat"]["host"]) == (os.getpid(), socket.gethostname())
+    beat = _tune_beat.Beat(run, every=0.05).start()
+    try:
+        assert _tune_beat.still_beating(run, os.getpid(), socket.gethostname(), watch=5.0) is True
+    finally:
+        beat.stop()
+    assert beat.count >= 2
+    assert _tune_beat.still_beating(run, os.getpid(), socket.gethostname(), watch=0.5) is False
+    assert _tune_beat.still_beating(run, 4242, "another-host", watch=0.5) is None  # no beat of that driver to watch
+
+
+def test_status_calls_another_machines_silent_driver_interrupted(tmp_path, monkeypatch):
+    import time
+
+    path, run = started(tmp_path, monkeypatch)
+    write_state(run, state="preparing", pid=4242, host="another-host", total=4, metric="val_auc", mode="max",
+                storage=f"sqlite:///{run}/none.db", study="s")
+    _foreign_beat(run, 7)
+    assert tuning.status(run)["state"] == "preparing"  # it beat just now
+    old = time.time() - 600
+    os.utime(os.path.join(run, "driver.beat"), (old, old))
+    assert tuning.status(run)["state"].startswith("interrupted? (its driver on another-host has not marked it for 6")
