@@ -19,7 +19,7 @@ from rayload.serve import control
 from rayload.spec import JobSpec
 
 pytestmark = pytest.mark.integration
-PORT = 8766
+PORT = 8768
 
 
 @pytest.fixture(scope="module")
