@@ -137,7 +137,9 @@ def read_study(url: str, name: str) -> optuna.Study:
 def _storage(url: str | None):
     """SQLite in WAL mode with synchronous=NORMAL: every commit survives a killed driver
     (only an OS crash could lose the last commits), at a fraction of the fsync cost of the
-    default journal; the searcher commits several times per trial."""
+    default journal; the searcher commits several times per trial. PostgreSQL: see _postgres."""
+    if url is not None and url.startswith("postgresql"):
+        return _postgres(url)
     if url is None or not url.startswith("sqlite:"):
         return url
     import sqlalchemy
@@ -153,6 +155,28 @@ def _storage(url: str | None):
 
     storage.engine.dispose()  # connections opened before the listener get the pragmas too
     return storage
+
+
+_TABLES_LOCK = 0x7261796C6F6174  # PostgreSQL advisory lock key for creating optuna's tables
+
+
+def _postgres(url: str):
+    """optuna's RDBStorage creates its tables on first use, and PostgreSQL's CREATE TABLE races:
+    of four searches started at once on a fresh database three failed with `duplicate key value
+    violates unique constraint "pg_type_typname_nsp_index"`. The storage is made holding an
+    advisory lock, so one process creates the tables and the others find them."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _TABLES_LOCK})
+            try:
+                return optuna.storages.RDBStorage(url)
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _TABLES_LOCK})
+    finally:
+        engine.dispose()
 
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)

@@ -264,3 +264,40 @@ def test_numpy_and_other_real_metrics_count_and_a_bad_objective_result_is_named(
         function_result({"other": 1.0}, "value")
     with pytest.raises(RayloadError, match="'value' is 'high' \\(str\\), not a real number"):
         function_result({"value": "high"}, "value")
+
+
+OPENER = """
+import os, sys, time
+import optuna
+from rayload._study import open_study
+open(sys.argv[2] + "." + str(os.getpid()), "w").close()  # imported: ready
+while not os.path.exists(sys.argv[2]):  # every driver waits for the others, then all create at once
+    time.sleep(0.001)
+open_study(sys.argv[1], sys.argv[3], "max", lambda held: optuna.samplers.RandomSampler(), create=True)
+print("created")
+"""
+
+
+def test_searches_starting_together_on_a_fresh_postgresql_database_all_create_their_study(tmp_path):
+    """optuna creates its tables on first use, and PostgreSQL's CREATE TABLE races: of four
+    searches started at once on a new database, three failed ("duplicate key value violates
+    unique constraint pg_type_typname_nsp_index") before the tables were made under a lock."""
+    import subprocess
+    import sys
+    import time
+
+    from helpers import pg_database
+
+    with pg_database("rl_study_race") as url:
+        go = tmp_path / "go"
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, url, str(go), f"search-{i}"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(4)]
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("go.*"))) < 4 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.01)
+        go.touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outs]
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        assert sorted(s.study_name for s in storage.get_all_studies()) == [f"search-{i}" for i in range(4)]
+        storage.engine.dispose()
