@@ -153,7 +153,7 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
     """The labelled rows: one per exposure in the window whose label is known."""
     from .ab_spec import ABSpec
     from .features import FittedFeatures
-    from .data.validate import python_array
+    from .data.validate import python_array, read_values
     from .serve.events import EventReader
 
     spec = ABSpec.model_validate(args["spec"])
@@ -165,9 +165,9 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
         reader.close()
     frame, labels = _labelled(frame, attribution_s, now)
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
-    names = [c["name"] for c in _input_columns(features)]
     rows = [json.loads(text) for text in frame["features"]]
-    columns = {n: python_array([r.get(n) for r in rows]) for n in names}  # mixed types as serving reads them
+    # as serving read them: mixed types (python_array), a bag's JSON arrays as its joined text
+    columns = {c["name"]: python_array(read_values([r.get(c["name"]) for r in rows], c)[0]) for c in _input_columns(features)}
     columns[features.label.column] = pa.array(labels, pa.float64())
     columns["request_id"] = pa.array(list(frame["request_id"]), pa.string())
     return pa.table(columns)

@@ -68,11 +68,41 @@ def test_jsonl_arrays_and_a_parquet_list_column_preprocess_as_the_text_does(tmp_
     assert shards[0] == shards[1] == shards[2]
 
 
-def test_a_jsonl_reader_without_the_schema_keeps_arrays_as_their_json_text():
-    table, _ = parse_jsonl(b'{"t": ["a", "b"]}\n{"t": "c"}\n', ["t"], "f.jsonl")
-    assert table.column("t").to_pylist() == ['["a", "b"]', "c"]
-    table, _ = parse_jsonl(b'{"t": ["a", "b"]}\n{"t": "c"}\n', ["t"], "f.jsonl", {"t": "|"})
+def test_a_jsonl_array_is_a_bag_only_where_the_column_is_one_elsewhere_its_line_is_quarantined():
+    data = b'{"t": ["a", "b"]}\n{"t": "c"}\n{"t": {"k": 1}}\n{"t": [["a"], "b"]}\n'
+    table, bad = parse_jsonl(data, ["t"], "f.jsonl")  # t takes one value: a list there was read as its JSON text
+    assert table.column("t").to_pylist() == ["c"]
+    assert [reason for _, reason in bad] == [
+        "line 1: t: a list is not a value of a single-valued column (lists: declare it multi_categorical)",
+        "line 3: t: a JSON object is not a value",
+        "line 4: t: a list is not a value of a single-valued column (lists: declare it multi_categorical)"]
+    assert bad[0][0] == '{"t": ["a", "b"]}'  # the line itself goes to quarantine
+    table, bad = parse_jsonl(data, ["t"], "f.jsonl", {"t": "|"})
     assert table.column("t").to_pylist() == ["a|b", "c"]
+    assert [reason for _, reason in bad] == ["line 3: t: a JSON object is not a value",
+                                             "line 4: t: a multi_categorical value is a list of values or a text, not a list of lists or objects"]
+
+
+def test_a_list_where_a_request_column_takes_one_value_is_refused_alone_or_beside_other_rows():
+    """Alone, the list made the column a list column and the request a 422; batched beside a
+    string (Serve batches different clients' requests) it was scored as the text '["a", "b"]'."""
+    from rayload.data.validate import validate_request
+
+    cols = [{"name": "city", "role": "categorical"}, {"name": "tags", "role": "multi_categorical", "separator": "|"}]
+    why = "city: a list is not a value of a single-valued column (lists: declare it multi_categorical)"
+    for rows, bad_row in ([{"city": ["a", "b"]}], 0), ([{"city": "c"}, {"city": ["a", "b"]}], 1), ([{"city": ["a"]}, {"city": "c"}], 0):
+        with pytest.raises(DataError) as info:
+            validate_request(rows, cols)
+        assert str(info.value) == f"request row {bad_row}: {why}"
+    with pytest.raises(DataError, match=r"request row 1: tags: a multi_categorical value is a list of values or a text, not a list of lists"):
+        validate_request([{"city": "c", "tags": ["x"]}, {"city": "c", "tags": [["x"], "y"]}], cols)
+    assert validate_request([{"city": "c", "tags": ["x", 1]}, {"city": 7, "tags": "y|z"}], cols).to_pylist() == [
+        {"city": "c", "tags": "x|1"}, {"city": "7", "tags": "y|z"}]
+
+
+def test_a_fixed_size_list_column_is_a_bag_too():
+    column = pa.array([["a", "b"], ["c", None]], pa.list_(pa.string(), 2))
+    assert join_bag(column, "|", "t").to_pylist() == ["a|b", "c"]
 
 
 @pytest.mark.parametrize("encode", ["vocab", "hash"])

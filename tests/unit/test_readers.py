@@ -6,9 +6,11 @@ import os
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
 
 from rayload.data.readers import parse_csv, parse_jsonl
 from rayload.data.validate import python_array
+from rayload.errors import DataError
 
 
 def test_a_stray_quote_quarantines_its_line_and_keeps_every_line_after_it():
@@ -73,10 +75,15 @@ def test_jsonl_values_are_read_as_serving_reads_them():
     rows = [{"c": 3.0, "y": 0}, {"c": True, "y": 1}, {"c": "x", "y": 0}, {"c": 7, "y": 1}, {"c": None, "y": 0},
             {"c": [1, "a"], "y": 1}, {"c": {"k": False}, "y": 0}]
     table, bad = parse_jsonl("\n".join(json.dumps(r) for r in rows).encode(), ["c", "y"], "f.jsonl")
-    assert not bad
-    assert table.column("c").to_pylist() == ["3", "true", "x", "7", None, '[1, "a"]', '{"k": false}']
-    served = validate_request([{"c": r["c"]} for r in rows], [{"name": "c", "role": "categorical"}])
+    assert table.column("c").to_pylist() == ["3", "true", "x", "7", None]
+    served = validate_request([{"c": r["c"]} for r in rows[:5]], [{"name": "c", "role": "categorical"}])
     assert served.column("c").to_pylist() == table.column("c").to_pylist()
+    # a list or an object is no value of a one-valued column, on either path (validate.read_values)
+    assert [reason.split(": ", 2)[2] for _, reason in bad] == [
+        "a list is not a value of a single-valued column (lists: declare it multi_categorical)", "a JSON object is not a value"]
+    for i in (5, 6):
+        with pytest.raises(DataError, match=f"request row 1: c: {bad[i - 5][1].split(': ', 2)[2][:20]}"):
+            validate_request([{"c": "x"}, {"c": rows[i]["c"]}], [{"name": "c", "role": "categorical"}])
     # each value is spelled as it is alone, whatever its neighbours
     assert [python_array([r["c"]]).cast("string")[0].as_py() for r in rows[:5]] == ["3", "true", "x", "7", None]
 

@@ -163,3 +163,17 @@ def test_retrain_rows_carry_the_columns_serving_reads_no_id_or_timestamp_it_does
     assert names == (["x", "c", "ts"] if derived else ["x", "c"])
     served = validate_request([{"x": 1.0, "c": "3", "sid": "s", "ts": 1.7e9}], columns, {d["source"] for d in derived.values()})
     assert served.column_names == names  # the rule serving reads requests by
+
+
+def test_a_bag_logged_as_a_list_trains_on_the_tokens_serving_read(store):
+    """Exposures log the request's features as sent: a bag as ["p", "q"] in one request and
+    "r|s" in another. Retraining read such a window as the single token '["p", "q"]', which
+    serving never produces (all-list windows happened to read right)."""
+    e = store["exposure"]
+    sent = [{"x": 1.0, "c": "3", "b": ["p", "q"]}, {"x": 2.0, "c": "4", "b": "r|s"}, {"x": 3.0, "c": 5, "b": ["t", 1]}]
+    for i, feats in enumerate(sent):
+        e(f"r{i}", age=3600 + i, outcome_after=5, feats=feats)
+    table = training_rows(_args(store["url"]), store["champion"], None, parse_duration("30m", "a"), NOW)
+    by_id = dict(zip(table.column("request_id").to_pylist(), table.column("b").to_pylist()))
+    served = validate_request(sent, [{"name": "b", "role": "multi_categorical", "separator": "|"}]).column("b").to_pylist()
+    assert [by_id[f"r{i}"] for i in range(3)] == served == ["p|q", "r|s", "t|1"]

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import DataError
-from .validate import bag_values, json_texts, python_array
+from .validate import python_array, read_values
 
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -197,10 +197,12 @@ class _NotUtf8(Exception):
 
 
 def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str] | None = None) -> tuple[pa.Table, list[tuple[str, str]]]:
-    """`bags`: multi_categorical column -> separator; their JSON arrays are read as the joined
-    text (validate.bag_values), as serving reads a request's."""
+    """`bags`: multi_categorical column -> separator. Values are read as serving reads a
+    request's (validate.read_values): a bag's JSON array as its joined text; a line with a list
+    or an object where the column takes one value is quarantined, naming its line and column."""
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
+    lines: list[tuple[int, bytes]] = []  # each row's line, for the rows refused below
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
@@ -217,14 +219,17 @@ def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str]
             continue
         for n in names:
             columns[n].append(obj.get(n))
+        lines.append((number, line))
     bags = bags or {}
-    return pa.table({n: _column(bag_values(v, bags[n]) if n in bags else v) for n, v in columns.items()}), malformed
-
-
-def _column(values: list) -> pa.Array:
-    """Typed when the JSON values agree; text otherwise, so validation can name the bad row.
-    Read exactly as serving reads a request's values (validate.python_array): the same raw value
-    must get the same text offline and online, whatever the other lines of its file hold."""
-    if any(isinstance(v, (list, dict)) for v in values):
-        return json_texts(values)
-    return python_array(values)
+    read, bad = {}, {}
+    for n, values in columns.items():  # as serving reads a request's values (validate.read_values)
+        read[n], why = read_values(values, {"role": "multi_categorical" if n in bags else "categorical", "separator": bags.get(n)})
+        for i, reason in enumerate(why):
+            if reason and i not in bad:
+                bad[i] = f"{n}: {reason}"
+    if bad:
+        keep = [i for i in range(len(lines)) if i not in bad]
+        malformed += [(lines[i][1].decode(errors="replace"), f"line {lines[i][0]}: {reason}") for i, reason in sorted(bad.items())]
+        read = {n: [v[i] for i in keep] for n, v in read.items()}
+    # typed when the JSON values agree, text otherwise, as serving reads a request's (validate.python_array)
+    return pa.table({n: python_array(v) for n, v in read.items()}), malformed

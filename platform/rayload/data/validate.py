@@ -116,7 +116,7 @@ def as_string(column, name: str) -> pa.Array:
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t)
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def join_bag(column, separator: str, name: str) -> pa.Array:
@@ -126,7 +126,7 @@ def join_bag(column, separator: str, name: str) -> pa.Array:
     an empty list is missing, as "" is. An element holding the separator is split by the
     transform as the text form would be: ["a|b"] is the tokens a and b with separator "|"."""
     arr = as_array(column)
-    if pa.types.is_large_list(arr.type):
+    if pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
         arr = arr.cast(pa.list_(arr.type.value_type))
     flat = arr.flatten()
     if _is_list(flat.type):
@@ -264,12 +264,13 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
     `request_columns(columns, needed)`."""
     feature_cols = request_columns(columns, needed)
     raw = {}
-    for col in feature_cols:
-        values = [r.get(col["name"]) for r in rows]
-        if col["role"] == "multi_categorical":
-            values = bag_values(values, col.get("separator") or "|")
-        raw[col["name"]] = python_array(values)
     reasons = _Reasons(len(rows))
+    for col in feature_cols:
+        values, why = read_values([r.get(col["name"]) for r in rows], col)
+        for i, reason in enumerate(why):
+            if reason:
+                reasons.values[i] = reasons.values[i] or f"{col['name']}: {reason}"
+        raw[col["name"]] = python_array(values)
     out = {c["name"]: _validate_column(raw[c["name"]], dict(c, required=c.get("required", False)), reasons) for c in feature_cols}
     if reasons.bad.any():
         i = int(np.flatnonzero(reasons.bad)[0])
@@ -288,6 +289,31 @@ def python_array(values: list) -> pa.Array:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             pass  # an integer past int64 (10**22), or mixed types (3 and "x"): compare as text, as a CSV would be
     return json_texts(values)
+
+
+def read_values(values: list, col: dict) -> tuple[list, list[str | None]]:
+    """A column's raw JSON values as every reader takes them (a request's, a JSONL file's, a
+    logged exposure's), with why each one cannot be a value of the column (None where it can): a
+    list or an object in a single-valued column, an object or a list of lists in a bag. Such a
+    value is refused row by row, so whether a row is accepted never depends on its neighbours
+    (alone, a list made the column a list column and the whole request a 422; beside a string it
+    was read as its JSON text). A bag's arrays are joined to their text (`bag_values`)."""
+    bag = col["role"] == "multi_categorical"
+    why = [_not_a_value(v, bag) for v in values]
+    if any(why):
+        values = [None if w else v for v, w in zip(values, why)]
+    return (bag_values(values, col.get("separator") or "|") if bag else values), why
+
+
+def _not_a_value(value, bag: bool) -> str | None:
+    if isinstance(value, dict):
+        return "a JSON object is not a value"
+    if isinstance(value, list):
+        if not bag:
+            return "a list is not a value of a single-valued column (lists: declare it multi_categorical)"
+        if any(isinstance(e, (list, dict)) for e in value):
+            return "a multi_categorical value is a list of values or a text, not a list of lists or objects"
+    return None
 
 
 def bag_values(values: list, separator: str) -> list:
