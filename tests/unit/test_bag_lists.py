@@ -105,6 +105,14 @@ def test_a_fixed_size_list_column_is_a_bag_too():
     assert join_bag(column, "|", "t").to_pylist() == ["a|b", "c"]
 
 
+def test_a_null_list_with_values_behind_it_joins_as_missing():
+    """Arrow may keep values behind a null list (flatten() skips them): the offsets then counted
+    them and join_bag failed with an IndexError."""
+    column = pa.ListArray.from_arrays(pa.array([0, 1, 3, 4], pa.int32()), pa.array(["a", "x", "y", "b"]), mask=pa.array([False, True, False]))
+    assert join_bag(column, "|", "t").to_pylist() == ["a", None, "b"]
+    assert join_bag(column.slice(1), "|", "t").to_pylist() == [None, "b"]
+
+
 @pytest.mark.parametrize("encode", ["vocab", "hash"])
 def test_drift_counts_a_bag_sent_as_a_list_as_its_text(encode):
     features, _ = fit_features(frame(1500, seed=1), {"categorical": {"tags": {"encode": encode, "buckets": 32}}})

@@ -133,7 +133,9 @@ def join_bag(column, separator: str, name: str) -> pa.Array:
         raise DataError(f"column '{name}' holds lists of lists; a multi_categorical value is a list of values or a text")
     texts = as_string(flat, name) if len(flat) else pa.array([], pa.string())
     keep = texts.is_valid().to_numpy(zero_copy_only=False)
-    lists = kept_lists(arr.offsets.to_numpy(), texts, keep)  # offsets of the flattened values: a null list has none
+    # offsets into the flattened values: a null list has none there, even where Arrow keeps values behind it
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    lists = kept_lists(np.concatenate([[0], np.cumsum(lengths)]), texts, keep)
     joined = pc.binary_join(lists, separator)
     return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
