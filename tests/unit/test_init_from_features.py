@@ -184,6 +184,40 @@ def test_a_features_section_equal_to_the_checkpoints_or_none_is_accepted(champio
     assert pipeline.preprocess(none, out=str(tmp_path / "none"), engine="local").counts["good"] == N
 
 
+def test_a_features_section_applying_the_checkpoints_transforms_in_other_words_is_accepted(champion, tmp_path):
+    """Fitting gives a feature column with no entry the default entry, so the checkpoint's section
+    plus `x: {}`, or with x's defaults spelled out, applies the same transforms; both were refused.
+    The hour feature derived from ts is a numeric column too."""
+    folder, path = champion
+    _with_manifest(folder, path)
+    section = _champion_spec(path).model_dump(mode="json", exclude_defaults=True)["features"]
+    for i, numeric in enumerate([{"x": {}}, {"x": {"impute": "median", "scale": "zscore"}, "hour": {}}]):
+        spec = _transfer_with_features(path, folder, {**section, "numeric": numeric, "categorical": {"c": {"target_stats": True}, "rid": {}}})
+        assert pipeline.preprocess(spec, out=str(tmp_path / f"same-{i}"), engine="local").counts["good"] == N
+    other = _transfer_with_features(path, folder, {**section, "numeric": {"x": {"scale": "minmax"}}})
+    with pytest.raises(DataError, match=r"features\.numeric\.x\.scale"):
+        pipeline.preprocess(other, out=str(tmp_path / "other"), engine="local")
+
+
+def test_a_fine_tune_of_a_fine_tune_compares_with_the_section_its_ancestor_applied(champion, tmp_path):
+    """A child trained from the champion with features: left out records {} in its manifest,
+    though its features.json is the champion's; a grandchild writing the champion's section,
+    which is what transforms its data, was refused."""
+    folder, path = champion
+    _with_manifest(folder, path)
+    child_spec = _transfer_with_features(path, folder, {})
+    pre = pipeline.preprocess(child_spec, out=str(tmp_path / "child-pre"), engine="local")
+    child = tmp_path / "child"
+    child.mkdir()
+    pre.features.save(str(child / "features.json"))
+    (child / "manifest.json").write_text(json.dumps({"spec": child_spec.model_dump(mode="json")}))
+    grandchild = _transfer_with_features(path, str(child), _champion_spec(path).model_dump(mode="json")["features"])
+    assert pipeline.preprocess(grandchild, out=str(tmp_path / "g"), engine="local").counts["good"] == N
+    changed = _transfer_with_features(path, str(child), {"numeric": {"x": {"log": True}}})
+    with pytest.raises(DataError, match=r"features\.numeric\.x\.log"):
+        pipeline.preprocess(changed, out=str(tmp_path / "g2"), engine="local")
+
+
 def test_a_features_section_with_a_checkpoint_that_records_no_spec_is_refused(champion, tmp_path):
     folder, path = champion  # no manifest.json
     spec = _transfer_with_features(path, folder, {"numeric": {"x": {"log": True}}})

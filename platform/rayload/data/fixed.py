@@ -31,23 +31,24 @@ def fixed_features(spec) -> FittedFeatures | None:
 FEATURE_ROLES = ("numeric", "categorical", "multi_categorical")
 
 
-def check_fixed_spec(features, init: str) -> None:
+def check_fixed_spec(features, init: str, fixed: FittedFeatures | None = None) -> None:
     """A job that starts from a checkpoint transforms its data with the checkpoint's fitted
-    features, so its own `features:` section is not applied. Left out (the default), or equal
-    to the section the checkpoint was trained with, it says nothing new; any other section would
-    be ignored without a word (a user's new log transform or bucket count never applied), so it
-    is refused with the fields that differ."""
+    features, so its own `features:` section is not applied. Left out (the default), or applying
+    the same transforms as the section the checkpoint was trained with, it says nothing new; any
+    other section would be ignored without a word (a user's new log transform or bucket count
+    never applied), so it is refused with the fields that differ. Both sides are compared as
+    fitting reads them (`_applied`): a feature column with no entry is fitted with the defaults,
+    so `x: {}` or the defaults spelled out equal no entry."""
     from ..spec import FeatureSpec
-    from ..train.identity import _flat, read_manifest
+    from ..train.identity import _flat
 
-    given = features.model_dump(mode="json")
-    if given == FeatureSpec().model_dump(mode="json"):
+    if features.model_dump(mode="json") == FeatureSpec().model_dump(mode="json"):
         return
-    manifest = read_manifest(init) or {}
-    trained = (manifest.get("spec") or {}).get("features")
+    given = _applied(features.model_dump(mode="json"), fixed)
+    trained = _trained_section(init)
     if trained is not None:
         try:
-            trained = FeatureSpec.model_validate(trained).model_dump(mode="json")  # today's defaults filled in
+            trained = _applied(trained, fixed)  # today's defaults filled in
         except ValueError:
             pass
         if trained == given:
@@ -61,6 +62,44 @@ def check_fixed_spec(features, init: str) -> None:
     raise DataError(f"train.init_from={init!r} transforms the data with the checkpoint's fitted features, so this job's "
                     f"features: section is not applied; it {why}. Remove the features: section (the checkpoint's "
                     "transforms apply), or drop train.init_from to fit these features")
+
+
+def _applied(section: dict, fixed: FittedFeatures | None) -> dict:
+    """A features section as fitting applies it to the checkpoint's columns: validated (today's
+    defaults filled in), every feature column without an entry given the default entry fitting
+    uses for it, and entries for columns that are no such feature (an id column) left out, as
+    fitting leaves them (_feature_fit.FitPlan)."""
+    from ..spec import CategoricalFeature, FeatureSpec, NumericFeature
+
+    spec = FeatureSpec.model_validate(section)
+    if fixed is not None:
+        roles = {c["name"]: c["role"] for c in fixed.columns}
+        roles.update({name: "numeric" for name in fixed.derived})
+        numeric = [n for n, role in roles.items() if role == "numeric"]
+        categorical = [n for n, role in roles.items() if role in ("categorical", "multi_categorical")]
+        spec = spec.model_copy(update={"numeric": {n: spec.numeric.get(n, NumericFeature()) for n in numeric},
+                                       "categorical": {n: spec.categorical.get(n, CategoricalFeature()) for n in categorical}})
+    return spec.model_dump(mode="json")
+
+
+def _trained_section(init: str, depth: int = 0) -> dict | None:
+    """The features section the checkpoint's transforms were fitted with: its job's own, or, for
+    a checkpoint that was itself trained from another (`train.init_from`) with the section left
+    out, that ancestor's, which is what its features.json holds (followed while readable)."""
+    from ..spec import FeatureSpec
+    from ..train.identity import read_manifest
+
+    spec = (read_manifest(init) or {}).get("spec") or {}
+    section = spec.get("features")
+    parent = (spec.get("train") or {}).get("init_from")
+    if parent and depth < 16 and (section is None or section == {} or section == FeatureSpec().model_dump(mode="json")):
+        try:
+            ancestor = _trained_section(parent, depth + 1)
+        except (OSError, ValueError):
+            ancestor = None
+        if ancestor is not None:
+            return ancestor
+    return section
 
 
 def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:

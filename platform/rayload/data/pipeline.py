@@ -52,7 +52,7 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     fixed = fixed_features(spec)
     if fixed is not None:  # before any input is fetched or read
         check_fixed_columns(spec.data.resolved_columns(), fixed, f"train.init_from={spec.train.init_from!r}")
-        check_fixed_spec(spec.features, spec.train.init_from)
+        check_fixed_spec(spec.features, spec.train.init_from, fixed)
     inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs, fixed)  # job_cache_key(spec), with the inputs and features kept for the run
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
