@@ -108,7 +108,21 @@ def quantile_edges(values: np.ndarray, weights: np.ndarray, buckets: int, held: 
     rest = ~np.isin(values, u[atom])
     if k >= 2 and rest.any():
         edges.append(weighted_quantile(values[rest], weights[rest], np.arange(1, k) / k))
-    return _trained(np.unique(np.concatenate(edges)), np.unique(held)), int(atom.sum())
+    kept = _trained(np.unique(np.concatenate(edges)), np.unique(held))
+    return _at_most(kept, buckets, u[atom]), int(atom.sum())
+
+
+def _at_most(edges: list[float], buckets: int, atoms: np.ndarray) -> list[float]:
+    """At most `buckets` buckets: an atom inside the range takes three (below, itself, above), so
+    with few buckets asked (2, or many atoms) the atoms' own buckets could add up to more. Then
+    an atom shares the bucket above it (its upper edge goes, the last atom's first), and if that
+    is not enough, the bucket below it."""
+    over = len(edges) + 1 - buckets
+    for bound in (set(np.nextafter(atoms, np.inf).tolist()), set(atoms.tolist())):
+        for e in sorted((e for e in edges if e in bound), reverse=True)[:max(over, 0)]:
+            edges.remove(e)
+            over -= 1
+    return edges
 
 
 def _atoms(mass: np.ndarray, buckets: int) -> np.ndarray:

@@ -333,6 +333,19 @@ def test_quantile_buckets_of_a_few_tied_values_give_each_value_its_bucket():
     assert pd.Series(ids).groupby(df.price.to_numpy()).nunique().max() == 1
 
 
+@pytest.mark.parametrize("asked", [2, 3, 4, 10])
+def test_quantile_buckets_with_an_atom_inside_the_range_never_exceed_the_number_asked(asked):
+    """An atom inside the range (the zeros between negative and positive values) takes three
+    buckets: with 2 asked, 3 came out (fuzzing found 22 asked -> 23 given as well)."""
+    x = np.resize(np.concatenate([np.zeros(60), np.linspace(-1, -0.1, 20), np.linspace(0.1, 1, 20)]), 2000)
+    df = frame(2000, seed=4).assign(price=x)
+    feats, good = fit(df, {"numeric": {"price": {"buckets": {"quantiles": asked}}}})
+    card = feats.sparse_columns["price"]
+    ids = np.asarray(feats.transform_table(good).column("price").to_pylist())
+    assert card <= asked and np.bincount(ids, minlength=card).min() > 0
+    assert pd.Series(ids).groupby(x).nunique().max() == 1 and ids[x < 0].max() < ids[x == 0].min()  # negatives told from the zeros
+
+
 def test_quantile_buckets_keep_the_bucket_of_an_imputed_value_below_the_minimum():
     df = frame(2000, seed=4).assign(price=np.resize([0.0, 0.0, 0.0, 1.0, 2.0, np.nan], 2000))
     feats, good = fit(df, {"numeric": {"price": {"buckets": {"quantiles": 4}, "impute": "constant", "fill_value": -1}}})

@@ -234,12 +234,13 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # "feature_values": a categorical value's text is its own (validate.python_array: not the
     # type Arrow unifies a JSONL column to), a whole-number float is spelled as an integer
     # (hashing.value_text), a JSONL list or object where a column takes one value is quarantined
-    # (validate.read_values: it was read as its JSON text), a column constant in training transforms to 0, quantile buckets
+    # (validate.read_values: it was read as its JSON text), quantile buckets around an atom never
+    # exceed the number asked (_moments._at_most), a column constant in training transforms to 0, quantile buckets
     # give atoms their own bucket and leave none untrained, a training row's log count is its
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
