@@ -15,8 +15,8 @@ class Metrics:
     rows: int
     auc: float | None
     logloss: float | None
-    mean_prediction: float
-    observed_rate: float
+    mean_prediction: float | None  # None (and observed_rate) for no rows
+    observed_rate: float | None
     calibration: float | None  # mean predicted / observed rate (1.0 = calibrated)
     ece: float | None  # expected calibration error over equal-width bins
     rmse: float | None = None  # regression tasks
@@ -59,22 +59,33 @@ def paired_auc_difference(labels: np.ndarray, base: np.ndarray, other: np.ndarra
     return diff, (float(diff - z * se), float(diff + z * se)), float(2 * norm.sf(abs(diff) / se))
 
 
-def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, scores: np.ndarray | None = None) -> Metrics:
-    """AUC ranks `scores` when given (any increasing function of the probabilities: logits,
-    which no sigmoid saturates into ties), else the probabilities as they are. Only log loss
-    clips them, to [1e-7, 1 - 1e-7] so that it stays finite: clipped, every confident score
-    (float32 sigmoid gives 1e-13, 1e-11, ...) would tie at the bound."""
+def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, logits: np.ndarray | None = None) -> Metrics:
+    """AUC ranks the `logits` when given (no sigmoid saturates them into ties), else the
+    probabilities as they are. Log loss comes from the logits when given, exactly at any size
+    (log(1 + e^z) - y z); from probabilities alone it clips them to [1e-7, 1 - 1e-7] to stay
+    finite, which caps a row's loss near 16.1. Only AUC needs both classes; outputs that are
+    not numbers (NaN) are refused, naming how many."""
     y = np.asarray(labels, dtype=np.float64)
     p = np.asarray(probs, dtype=np.float64)
+    bad = int(np.isnan(p if logits is None else np.asarray(logits, np.float64)).sum())
+    if bad:
+        raise ValueError(f"the model's outputs hold {bad} NaN value(s) of {len(p)}: no metric is defined for them "
+                         "(a diverged model: lower the learning rate, or clip gradients)")
+    if len(y) == 0:
+        return Metrics(rows=0, auc=None, logloss=None, mean_prediction=None, observed_rate=None, calibration=None, ece=None)
     both = 0 < y.sum() < len(y)
-    clipped = np.clip(p, 1e-7, 1 - 1e-7)
-    logloss = float(-np.mean(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)))
+    if logits is not None:
+        z = np.asarray(logits, dtype=np.float64)
+        logloss = float(np.mean(np.logaddexp(0.0, z) - y * z))
+    else:
+        clipped = np.clip(p, 1e-7, 1 - 1e-7)
+        logloss = float(-np.mean(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)))
     edges = np.minimum((p * bins).astype(np.int64), bins - 1)
     counts = np.bincount(edges, minlength=bins)
     gap = np.abs(np.bincount(edges, weights=p, minlength=bins) - np.bincount(edges, weights=y, minlength=bins))
     rate = float(y.mean())
     return Metrics(
-        rows=len(y), auc=auc(y, p if scores is None else scores) if both else None, logloss=logloss,
+        rows=len(y), auc=auc(y, p if logits is None else logits) if both else None, logloss=logloss,
         mean_prediction=float(p.mean()), observed_rate=rate,
         calibration=float(p.mean() / rate) if rate > 0 else None,
         ece=float(gap.sum() / max(counts.sum(), 1)),
@@ -101,7 +112,7 @@ def metrics_for_outputs(task: str, labels: np.ndarray, outputs: np.ndarray, bins
     from scipy.special import expit
 
     logits = np.asarray(outputs, dtype=np.float64)
-    return binary_metrics(labels, expit(logits), bins, scores=logits)
+    return binary_metrics(labels, expit(logits), bins, logits=logits)
 
 
 def predict(model, dataset, layout, batch_size: int = 8192, binary: bool = True, raw: bool = False
