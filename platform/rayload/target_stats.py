@@ -62,14 +62,14 @@ def partial(table: pa.Table, name: str, label: str, folds: np.ndarray) -> pa.Tab
 
 def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: float, folds: int, key, seed: int, source: str = "label") -> TargetState:
     t = pa.concat_tables(parts).group_by(["value", "fold"]).aggregate([("y_sum", "sum"), ("y_count", "sum")])
+    if prior is None:  # the mean over all training rows, those missing the value too (as the label's prior)
+        prior = float(pc.sum(t.column("y_sum_sum")).as_py() or 0.0) / max(float(pc.sum(t.column("y_count_sum")).as_py() or 0.0), 1.0)
     t = t.filter(pc.is_valid(t.column("value")))
     values, inverse = np.unique(t.column("value").to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
     fold = t.column("fold").to_numpy()
     fold_sums, fold_counts = np.zeros((folds, len(values))), np.zeros((folds, len(values)))
     np.add.at(fold_sums, (fold, inverse), t.column("y_sum_sum").to_numpy())
     np.add.at(fold_counts, (fold, inverse), t.column("y_count_sum").to_numpy())
-    if prior is None:  # the mean over all training rows
-        prior = float(fold_sums.sum() / max(fold_counts.sum(), 1.0))
     return TargetState(name, values.tolist(), fold_sums.sum(0).tolist(), fold_counts.sum(0).tolist(),
                        fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed, source)
 

@@ -393,3 +393,16 @@ def test_features_json_with_bad_content_is_a_data_error_naming_the_file_and_fiel
     with pytest.raises(DataError, match=field):
         FittedFeatures.from_json(json.dumps(raw))
 
+
+
+def test_a_raw_label_statistics_prior_is_the_mean_over_all_training_rows():
+    """The raw label's prior left out the rows missing the value (the label's prior counts
+    them): raw labels 1, 1, 5, 5 with values a, a, -, - gave a prior of 1.0, not 3.0, and an
+    unseen value was encoded with it."""
+    import pyarrow as pa
+
+    from rayload import target_stats as ts
+
+    t = pa.table({"cat": pa.array(["a", "a", None, None]), "k": pa.array(["1", "2", "3", "4"]), "raw": pa.array([1.0, 1.0, 5.0, 5.0])})
+    state = ts.finalize("cat", [ts.partial(t, "cat", "raw", ts.row_folds(t, ["k"], 0, 2))], None, 20.0, 2, ["k"], 0, source="raw")
+    assert state.prior == 3.0 and state.values == ["a"] and state.counts == [2.0]

@@ -235,12 +235,13 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # type Arrow unifies a JSONL column to), a whole-number float is spelled as an integer
     # (hashing.value_text), a JSONL list or object where a column takes one value is quarantined
     # (validate.read_values: it was read as its JSON text), quantile buckets around an atom never
-    # exceed the number asked (_moments._at_most), a column constant in training transforms to 0, quantile buckets
+    # exceed the number asked (_moments._at_most), a raw-label target statistic's prior is the mean
+    # over all training rows, those missing the value too (target_stats.finalize), a column constant in training transforms to 0, quantile buckets
     # give atoms their own bucket and leave none untrained, a training row's log count is its
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
