@@ -228,7 +228,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(min=1, he
                                   on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
     for s in out.steps:
         console.print(f"after {s['requests']} requests: {s['decision']} ({'; '.join(s['reasons'])})")
-    console.print(f"requests {out.requests}, HTTP statuses {out.status}")
+    console.print(f"requests {out.requests}, HTTP statuses {out.status}" + (f", click feedback statuses {out.feedback}" if out.feedback else ""))
     print_analysis(control.analysis_for(run_dir))
     console.print(f"[bold]decision: {out.decision}[/]")
 

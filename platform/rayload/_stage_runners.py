@@ -201,8 +201,10 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
         if stage.traffic == "simulate":
             sim = experiment.simulate
             # the router's URLs asked again for each slice: a replaced direct-ingress replica has a new port
+            key = os.environ.get(experiment.serving.api_key_env) if experiment.serving.api_key_env else None  # as `ab simulate` sends it
             out = simulate_and_decide(dep.run_dir, lambda: control.live_urls(dep.run_dir), world_for(experiment, dep.args), sim.users,
-                                      sim.requests, sim.concurrency, sim.seed, on_chunk=lambda done, status: progress(done / sim.requests))
+                                      sim.requests, sim.concurrency, sim.seed, api_key=key,
+                                      on_chunk=lambda done, status: progress(done / sim.requests))
             decision, reasons, requests = out.decision, out.reasons, out.requests
         else:
             decision, reasons = _watch_live(folder, stage, progress)

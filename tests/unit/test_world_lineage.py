@@ -53,3 +53,30 @@ def test_a_champion_of_another_source_is_still_refused_and_a_lost_ancestor_is_na
     shutil.rmtree(first)
     with pytest.raises(RayloadError, match=f"fine-tuned from {first} \\(train.init_from\\).*restore it"):
         world_checkpoint(second, "synthetic-ctr")
+
+
+@pytest.mark.parametrize("split", [["split.kind=stratified", "split.train=0.8", "split.val=0"], []])
+def test_the_movielens_world_replays_exactly_the_training_runs_test_rows(split):
+    """A stratified split strata by the 0/1 label of the validated rows; the world split the raw
+    table, by raw stars, and replayed 87 of the model's training rows as held-out traffic."""
+    import os
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from rayload.data.builtin import materialize
+    from rayload.data.split import TEST, SplitPlan, assign, split_keys
+    from rayload.data.validate import Schema, validate_table
+    from rayload.paths import cache_root
+    from rayload.serve.world import held_out_rows
+    from rayload.spec import load_spec
+
+    job = load_spec(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "movielens_deepfm.yaml"), split)
+    schema = Schema.from_spec(job.data)
+    good, _ = validate_table(pq.read_table(materialize(job.data.source, cache_root())[0]), schema)  # as preprocessing splits
+    plan = SplitPlan.from_spec(job.split, schema)
+    if plan.needs_cutoffs:
+        plan = plan.with_cutoffs([split_keys(good, plan)])
+    test = good.filter(np.asarray(assign(good, plan)) == TEST).select(["userId", "movieId"]).to_pylist()
+    replayed = [{"userId": str(r["userId"]), "movieId": str(r["movieId"])} for r in held_out_rows(job)]
+    assert sorted(map(str, replayed)) == sorted(map(str, test)) and len(test) > 19_000

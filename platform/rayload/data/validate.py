@@ -61,6 +61,14 @@ class _Reasons:
 
 def validate_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[pa.Table, pa.Table]:
     """Split a raw batch into (good rows with canonical types, quarantine rows)."""
+    checked, good_mask, reasons = check_table(table, schema, source)
+    return checked.filter(pa.array(good_mask)), _quarantine(table, reasons, source)
+
+
+def check_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[pa.Table, np.ndarray, "_Reasons"]:
+    """Every row of a raw batch in canonical types, which rows are good, and why the others are
+    not: what `validate_table` splits, for a reader that needs the raw rows beside the good ones
+    (the A/B simulator replays raw test rows, split as the training rows were)."""
     _require_columns(table, schema, source)
     reasons = _Reasons(table.num_rows)
     out = {}
@@ -68,9 +76,7 @@ def validate_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[p
         out[col["name"]] = _validate_column(table.column(col["name"]), col, reasons)
     out[schema.label["column"]], raw = _validate_label(table.column(schema.label["column"]), schema.label, reasons)
     out[RAW_LABEL] = raw
-    good_mask = ~reasons.bad
-    good = pa.table(out).filter(pa.array(good_mask))
-    return good, _quarantine(table, reasons, source)
+    return pa.table(out), ~reasons.bad, reasons
 
 
 def _require_columns(table: pa.Table, schema: Schema, source: str) -> None:

@@ -62,18 +62,26 @@ def world_checkpoint(checkpoint: str, source: str, limit: int = 100):
 
 
 def held_out_rows(job) -> list[dict]:
-    """The test split's raw rows (feature columns and the raw label)."""
+    """The test split's raw rows (feature columns and the raw label), split exactly as the
+    training run split them: on the validated rows (a stratified split strata by the 0/1 label,
+    not by the raw stars; split on the raw table it sent 87 training rows to the simulator)."""
+    import numpy as np
+    import pyarrow as pa
+
     from ..data.builtin import materialize
-    from ..data.validate import Schema
+    from ..data.validate import Schema, check_table
     from ..data.split import TEST, SplitPlan, assign
     from ..paths import cache_root
 
     if job.data.source.kind != "movielens":
         raise ValueError(f"simulate.source movielens replays the movielens source, not {job.data.source.kind}")
     table = pq.read_table(materialize(job.data.source, cache_root())[0])
-    plan = SplitPlan.from_spec(job.split, Schema.from_spec(job.data))
+    schema = Schema.from_spec(job.data)
+    checked, good, _ = check_table(table, schema, "movielens")
+    valid, raw = checked.filter(pa.array(good)), table.filter(pa.array(good))
+    plan = SplitPlan.from_spec(job.split, schema)
     if plan.needs_cutoffs:
         from ..data.split import split_keys
 
-        plan = plan.with_cutoffs([split_keys(table, plan)])
-    return table.filter(assign(table, plan) == TEST).to_pylist()
+        plan = plan.with_cutoffs([split_keys(valid, plan)])
+    return raw.filter(pa.array(np.asarray(assign(valid, plan)) == TEST)).to_pylist()
