@@ -46,17 +46,19 @@ def request_rng(world_seed: int, seed: int, index: int) -> np.random.Generator:
 class SyntheticWorld:
     """Candidates from synthetic-ctr with their true click probabilities."""
 
-    def __init__(self, params, candidates: int = 10, seed: int = 0, pool_rows: int = 20_000, drift_seed: int | None = None):
+    def __init__(self, params, candidates: int = 10, seed: int = 0, pool_rows: int = 20_000, drift_seed: int | None = None,
+                 start: int | None = None):
         import dataclasses
 
         from ..data.synthetic import generate_table_with_truth
 
         self.k, self.seed, self.pool_rows = candidates, seed, pool_rows
         self.max_units = None  # any number of simulated users
-        # Rows past the data set's end: fresh draws from the same planted model (the row count
-        # does not change the model), so no training row is ever shown. `drift_seed`: the same
-        # items, clicked by a changed ground truth (the world the models were trained on is gone).
-        start = params.rows
+        # Rows past the data set's end (`start`: past every arm's, world.world_for): fresh draws from
+        # the same planted model (the row count does not change the model), so no training row is
+        # ever shown. `drift_seed`: the same items, clicked by a changed ground truth (the world
+        # the models were trained on is gone).
+        start = params.rows if start is None else start
         table, self.truth = generate_table_with_truth(dataclasses.replace(params, rows=start + pool_rows), start, start + pool_rows,
                                                       drift_seed)
         self.rows = table.drop(["label"]).to_pylist()

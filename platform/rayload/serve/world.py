@@ -24,15 +24,52 @@ def world_for(ab: ABSpec, args: dict):
 
     sim = ab.simulate
     checkpoint, job = world_checkpoint(args["checkpoints"][args["champion"]], sim.source)
+    # The other arms' data too: no arm may have trained on what the world shows
+    others = [_arm_job(path, sim.source) for name, path in args["checkpoints"].items() if name != args["champion"]]
+    others = [other for other in others if other is not None]
     if sim.source == "synthetic-ctr":
-        from ..data.builtin import _synth_params
-
         if job.data.source.kind != "synthetic-ctr":
             raise ValueError(f"simulate.source synthetic-ctr needs arms trained on synthetic-ctr, not {job.data.source.kind}")
-        return SyntheticWorld(_synth_params(job.data.source), seed=sim.seed, drift_seed=sim.drift_seed)
+        params = _synth_params(job.data.source)
+        return SyntheticWorld(params, seed=sim.seed, drift_seed=sim.drift_seed, start=_pool_start(params, others))
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
+    for other in others:  # an arm split another way held other rows out: replay only what every arm held out
+        if other.data.source.kind == "movielens" and (other.data, other.split) != (job.data, job.split):
+            kept = {(str(r["userId"]), str(r["movieId"])) for r in held_out_rows(other)}
+            rows = [r for r in rows if (str(r["userId"]), str(r["movieId"])) in kept]
     return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed)
+
+
+def _arm_job(checkpoint: str, source: str):
+    """A challenger's job spec as it defines its data (None, with a warning, when it records none)."""
+    import logging
+
+    try:
+        return world_checkpoint(checkpoint, source)[1]
+    except (OSError, ValueError, KeyError) as exc:
+        logging.getLogger(__name__).warning("the simulated world cannot account for the data of %s (%s): its training rows "
+                                            "may be among those shown", checkpoint, exc)
+        return None
+
+
+def _synth_params(source):
+    from ..data.builtin import _synth_params as params
+
+    return params(source)
+
+
+def _pool_start(params, others) -> int:
+    """The first generator row the world may show: past the champion's data and past every arm's
+    trained on the same generator (its row count does not change the planted model, so a
+    challenger trained on more rows of it holds the pool rows the champion never saw)."""
+    import dataclasses
+
+    def model(p):
+        return dataclasses.replace(p, rows=1, shard_rows=1)
+
+    same = [_synth_params(o.data.source) for o in others if o.data.source.kind == "synthetic-ctr"]
+    return max([params.rows] + [p.rows for p in same if model(p) == model(params)])
 
 
 def world_checkpoint(checkpoint: str, source: str, limit: int = 100):
