@@ -347,3 +347,35 @@ def test_get_experiment_reads_only_the_routers_generation(run, make_router, mode
     assert rows_of(new, "select generation, count(*) from ab_exposures group by generation order by generation") == [("g1", 10), ("g2", 1)]
     legacy = make_router()  # a router of a run from before generations reads every exposure
     assert sum(a["exposures"] for a in run(get_experiment(legacy))["arms"]) == 11
+
+
+# ------------------------------------------------------------------ client values that reached a 5xx
+
+
+def test_extreme_or_unencodable_client_values_get_a_422_naming_the_field_and_count_against_no_arm(run, make_router, models):
+    """Found by a review: a price of 1e308 (inf once scaled to float32) or 10**30 (the model's
+    float32 layers overflow) scored NaN, a 500 counted as the arm's error (a guardrail could roll
+    it back for a client's junk); a lone surrogate in a value or a feature name (JSON's \\ud800)
+    raised while encoding; a NUL in unit_id or request_id failed PostgreSQL's insert."""
+    router = make_router()
+    _, rows = models
+    row = rows[0]
+    bad = [({"features": {**row, "price": 1e308}}, "price"), ({"features": {**row, "price": 10**30}}, "price"),
+           ({"features": {**row, "user": "\ud800"}}, "user"), ({"features": {**row, "tags": ["a", "\ud800"]}}, "tags"),
+           ({"features": {**row, "\ud800": 1}}, "\\ud800"), ({"candidates": [row, {**row, "\ud800": 1}]}, "\\ud800"),
+           ({"candidates": [row, {**row, "price": 1e308}]}, "price")]
+
+    async def go():
+        out = [answer(await router.predict(request({"unit_id": "u1", **body}))) for body, _ in bad]
+        out.append(answer(await router.predict(request({"unit_id": "a\x00b", "features": row}))))
+        out.append(answer(await router.feedback(request({"request_id": "r\x00", "event": "click"}))))
+        out.append(answer(await router.predict(request({"unit_id": "u1", "features": {**row, "price": 1e6}}))))
+        return out
+
+    out = run(go())
+    for (code, body), (_, field) in zip(out, bad):
+        assert code == 422 and field in json.dumps(body, ensure_ascii=False).replace("\\\\", "\\"), body
+    assert out[-3][0] == 422 and out[-3][1]["detail"][0]["loc"] == ["body", "unit_id"] and "NUL" in out[-3][1]["detail"][0]["msg"]
+    assert out[-2][0] == 422 and out[-2][1]["detail"][0]["loc"] == ["body", "request_id"]
+    assert out[-1][0] == 200  # a large but ordinary value is scored
+    assert rows_of(router, "select status, count(*) from ab_exposures group by status") == [("ok", 1)]

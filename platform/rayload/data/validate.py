@@ -314,6 +314,8 @@ def read_values(values: list, col: dict) -> tuple[list, list[str | None]]:
 
 
 def _not_a_value(value, bag: bool) -> str | None:
+    if isinstance(value, str):
+        return None if value.isascii() or _utf8(value) else "not valid Unicode text (a lone surrogate, JSON's \\ud800 escape)"
     if isinstance(value, dict):
         return "a JSON object is not a value"
     if isinstance(value, list):
@@ -321,7 +323,17 @@ def _not_a_value(value, bag: bool) -> str | None:
             return "a list is not a value of a single-valued column (lists: declare it multi_categorical)"
         if any(isinstance(e, (list, dict)) for e in value):
             return "a multi_categorical value is a list of values or a text, not a list of lists or objects"
+        if any(isinstance(e, str) and not (e.isascii() or _utf8(e)) for e in value):
+            return "not valid Unicode text (a lone surrogate, JSON's \\ud800 escape)"
     return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def bag_values(values: list, separator: str) -> list:

@@ -213,8 +213,12 @@ class ABRouter(ShadowScoring):
         scores, version = answer
         top = _top(scores)
         if not batch_logs:
-            await self._log(request_id, unit, arm, version, scores[top], "ok", latency, layout,
-                            features=_features_json(rows[top], fast) if self.log_features else None)
+            try:
+                await self._log(request_id, unit, arm, version, scores[top], "ok", latency, layout,
+                                features=_features_json(rows[top], fast) if self.log_features else None)
+            except Exception as exc:  # noqa: BLE001 - the store refused the row or is down: no 2xx without the event
+                log.error("exposure %s not recorded: %r", request_id, exc)
+                return _problem(503, "the exposure could not be recorded; retry")
         if shadow:
             self._start_shadows(arm, request_id, rows)
         out = {"request_id": request_id, "arm": arm, "model_version": version, "score": scores[top]}
@@ -231,8 +235,10 @@ class ABRouter(ShadowScoring):
         for i, row in enumerate(rows):
             unknown = sorted(set(row) - self.feature_names)
             if unknown:
-                loc = ["body", "candidates", i, unknown[0]] if ranking else ["body", "features", unknown[0]]
-                return _problem(422, [{"loc": loc, "msg": f"unknown feature {unknown[0]!r}; known: {sorted(self.feature_names)}", "type": "extra_forbidden"}])
+                # the name as it can be written back in UTF-8: JSON's \ud800 escape gives a lone surrogate
+                name = unknown[0].encode("utf-8", "backslashreplace").decode("utf-8")
+                loc = ["body", "candidates", i, name] if ranking else ["body", "features", name]
+                return _problem(422, [{"loc": loc, "msg": f"unknown feature {name!r}; known: {sorted(self.feature_names)}", "type": "extra_forbidden"}])
         return None
 
     async def _score(self, arm: str, rows: list[dict], exposure: tuple | None = None):

@@ -21,12 +21,15 @@ from .events import exposures
 
 def _storable(limit: int):
     """A validator: the value, as the string the event store keeps, fits its column (at most
-    `limit` characters, as PostgreSQL's VARCHAR counts them) and encodes as UTF-8 (JSON's
-    \\ud800 escape decodes to a lone surrogate, which no database driver can bind)."""
+    `limit` characters, as PostgreSQL's VARCHAR counts them), holds no NUL (PostgreSQL's text
+    refuses it) and encodes as UTF-8 (JSON's \\ud800 escape decodes to a lone surrogate, which no
+    database driver can bind)."""
     def check(value):
         text = str(value)
         if len(text) > limit:
             raise ValueError(f"at most {limit} characters, got {len(text)}")
+        if "\x00" in text:  # PostgreSQL's text types refuse NUL ("cannot contain NUL (0x00) characters")
+            raise ValueError(f"must not contain a NUL character (at position {text.index(chr(0))})")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
