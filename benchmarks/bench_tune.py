@@ -72,7 +72,8 @@ def bench_overhead(args) -> None:
 
 def trials_to_target(strategy: str, seed: int, cap: int) -> int:
     """Drive rayload's StudySearcher one trial at a time until Branin is within 0.05 of its minimum."""
-    from rayload._study import StudySearcher, make_sampler, open_study
+    from rayload._study import StudySearcher, make_sampler
+    from rayload._study_store import open_study
     from rayload.search_spec import Param
 
     space = {"x": Param(uniform=(-5, 10)), "y": Param(uniform=(0, 15))}

@@ -178,3 +178,19 @@ def s3_bucket(bucket: str = "rayload"):
         server.stop()
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+class JsonReplies:
+    """A mixin for http.server handlers of stub servers: `_send(code, body)` answers with JSON
+    bytes (or none) and the headers a client needs; request logging stays quiet."""
+
+    def _send(self, code: int, body: bytes = b""):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+

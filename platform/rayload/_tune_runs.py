@@ -158,7 +158,7 @@ def write_state(run_dir: str, **updates) -> None:
 
 def status(run: str) -> dict:
     """State of a running, finished or interrupted search: its trials, counts and best trial."""
-    from ._study import read_study
+    from ._study_store import read_study
     from ._tune_report import best_row, trial_rows
 
     run_dir = find_run(run)

@@ -277,7 +277,8 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     import ray.tune
     from ray.tune.logger import JsonLoggerCallback
 
-    from ._study import SearchStopper, StudySearcher, make_sampler, open_study, stopping_asha
+    from ._study import SearchStopper, StudySearcher, make_sampler, stopping_asha
+    from ._study_store import open_study
 
     spec = plan.spec
     total = trials_wanted(spec)
@@ -374,7 +375,7 @@ def _attempt(run_dir: str) -> int:
 def _check_new_study(spec: SearchSpec) -> None:
     """A new search on a storage that already holds a study of its name is refused before
     anything is prepared or written (a default storage is the new run's own folder)."""
-    from ._study import StudyExistsError, study_exists
+    from ._study_store import StudyExistsError, study_exists
 
     if spec.storage and study_exists(spec.storage, spec.name):
         raise StudyExistsError(spec.name, spec.storage)

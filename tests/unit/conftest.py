@@ -7,6 +7,7 @@ import json
 import threading
 
 import pytest
+from helpers import JsonReplies
 
 
 @pytest.fixture
@@ -53,14 +54,7 @@ def job_api():
     def make(auth: bool = False):
         hits, submitted = [], []
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _send(self, code, body=b""):
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonReplies, http.server.BaseHTTPRequestHandler):
             def _any(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 data = self.rfile.read(n) if n else b""  # an upload's bytes: read, not kept
@@ -79,9 +73,6 @@ def job_api():
                 self._send(500)
 
             do_GET = do_POST = do_PUT = _any
-
-            def log_message(self, *args):
-                pass
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
+from helpers import JsonReplies
 
 from rayload.data.synthetic import SynthParams
 from rayload.errors import RayloadError
@@ -31,22 +32,11 @@ class Router:
         self.exposures, self.clicks, self.attempts = {}, [], Counter()
         lock, ids, rnd, router = threading.Lock(), iter(range(10**9)), random.Random(), self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, obj):
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonReplies, BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 if key and self.headers.get("x-api-key") != key:
-                    return self._send(401, {"detail": "missing or wrong x-api-key header"})
+                    return self._send(401, json.dumps({"detail": "missing or wrong x-api-key header"}).encode())
                 time.sleep(rnd.random() * jitter)
                 with lock:
                     if self.path == "/predict":
@@ -54,12 +44,12 @@ class Router:
                         scores = [int(hashlib.md5(json.dumps(r, sort_keys=True).encode()).hexdigest(), 16) % 997 for r in rows]
                         shown, rid = scores.index(max(scores)), f"r{next(ids)}"
                         router.exposures[rid] = (body["unit_id"], json.dumps(rows, sort_keys=True))
-                        return self._send(200, {"request_id": rid, "shown": shown, "arm": "a", "score": 0.5})
+                        return self._send(200, json.dumps({"request_id": rid, "shown": shown, "arm": "a", "score": 0.5}).encode())
                     router.attempts[body["request_id"]] += 1
                     if router.attempts[body["request_id"]] <= fail_first:
-                        return self._send(503, {"detail": "the outcome could not be recorded; retry"})
+                        return self._send(503, json.dumps({"detail": "the outcome could not be recorded; retry"}).encode())
                     router.clicks.append(body["request_id"])
-                    return self._send(200, {"request_id": body["request_id"], "duplicate": False})
+                    return self._send(200, json.dumps({"request_id": body["request_id"], "duplicate": False}).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

@@ -6,7 +6,8 @@ import socket
 import optuna
 from optuna.trial import TrialState
 
-from rayload._study import StudySearcher, decode, encode, make_sampler, open_study
+from rayload._study import StudySearcher, decode, encode, make_sampler
+from rayload._study_store import open_study
 from rayload.search_spec import Param
 
 
@@ -61,7 +62,7 @@ def test_read_study_never_creates_a_database_tables_or_a_study(tmp_path):
 
     import pytest
 
-    from rayload._study import read_study
+    from rayload._study_store import read_study
     from rayload.errors import RayloadError
 
     missing = tmp_path / "gone.db"
@@ -211,7 +212,7 @@ def test_a_new_search_on_a_storage_holding_its_study_is_refused_before_anything_
 
     import pytest
 
-    from rayload._study import StudyExistsError
+    from rayload._study_store import StudyExistsError
     from rayload.search_spec import SearchSpec
     from rayload.tuning import _check_new_study, status
 
@@ -269,7 +270,7 @@ def test_numpy_and_other_real_metrics_count_and_a_bad_objective_result_is_named(
 OPENER = """
 import os, sys, time
 import optuna
-from rayload._study import open_study
+from rayload._study_store import open_study
 open(sys.argv[2] + "." + str(os.getpid()), "w").close()  # imported: ready
 while not os.path.exists(sys.argv[2]):  # every driver waits for the others, then all create at once
     time.sleep(0.001)

@@ -8,7 +8,8 @@ import pytest
 from optuna.trial import TrialState
 
 from rayload import tuning
-from rayload._study import SearchStopper, StudySearcher, make_sampler, open_study
+from rayload._study import SearchStopper, StudySearcher, make_sampler
+from rayload._study_store import open_study
 from rayload._tune_report import trial_rows
 from rayload.search_spec import Param
 
