@@ -379,3 +379,29 @@ def test_extreme_or_unencodable_client_values_get_a_422_naming_the_field_and_cou
     assert out[-2][0] == 422 and out[-2][1]["detail"][0]["loc"] == ["body", "request_id"]
     assert out[-1][0] == 200  # a large but ordinary value is scored
     assert rows_of(router, "select status, count(*) from ab_exposures group by status") == [("ok", 1)]
+
+
+# ------------------------------------------------------------------ ambiguous or mistyped bodies
+
+
+def test_features_with_candidates_and_a_non_number_feedback_value_are_422s_that_log_nothing(run, make_router, models):
+    """Both features and candidates were scored as the candidates, the features dropped without a
+    word; a feedback value sent as the string "2.5" or as true was stored as 2.5 or 1.0."""
+    router = make_router()
+    _, rows = models
+
+    async def go():
+        both = answer(await router.predict(request({"unit_id": "u1", "features": rows[0], "candidates": [rows[1], rows[2]]})))
+        _, ok = answer(await router.predict(request({"unit_id": "u1", "features": rows[0]})))
+        typed = [answer(await router.feedback(request({"request_id": ok["request_id"], "event": "click", "value": v})))
+                 for v in ("2.5", True, None)]
+        good = answer(await router.feedback(request({"request_id": ok["request_id"], "event": "click", "value": 2})))
+        return both, typed, good
+
+    both, typed, good = run(go())
+    assert both[0] == 422 and "not both" in both[1]["detail"][0]["msg"], both
+    for code, body in typed:
+        assert code == 422 and body["detail"][0]["loc"] == ["body", "value"], body
+    assert good[0] == 200
+    assert rows_of(router, "select count(*) from ab_exposures") == [(1,)]
+    assert rows_of(router, "select value from ab_outcomes") == [(2.0,)]

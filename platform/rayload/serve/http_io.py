@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi.responses import JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
 from .events import exposures
 
@@ -56,6 +56,13 @@ class PredictBody(BaseModel):
     features: dict[str, Any] | None = None
     candidates: list[dict[str, Any]] | None = Field(default=None, description="feature dicts to rank; the top one is shown")
 
+    @model_validator(mode="after")
+    def _one_of(self):
+        # both given was scored as the candidates alone, the features silently dropped
+        if self.features is not None and self.candidates is not None:
+            raise ValueError("give features (one item to score) or candidates (a list to rank), not both")
+        return self
+
 
 class AssignBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -66,7 +73,9 @@ class FeedbackBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: RequestId
     event: str = Field(pattern=r"^(click|conversion)$")
-    value: float = Field(default=1.0, allow_inf_nan=False, description="finite: the store keeps a number")
+    # strict: a JSON number only; lax mode read "2.5" and true as numbers, so a client that sent
+    # the wrong type had it stored as a value it never meant
+    value: StrictFloat = Field(default=1.0, allow_inf_nan=False, description="finite: the store keeps a number")
 
 
 def _problem(status: int, detail) -> JSONResponse:
