@@ -165,6 +165,32 @@ def _zipf_cdf(card: int, s: float) -> np.ndarray:
     return cdf
 
 
+@lru_cache(maxsize=8)
+def _zipf_head(s: float) -> np.ndarray:
+    """Unnormalised cumulative weights of ranks 1.._TABLE_MAX (the exact head of a larger one)."""
+    return np.cumsum(np.arange(1, _TABLE_MAX + 1, dtype=np.float64) ** -s)
+
+
+def _zipf_ranks(card: int, s: float, u: np.ndarray) -> np.ndarray:
+    """Bounded-Zipf ranks in 1..card for uniforms u. Up to _TABLE_MAX ranks, the exact CDF. Past
+    it the exact CDF would hold 8 bytes per rank (16 GiB at 2**31, which validation allows), so
+    the head stays exact and the tail's weights sum_{k>H} k^-s are the midpoint-rule integral
+    of x^-s over [H + 0.5, card + 0.5], inverted in closed form and rounded to the nearest rank
+    (relative error of a tail rank's weight ~ s(s+1)/(24 k^2) < 1e-12 at k > 2**21)."""
+    if card <= _TABLE_MAX:
+        return np.minimum(np.searchsorted(_zipf_cdf(card, s), u, side="right") + 1, card)
+    head = _zipf_head(s)
+    a, lo = 1.0 - s, _TABLE_MAX + 0.5
+    tail = ((card + 0.5) ** a - lo ** a) / a
+    v = u * (head[-1] + tail)
+    in_head = v < head[-1]
+    ranks = np.empty(len(u), dtype=np.int64)
+    ranks[in_head] = np.searchsorted(head, v[in_head], side="right") + 1
+    x = (lo ** a + a * (v[~in_head] - head[-1])) ** (1.0 / a)
+    ranks[~in_head] = np.clip(np.floor(x + 0.5), _TABLE_MAX + 1, card).astype(np.int64)
+    return ranks
+
+
 def _draw(params: SynthParams, model: _Model, seq: np.random.SeedSequence, n: int) -> dict[str, np.ndarray]:
     """The first n rows of one chunk (rows on the last axis). One stream per column and purpose
     makes every prefix stable, so a short final chunk or a slice never shifts later values."""
@@ -177,8 +203,8 @@ def _draw(params: SynthParams, model: _Model, seq: np.random.SeedSequence, n: in
         num_valid[i] = next(rngs).random(n) >= params.missing_rate
     ranks = np.empty((params.categorical, n), dtype=np.int64)
     for j, card in enumerate(model.cards):
-        r = np.searchsorted(_zipf_cdf(card, params.zipf), next(rngs).random(n), side="right") + 1
-        ranks[j] = np.where(next(rngs).random(n) >= params.missing_rate, np.minimum(r, card), 0)
+        r = _zipf_ranks(card, params.zipf, next(rngs).random(n))
+        ranks[j] = np.where(next(rngs).random(n) >= params.missing_rate, r, 0)
     return {"label_u": label_u, "nums": nums, "num_valid": num_valid, "ranks": ranks}
 
 
