@@ -15,12 +15,36 @@ from .errors import SpecError, SpecIssue
 Check = Callable[[BaseModel], list[SpecIssue]]
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping: PyYAML keeps the last one,
+    so the first value (a search range, a job setting) was lost without a word. Keys a merge
+    (`<<: *anchor`) brings in may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor below says so
+                    continue
+                seen[key] = key_node.start_mark.line + 1
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {key!r} twice (first on line {first}); the first value would be lost", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str) -> dict:
     if not os.path.exists(path):
         raise SpecError([SpecIssue("", f"spec file not found: {path}")], file=path)
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
     if raw is None:

@@ -51,12 +51,28 @@ def write_best_spec(raw: dict, params: dict, path: str, header: list[str]) -> No
     from .search_job import job_from
 
     job = job_from(raw, params)  # validates; raises if the best values do not make a job spec
-    body = _with_params(raw, params)
+    body = _with_params(raw, _as_validated(job, params))
     body["name"] = job.name
     body.get("train", {}).pop("run_name", None)
     with open(path, "w") as f:
         f.write("".join(f"# {line}\n" for line in header))
         yaml.safe_dump(body, f, sort_keys=False, default_flow_style=None)
+
+
+def _as_validated(job, params: dict) -> dict:
+    """Each searched value as the job spec holds it: a stepped uniform range on an integer field
+    draws 40.0, which the spec reads as 40, and best.yaml should say 40."""
+    dumped = job.model_dump(mode="json")
+    out = {}
+    for path, value in params.items():
+        at = dumped
+        try:
+            for part in path.split("."):
+                at = at[int(part)] if isinstance(at, list) else at[part]
+        except (KeyError, IndexError, ValueError, TypeError):  # a path the dump spells otherwise: as drawn
+            at = value
+        out[path] = at if type(at) is int and type(value) is float else value
+    return out
 
 
 def _with_params(raw: dict, params: dict) -> dict:

@@ -132,6 +132,10 @@ class Param(_Spec):
                 return [f"{kind} lists a value twice: {values}"]
             return []
         low, high = getattr(self, kind)
+        import math
+
+        if not (math.isfinite(low) and math.isfinite(high)):  # inf passed and failed the first draw, inside Tune
+            return [f"{kind} bounds must be finite numbers (got [{low}, {high}])"]
         out = []
         if low > high:
             out.append(f"low > high ({low} > {high})")
@@ -142,6 +146,14 @@ class Param(_Spec):
                        "quantised; use uniform with step, or drop step")
         if kind == "int" and self.step is not None and self.step != _int(self.step):
             out.append(f"an int range steps by a whole number (got step={self.step:g})")
+        elif self.step is not None and low < high and not out:
+            # Optuna moves high down to the last step at or below it, with only a log warning:
+            # [8, 16] by 32 drew 8 in every trial, [0, 1] by 0.3 never drew 1
+            steps = (high - low) / self.step
+            if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+                last = low + math.floor(steps + 1e-9) * self.step
+                out.append(f"[{low:g}, {high:g}] is not a whole number of steps of {self.step:g}: the sampler would never "
+                           f"draw past {last:g}; make high - low a multiple of step (for example high: {last:g})")
         return out
 
 
@@ -223,6 +235,7 @@ def mode_issues(spec: SearchSpec) -> list[SpecIssue]:
 def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     """Problems of the space itself and of the strategy with this space."""
     issues = [SpecIssue(f"space.{path}", msg) for path, p in spec.space.items() for msg in p.problems()]
+    issues += _overlap_issues(spec)
     kinds = {path: p.kind for path, p in spec.space.items()}
     if spec.strategy == "grid":
         for path, kind in kinds.items():
@@ -261,6 +274,25 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     if spec.strategy != "grid" and len(spec.points_to_evaluate) > trials_wanted(spec):
         issues.append(SpecIssue("points_to_evaluate", f"{len(spec.points_to_evaluate)} points but only {trials_wanted(spec)} trials "
                                 "(num_samples): the extra points would never run; raise num_samples or give fewer points"))
+    return issues
+
+
+def _overlap_issues(spec: SearchSpec) -> list[SpecIssue]:
+    """Two searched paths where one holds the other (model.hidden and model.hidden.0), or a fixed
+    value at or under a searched path: one value silently replaced the other in every trial,
+    while the study and best.yaml credited both. A fixed section with a searched field inside it
+    is fine (the searched value is applied after it)."""
+    issues = []
+    for path in spec.space:
+        for other in spec.space:
+            if other.startswith(path + "."):
+                issues.append(SpecIssue(f"space.{other}", f"lies inside space.{path}, which is searched too: one would "
+                                        "overwrite the other in every trial; search one of the two"))
+        for fixed in spec.fixed:
+            if fixed == path or fixed.startswith(path + "."):
+                issues.append(SpecIssue(f"fixed.{fixed}", f"is {'also' if fixed == path else 'inside'} searched as "
+                                        f"space.{path}: the searched value would replace it in every trial; "
+                                        "fix it or search it, not both"))
     return issues
 
 

@@ -91,6 +91,7 @@ def tune(search: str | SearchSpec | None, resume: str | None = None, address: st
         spec, raw = _load(search, overrides)
         _check_new_study(spec)
         run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        ensure_ray(address)  # before the run folder exists: a cluster that cannot be reached leaves no empty run behind
     with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
         return _search_job(spec, raw, run_dir, resume, address)
 
@@ -189,7 +190,7 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
 
 
 def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: str = "bayes", sampler: str | None = None,
-                  num_samples: int | None = None, metric: str = "value", mode: str = "min", seed: int = 0,
+                  num_samples: int | None = None, metric: str = "value", mode: str | None = "metric's", seed: int = 0,
                   scheduler: dict | str | None = None, max_concurrent: int | None = None, cpus: float = 1,
                   max_failures: int = 0, storage: str | None = None, name: str = "function",
                   points_to_evaluate: list[dict] | None = None, startup_trials: int | None = None,
@@ -199,8 +200,13 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     job specs. `space` uses the search-spec syntax: {"x": {"uniform": [-5, 10]}, "k": [1, 2]}.
     `fn` may instead call `ray.tune.report({...})` once per step (for ASHA) and return None.
     `mode=None` takes the direction of a metric rayload knows (val_auc: max, loss: min, ...) and
-    raises SpecError for any other metric name, before Ray starts."""
+    raises SpecError for any other metric name, before Ray starts. Left out, `mode` is the same,
+    except that the default metric "value" (what `fn` returns) is minimised, as Optuna does: the
+    former default "min" minimised metric="val_auc" too."""
     from ._spec_load import validate_model
+
+    if mode == "metric's":
+        mode = "min" if metric == "value" else None
 
     raw = {"name": name, "base": "<python function>", "space": space, "strategy": strategy, "sampler": sampler,
            "num_samples": num_samples, "metric": metric, "mode": mode, "seed": seed, "scheduler": scheduler,
@@ -209,13 +215,14 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
            "time_budget_s": time_budget_s}
     # mode=None with a metric of no known direction is refused for a new search (a resumed one
     # goes on in the direction its study was made with).
-    spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)))
+    spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)) + _cpus_issues(cpus))
     if resume:
         run_dir = find_run(resume)
         check_resumed_spec(run_dir, read_state(run_dir)["spec"], spec)
     else:
         _check_new_study(spec)
         run_dir = os.path.join(runs_root(), "tune", f"{name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        ensure_ray(address)  # before the run folder exists: a cluster that cannot be reached leaves no empty run behind
     with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
         ensure_ray(address)
         _ship_by_value(fn)
@@ -227,6 +234,17 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
                     total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
         study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
         return _finish(plan, study, None)
+
+
+def _cpus_issues(cpus) -> list[SpecIssue]:
+    """tune_function's `cpus` (each trial's CPUs): a positive finite number. -1 reached the
+    resource check inside the run as a ResourcesSpec error about cpus_per_worker."""
+    import math
+    import numbers
+
+    if isinstance(cpus, numbers.Real) and not isinstance(cpus, bool) and math.isfinite(cpus) and cpus > 0:
+        return []
+    return [SpecIssue("cpus", "each trial's CPUs: a number > 0 (fractions share a CPU between trials)", cpus, True)]
 
 
 def _ship_by_value(fn) -> None:

@@ -236,11 +236,11 @@ def test_fields_of_unset_sections_and_items_of_default_lists_can_be_searched(tmp
 def test_a_stepped_float_range_with_fractional_steps_on_an_integer_field_is_refused(tmp_path):
     """step 0.5 from 8 was accepted because the one value probed (31.0) is whole; the sampler
     then draws 8.5, 31.5, ... and those trials fail."""
-    for step in (0.5, 0.25, 1.5, 0.3):
+    for step in (0.5, 0.25, 3.5, 0.35):  # each divides 64 - 8 (one that does not is refused as such: test_search_spec_review)
         msg = problems(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": step}})
         assert f"space.model.embedding_dim: a uniform range with step {step:g} draws values such as" in msg, msg
         assert "integer" in msg and "{int: [8, 64]} or a choice list" in msg and "a step and low on it must be whole" in msg
-    msg = problems(tmp_path, space={"model.embedding_dim": {"uniform": [8.5, 64], "step": 1}})
+    msg = problems(tmp_path, space={"model.embedding_dim": {"uniform": [8.5, 63.5], "step": 1}})
     assert "space.model.embedding_dim: value 8.5 makes the job spec invalid" in msg
     for step in (1, 4.0):  # whole steps from a whole low draw whole values only
         assert load_search_spec(write(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": step}})).space

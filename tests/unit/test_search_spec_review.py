@@ -1,0 +1,141 @@
+"""Search-spec review fixes (2026-11-27), each refused before a trial or before Ray starts:
+searched paths that overlap (or a fixed value under a searched one), infinite bounds, a step that
+does not divide its range, a key written twice in the YAML; best.yaml keeps an integer field an
+integer; tune_function minimises a known maximised metric no more, and checks `cpus` first."""
+
+import math
+import os
+
+import pytest
+import yaml
+
+from rayload import load_search_spec, tuning
+from rayload._tune_report import write_best_spec
+from rayload.errors import SpecError
+from rayload.search_job import base_raw, job_from
+from rayload.search_spec import SearchSpec
+from rayload.spec import load_spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BASE = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
+
+
+def _problems(tmp_path, **fields) -> str:
+    raw = {"name": "s", "base": BASE, "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}}, **fields}
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SpecError) as info:
+        load_search_spec(str(path))
+    return str(info.value)
+
+
+def test_overlapping_searched_paths_and_a_fixed_value_under_a_searched_one_are_refused(tmp_path):
+    msg = _problems(tmp_path, space={"model.hidden.0": {"choice": [16, 32]}, "model.hidden": {"choice": [[128, 64], [256, 128]]}})
+    assert "space.model.hidden.0: lies inside space.model.hidden, which is searched too" in msg, msg
+    msg = _problems(tmp_path, fixed={"train.lr": 0.5})
+    assert "fixed.train.lr: is also searched as space.train.lr" in msg, msg
+    msg = _problems(tmp_path, fixed={"model.hidden.0": 8}, space={"model.hidden": {"choice": [[128, 64], [256, 128]]}})
+    assert "fixed.model.hidden.0: is inside searched as space.model.hidden" in msg or "fixed.model.hidden.0: is inside" in msg, msg
+    # a fixed section with a searched field in it stays legal: the searched value is applied after
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "space": {"model.hidden.0": {"choice": [16, 32]}},
+                                    "fixed": {"model.hidden": [64, 32]}}))
+    assert load_search_spec(str(path)).space
+
+
+@pytest.mark.parametrize("bounds", [[0.001, math.inf], [-math.inf, 0.1], [0.0, math.nan]])
+def test_infinite_or_nan_bounds_are_refused_naming_the_path(tmp_path, bounds, no_ray):
+    msg = _problems(tmp_path, space={"model.dropout": {"uniform": bounds}})
+    assert "space.model.dropout: uniform bounds must be finite numbers" in msg, msg
+    with pytest.raises(SpecError, match="space.x: loguniform bounds must be finite"):
+        tuning.tune_function(lambda c: c["x"], {"x": {"loguniform": [1e-3, math.inf]}})
+
+
+@pytest.mark.parametrize("param, last", [({"uniform": [0.1, 0.3], "step": 0.5}, "0.1"), ({"int": [8, 16], "step": 32}, "8"),
+                                         ({"uniform": [0.0, 0.9], "step": 0.4}, "0.8")])
+def test_a_step_that_does_not_divide_the_range_is_refused_with_the_last_value_drawn(tmp_path, param, last):
+    path = "model.embedding_dim" if "int" in param else "model.dropout"
+    msg = _problems(tmp_path, space={path: param})
+    assert f"space.{path}: [" in msg and f"the sampler would never draw past {last}" in msg, msg
+
+
+def test_steps_that_divide_the_range_pass(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "space": {"model.dropout": {"uniform": [0.0, 0.3], "step": 0.1},
+                                                                        "model.embedding_dim": {"int": [8, 64], "step": 8}}}))
+    assert set(load_search_spec(str(path)).space) == {"model.dropout", "model.embedding_dim"}
+
+
+def test_a_key_written_twice_in_the_yaml_is_refused_naming_it_and_its_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(f"name: s\nbase: {BASE}\nspace:\n  train.lr: {{loguniform: [0.0003, 0.01]}}\n"
+                    "  train.lr: {loguniform: [0.1, 0.5]}\n")
+    with pytest.raises(SpecError) as info:
+        load_search_spec(str(path))
+    assert "found the key 'train.lr' twice (first on line 4)" in str(info.value) and "line 5" in str(info.value)
+    job = tmp_path / "job.yaml"
+    job.write_text(open(BASE).read() + "\ntrain:\n  lr: 0.5\n")  # a second `train:` section
+    with pytest.raises(SpecError, match="found the key 'train' twice"):
+        load_spec(str(job), [])
+    anchors = tmp_path / "anchors.yaml"  # a merge may still be overridden, as YAML intends
+    anchors.write_text("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n")
+    from rayload._spec_load import read_yaml
+
+    assert read_yaml(str(anchors))["b"] == {"x": 3, "y": 2}
+
+
+def test_best_yaml_writes_an_integer_field_drawn_from_a_stepped_uniform_range_as_an_integer(tmp_path):
+    spec = SearchSpec.model_validate({"name": "t", "base": BASE, "strategy": "random", "num_samples": 2,
+                                      "space": {"model.embedding_dim": {"uniform": [8, 64], "step": 8}, "train.lr": {"loguniform": [1e-4, 1e-2]}}})
+    raw = base_raw(spec, None)
+    params = {"model.embedding_dim": 40.0, "train.lr": 0.003}
+    job_from(raw, params)
+    write_best_spec(raw, params, str(tmp_path / "best.yaml"), ["best"])
+    text = (tmp_path / "best.yaml").read_text()
+    assert "embedding_dim: 40\n" in text and "40.0" not in text, text
+    assert load_spec(str(tmp_path / "best.yaml"), []).model.embedding_dim == 40
+
+
+@pytest.fixture
+def no_ray(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+
+    def ensure_ray(address):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(tuning, "ensure_ray", ensure_ray)
+    return tmp_path
+
+
+def test_tune_function_without_mode_maximises_a_metric_known_to_be_maximised(no_ray, monkeypatch):
+    made = []
+    from rayload import _spec_load
+
+    original = _spec_load.validate_model
+
+    def spy(cls, raw, check=None):
+        spec = original(cls, raw, check=check)
+        made.append(spec)
+        return spec
+
+    monkeypatch.setattr(_spec_load, "validate_model", spy)
+    for metric, mode in (("val_auc", "max"), ("value", "min"), ("loss", "min")):
+        with pytest.raises(AssertionError, match="Ray was started"):
+            tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, metric=metric)
+        assert made[-1].score_mode == mode, (metric, made[-1].mode)
+    with pytest.raises(SpecError, match="mode"):  # a metric of no known direction still needs one
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, metric="accuracy")
+
+
+@pytest.mark.parametrize("cpus", [-1, 0, math.nan, "2", True])
+def test_tune_function_refuses_bad_cpus_naming_it_before_ray_and_leaves_no_run_folder(no_ray, cpus):
+    with pytest.raises(SpecError) as info:
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, cpus=cpus)
+    assert "cpus: each trial's CPUs: a number > 0" in str(info.value)
+    assert not (no_ray / "tune").exists()
+
+
+def test_a_cluster_that_cannot_be_reached_leaves_no_empty_run_folder(no_ray):
+    with pytest.raises(AssertionError, match="Ray was started"):
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}})
+    assert not (no_ray / "tune").exists()
