@@ -178,9 +178,14 @@ def set_weights(run: RunArg, weights: Annotated[list[str], typer.Argument(help="
     for item in weights:
         name, _, value = item.partition("=")
         try:
-            parsed[name] = float(value)
+            share = float(value)
         except ValueError:
-            raise RayloadError(f"weights: {item!r} is not arm=share (for example control=0.9 challenger=0.1)") from None
+            share = None
+        if not name or share is None:
+            raise RayloadError(f"weights: {item!r} is not arm=share (for example control=0.9 challenger=0.1)")
+        if name in parsed:  # the last one won, the first dropped without a word
+            raise RayloadError(f"weights: the arm {name!r} is given twice ({name}={parsed[name]:g} and {item}); give each arm once")
+        parsed[name] = share
     console.print(f"weights now {apply(_run_of(run, set_), parsed)['weights']}")
 
 

@@ -148,7 +148,7 @@ class Ramp(_Spec):
         for i, share in enumerate(value):
             if not on_grid(share):
                 raise ValueError(f"ramp step {i} ({share}) must be a whole number of 1/{BUCKETS} buckets, "
-                                 f"for example {round(share * BUCKETS) / BUCKETS}")
+                                 f"for example {max(1, round(share * BUCKETS)) / BUCKETS}")
         return value
 
 
@@ -203,6 +203,8 @@ def weight_issues(weights: dict[str, float], arms: list[str], champion: str, whe
     its own slice of the bucket space (see serve.assign). In shadow mode the champion answers
     every request, so every challenger's weight is 0."""
     issues = []
+    if champion not in arms:  # set_weights(champion="contrl") was saved while the router refused it
+        issues.append(SpecIssue("champion", f"must be one of the arms {arms}", champion, True))
     if sorted(weights) != sorted(arms):
         issues.append(SpecIssue(where, f"weights must name exactly the arms {arms}", list(weights), True))
         return issues
@@ -262,6 +264,10 @@ def _ramp_issues(spec: ABSpec) -> list[SpecIssue]:
         return [SpecIssue("ramp.steps", "every step must be below 1: a step is the challenger's share while it is tested, and "
                           "all traffic to it is a promote, which the sequential test decides (or `rayload ab promote`); "
                           "drop the step of 1", spec.ramp.steps, True)]
+    steps = spec.ramp.steps
+    if repeated := sorted({a for a, b in zip(steps, steps[1:]) if a == b}):  # a spec saved in a run before this rule still loads
+        return [SpecIssue("ramp.steps", f"steps must be strictly increasing: {', '.join(map(str, repeated))} is given twice "
+                          "(the ramp skips a step at the share it already has); drop the repeat", steps, True)]
     return []
 
 

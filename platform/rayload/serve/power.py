@@ -5,8 +5,29 @@ approximation with plug-in variances; distributions from scipy. (Re-exported by 
 from __future__ import annotations
 
 import math
+import numbers
 
 from scipy import optimize, stats
+
+
+def _check(**args) -> None:
+    """The calculator's inputs, named when out of range: alpha 0 or power 1 overflowed, mde 0
+    divided by zero, and alpha 1.5 or p_base 1.5 answered a number (-117733 units)."""
+    for name, value in args.items():
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if name in ("alpha", "power") and not 0 < value < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        if name == "p_base" and not 0 <= value <= 1:
+            raise ValueError(f"p_base is a rate in [0, 1], got {value!r}")
+        if name == "mde" and value == 0:
+            raise ValueError("mde must not be 0: no number of units detects no change")
+        if name in ("tau", "share") and not (value > 0 if name == "tau" else 0 <= value <= 1):
+            raise ValueError(f"{name} must be {'> 0' if name == 'tau' else 'in [0, 1]'}, got {value!r}")
+        if name == "n_total" and value < 0:
+            raise ValueError(f"n_total is a count of units, got {value!r}")
 
 
 def _z(alpha: float) -> float:
@@ -30,6 +51,7 @@ def sample_size(p_base: float, mde: float, alpha: float = 0.05, power: float = 0
     `unit_var`: (control, challenger) variance of one unit's share of the CTR estimate
     (ArmSums.unit_variance: the delta method, so a unit with many exposures counts for what it
     holds); default: one exposure per unit, the binomial at p_base and p_base + mde."""
+    _check(p_base=p_base, mde=mde, alpha=alpha, power=power, share=share)
     var = _split_variance(_default_unit_var(p_base, mde, unit_var), share)
     if var is None:
         return None
@@ -41,9 +63,11 @@ def minimum_detectable_effect(n_total: int, p_base: float, alpha: float = 0.05, 
                               unit_var: tuple[float, float] | None = None) -> float | None:
     """Smallest absolute CTR change the fixed-horizon z-test on `n_total` units detects with the
     given power; None when share is 0 or 1. `unit_var` as in sample_size; default: one exposure
-    per unit, equal variances. The mSPRT's: msprt_mde."""
+    per unit, equal variances. The mSPRT's: msprt_mde. None too when the variance is 0 (a base
+    rate of 0 or 1 with no unit_var: the normal approximation says nothing there)."""
+    _check(n_total=n_total, p_base=p_base, alpha=alpha, power=power, share=share)
     var = _split_variance(unit_var or (p_base * (1 - p_base),) * 2, share)
-    if var is None:
+    if not var:
         return None
     if n_total <= 0:
         return float("inf")
@@ -70,6 +94,7 @@ def msprt_sample_size(p_base: float, mde: float, alpha: float = 0.05, power: flo
     chance by then is higher: 0.86 instead of 0.80 at 10% -> 11% with tau = 0.01, where the
     fixed-horizon z-test's sample_size gives the mSPRT only about 0.55. `unit_var` as in
     sample_size (normal approximation, plug-in variances)."""
+    _check(p_base=p_base, mde=mde, alpha=alpha, power=power, share=share, tau=tau)
     var1 = _split_variance(_default_unit_var(p_base, mde, unit_var), share)
     if var1 is None:
         return None
@@ -85,9 +110,11 @@ def msprt_sample_size(p_base: float, mde: float, alpha: float = 0.05, power: flo
 def msprt_mde(n_total: int, p_base: float, alpha: float = 0.05, power: float = 0.8, share: float = 0.5,
               unit_var: tuple[float, float] | None = None, tau: float = 0.01) -> float | None:
     """Smallest absolute CTR change that one look at the mSPRT on `n_total` units detects with
-    the given power (conservative as msprt_sample_size); None when share is 0 or 1."""
+    the given power (conservative as msprt_sample_size); None when share is 0 or 1, or the
+    variance is 0 (as minimum_detectable_effect)."""
+    _check(n_total=n_total, p_base=p_base, alpha=alpha, power=power, share=share, tau=tau)
     var1 = _split_variance(unit_var or (p_base * (1 - p_base),) * 2, share)
-    if var1 is None:
+    if not var1:
         return None
     if n_total <= 0:
         return float("inf")

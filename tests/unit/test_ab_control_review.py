@@ -1,0 +1,72 @@
+"""A/B control-plane review fixes (2026-11-27), without Ray: set_weights refuses a champion that
+is not an arm (it was saved while the router refused it); `rayload ab set-weights` refuses an
+arm given twice; ramp steps must be strictly increasing; the power calculator names an input
+out of range instead of dividing by zero, overflowing or answering a negative count."""
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from _ab_control import control_run, spec_of, user
+from rayload import _cli_ab  # noqa: F401  (registers `rayload ab`)
+from rayload.ab_spec import ab_from_dict
+from rayload.cli import app
+from rayload.errors import SpecError
+from rayload.serve import control, power
+
+
+def test_set_weights_refuses_an_unknown_champion_and_keeps_the_weights_in_force(tmp_path, monkeypatch):
+    make = control_run(tmp_path, monkeypatch)
+    run_dir = make(spec_of(0.95), None)
+    before = user(run_dir)
+    with pytest.raises(SpecError, match=r"champion: must be one of the arms \['A', 'B'\]"):
+        control.set_weights(run_dir, {"A": 0.5, "B": 0.5}, champion="contrl")
+    assert user(run_dir) == before and make.box["deployed"] == []
+    assert control.load_state(run_dir)[1]["decisions"] == []
+
+
+def test_set_weights_on_the_command_line_refuses_an_arm_given_twice_or_without_a_name(monkeypatch, tmp_path):
+    applied = []
+    monkeypatch.setattr(control, "set_weights", lambda run, weights: applied.append(weights) or {"weights": weights})
+    monkeypatch.setattr(control, "load_state", lambda run: (str(tmp_path), {}))
+    r = CliRunner().invoke(app, ["ab", "set-weights", str(tmp_path), "A=0.5", "B=0.5", "A=0.9", "B=0.1"])
+    assert r.exit_code != 0 and "the arm 'A' is given twice (A=0.5 and A=0.9)" in r.output, r.output
+    r = CliRunner().invoke(app, ["ab", "set-weights", str(tmp_path), "=0.5", "B=0.5"])
+    assert r.exit_code != 0 and "'=0.5' is not arm=share" in r.output, r.output
+    assert applied == []
+    r = CliRunner().invoke(app, ["ab", "set-weights", str(tmp_path), "A=0.9", "B=0.1"])
+    assert r.exit_code == 0 and applied == [{"A": 0.9, "B": 0.1}], r.output
+
+
+def test_ramp_steps_given_twice_are_refused_and_the_grid_hint_is_a_legal_step():
+    with pytest.raises(SpecError, match=r"ramp.steps: steps must be strictly increasing: 0.05 is given twice"):
+        ab_from_dict({"name": "t", "arms": [{"name": "A", "weight": 0.95, "checkpoint": "/x"}, {"name": "B", "weight": 0.05, "checkpoint": "/y"}],
+                      "drift": {"enabled": False}, "ramp": {"steps": [0.05, 0.05, 0.5]}})
+    with pytest.raises(SpecError, match=r"for example 0\.0001"):  # was "for example 0.0", itself refused
+        ab_from_dict({"name": "t", "arms": [{"name": "A", "weight": 0.95, "checkpoint": "/x"}, {"name": "B", "weight": 0.05, "checkpoint": "/y"}],
+                      "drift": {"enabled": False}, "ramp": {"steps": [0.00005]}})
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: power.sample_size(0.1, 0.0), "mde"),
+    (lambda: power.sample_size(0.1, 0.01, alpha=0), "alpha"),
+    (lambda: power.sample_size(0.1, 0.01, power=1), "power"),
+    (lambda: power.sample_size(0.1, 0.01, alpha=1.5), "alpha"),
+    (lambda: power.sample_size(1.5, 0.01), "p_base"),
+    (lambda: power.sample_size(0.1, math.nan), "mde"),
+    (lambda: power.msprt_sample_size(0.1, 0.01, tau=0), "tau"),
+    (lambda: power.msprt_sample_size(0.1, 0.01, power=1), "power"),
+    (lambda: power.minimum_detectable_effect(-5, 0.1), "n_total"),
+    (lambda: power.msprt_mde(100, 0.1, alpha=0), "alpha"),
+])
+def test_the_power_calculator_names_an_input_out_of_range(call, name):
+    with pytest.raises(ValueError, match=rf"^{name} "):
+        call()
+
+
+def test_a_base_rate_of_0_or_1_has_no_detectable_effect_to_report_instead_of_0_or_a_crash():
+    for p in (0.0, 1.0):
+        assert power.minimum_detectable_effect(1000, p) is None
+        assert power.msprt_mde(1000, p) is None
+    assert power.sample_size(0.1, 0.01) > 0 and 0 < power.minimum_detectable_effect(10_000, 0.1) < 0.05
