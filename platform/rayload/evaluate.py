@@ -59,18 +59,24 @@ def paired_auc_difference(labels: np.ndarray, base: np.ndarray, other: np.ndarra
     return diff, (float(diff - z * se), float(diff + z * se)), float(2 * norm.sf(abs(diff) / se))
 
 
+def _refuse_non_finite(outputs: np.ndarray) -> None:
+    """NaN or infinite outputs have no metric (an infinite logit made logloss NaN, a NaN
+    prediction made RMSE NaN), and a NaN score ranked a diverged epoch as best."""
+    bad = int((~np.isfinite(outputs)).sum())
+    if bad:
+        raise ValueError(f"the model's outputs hold {bad} NaN or infinite value(s) of {len(outputs)}: no metric is defined "
+                         "for them (a diverged model: lower the learning rate, or clip gradients)")
+
+
 def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, logits: np.ndarray | None = None) -> Metrics:
     """AUC ranks the `logits` when given (no sigmoid saturates them into ties), else the
     probabilities as they are. Log loss comes from the logits when given, exactly at any size
     (log(1 + e^z) - y z); from probabilities alone it clips them to [1e-7, 1 - 1e-7] to stay
     finite, which caps a row's loss near 16.1. Only AUC needs both classes; outputs that are
-    not numbers (NaN) are refused, naming how many."""
+    finite numbers (NaN, inf) are refused, naming how many."""
     y = np.asarray(labels, dtype=np.float64)
     p = np.asarray(probs, dtype=np.float64)
-    bad = int(np.isnan(p if logits is None else np.asarray(logits, np.float64)).sum())
-    if bad:
-        raise ValueError(f"the model's outputs hold {bad} NaN value(s) of {len(p)}: no metric is defined for them "
-                         "(a diverged model: lower the learning rate, or clip gradients)")
+    _refuse_non_finite(p if logits is None else np.asarray(logits, np.float64))
     if len(y) == 0:
         return Metrics(rows=0, auc=None, logloss=None, mean_prediction=None, observed_rate=None, calibration=None, ece=None)
     both = 0 < y.sum() < len(y)
@@ -94,6 +100,9 @@ def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, logits
 
 def regression_metrics(targets: np.ndarray, preds: np.ndarray) -> Metrics:
     y, p = np.asarray(targets, np.float64), np.asarray(preds, np.float64)
+    _refuse_non_finite(p)
+    if len(y) == 0:
+        return Metrics(rows=0, auc=None, logloss=None, mean_prediction=None, observed_rate=None, calibration=None, ece=None)
     return Metrics(rows=len(y), auc=None, logloss=None, mean_prediction=float(p.mean()), observed_rate=float(y.mean()),
                    calibration=None, ece=None, rmse=float(np.sqrt(np.mean((y - p) ** 2))))
 

@@ -68,7 +68,7 @@ def test_log_loss_from_logits_is_exact_past_the_clip():
 
 
 def test_nan_outputs_are_refused_by_name_and_no_rows_give_no_figures():
-    with pytest.raises(ValueError, match=r"outputs hold 1 NaN value\(s\) of 2"):
+    with pytest.raises(ValueError, match=r"outputs hold 1 NaN or infinite value\(s\) of 2"):
         metrics_for_outputs("binary", np.array([0.0, 1.0]), np.array([np.nan, 1.0]))
     with pytest.raises(ValueError, match="NaN"):  # one class only: the AUC's own check never ran
         metrics_for_outputs("binary", np.array([1.0, 1.0]), np.array([np.nan, 1.0]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -193,5 +194,7 @@ def _retried(fn, *args, attempts: int = 3, wait_s: float = 1.0):
 
 def best_of(entries: list[dict], score: str, mode: str) -> list[dict]:
     sign = -1 if mode == "max" else 1
-    scored = [e for e in entries if e["metrics"].get(score) is not None]
+    # NaN compares False both ways: in a sort it put a diverged epoch's checkpoint among the
+    # kept ones and the best one out (deleted)
+    scored = [e for e in entries if e["metrics"].get(score) is not None and math.isfinite(e["metrics"][score])]
     return sorted(scored, key=lambda e: sign * e["metrics"][score])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import time
@@ -294,7 +295,7 @@ class Trainer:
         rule = self.spec.train.early_stopping
         name = score_name(self.spec, self.features.label.task)
         value = metrics.get(f"val_{name}")
-        if value is None:
+        if value is None or not math.isfinite(value):  # a NaN best would compare worse than nothing ever after
             return False
         better = (lambda a, b: a < b - (rule.min_delta if rule else 0.0)) if name in LOWER_IS_BETTER else (lambda a, b: a > b + (rule.min_delta if rule else 0.0))
         if self.state.best is None or better(value, self.state.best):
@@ -345,6 +346,24 @@ def _resume_point(context: dict) -> str | None:
     return localize(context["resume_from"])
 
 
+def _check_scored(spec: JobSpec, features: FittedFeatures, context: dict, metrics: dict) -> None:
+    """A validation split with rows but without the metric that ranks checkpoints (or
+    early-stops) ends the run at its first epoch: AUC needs both classes, and without it every
+    epoch trained on, nothing counted as better, each checkpoint but the last was deleted as
+    unscored, and the run failed only at the end, unresumable with another metric."""
+    if not metrics.get("val_rows"):
+        return
+    own = f"val_{score_name(spec, features.label.task)}"
+    needed = {context.get("score") or own} | ({own} if spec.train.early_stopping else set())
+    if missing := sorted(m for m in needed if metrics.get(m) is None):
+        from .trainer import TrainingError
+
+        hint = ("; AUC needs both classes: early-stop on logloss (train.early_stopping.metric: logloss), or split "
+                "stratified" if any(m.endswith("_auc") for m in missing) else "")
+        raise TrainingError(f"the validation split ({metrics['val_rows']} rows) gives no {', '.join(missing)}, which ranks "
+                            f"this run's checkpoints{' and early-stops it' if own in missing and spec.train.early_stopping else ''}{hint}")
+
+
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
     steps = steps_per_epoch(context["train_rows"], session.world_size, spec.train.batch_size, spec.train.accumulation)
@@ -371,6 +390,7 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
         metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}
         trainer.state.cached = session.cached
         metrics.update(trainer.validate())
+        _check_scored(spec, features, context, metrics)
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch
         metrics.update(step=trainer.state.step, epochs_done=epoch + 1, world_size=session.world_size, early_stopped=stop,

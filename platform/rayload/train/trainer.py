@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import datetime as _dt
 import logging
+import math
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -180,7 +181,7 @@ def _fit_local(spec: JobSpec, pre: PreprocessResult, run_dir: str, context: dict
     loader = loader_options(spec, pre.features, use_gpu=res.gpus_per_worker > 0, cpu_fallback=res.cpu_fallback,
                             val_files=context.get("val_files"))
     session = session_cls(loader, datasets, run_dir, spec.train.keep_checkpoints, score, mode)
-    out = run(spec, pre.features, session, context)
+    out = run(spec, pre.features, session, dict(context, score=score))
     best = best_of(session.index(), score, mode)
     if not best:
         raise TrainingError(_unscored(score, run_dir))
@@ -192,9 +193,14 @@ def _unscored(score: str, run: str) -> str:
     return f"no checkpoint with {score} was written in {run}{hint}"
 
 
+def _finite(value) -> bool:
+    """A score that can rank: NaN compares False both ways, so one NaN could sort first."""
+    return value is not None and math.isfinite(value)
+
+
 def _best_reported(checkpoints: list, score: str, mode: str, run: str) -> tuple:
     """The best of Ray Train's (checkpoint, metrics) pairs by `score`, among those that report it."""
-    scored = [cm for cm in checkpoints if cm[1].get(score) is not None]
+    scored = [cm for cm in checkpoints if _finite(cm[1].get(score))]
     if not scored:
         raise TrainingError(_unscored(score, run))
     return min(scored, key=lambda cm: cm[1][score] * (-1 if mode == "max" else 1))
@@ -224,7 +230,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
     data_config, datasets = ingest(datasets or training_datasets(pre, spec.train.cache_dataset), workers)
     trainer = _trainer_class()(
         worker_entry, torch_config=torch_config,
-        train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": context},
+        train_loop_config={"spec": spec.model_dump(mode="json"), "features": pre.features.to_json(), "context": dict(context, score=score)},
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=res.gpus_per_worker > 0,
                                                resources_per_worker=per_worker, accelerator_type=res.accelerator_type),
         run_config=ray.train.RunConfig(
