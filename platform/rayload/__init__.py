@@ -8,6 +8,7 @@ __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth
            "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult",
            "compress", "retrain", "CompressResult", "RetrainResult", "load_checkpoint"]
 
+from . import evaluate as _evaluate_module  # noqa: F401  (bind the submodule before `evaluate` below)
 from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
 from .errors import DataError, SpecError
 from .spec import load_spec
@@ -41,6 +42,18 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     return run(_job(spec, overrides), out=out, address=address, engine=engine, on_stage=on_stage)
 
 
+def evaluate(spec, checkpoint: str, split: str = "test", address: str | None = None, *, overrides=()):
+    """Offline metrics of a checkpoint on a split ("train", "val" or "test") of a job spec's
+    preprocessed data (a JobSpec or a YAML path, with `overrides` as `--set`), as `rayload
+    evaluate SPEC --checkpoint PATH --split SPLIT`; returns rayload.evaluate's Metrics. For a
+    dataset of your own: `from rayload.evaluate import evaluate_checkpoint`. (Until this was a
+    function, `rayload.evaluate` was evaluate_checkpoint until the submodule's first import
+    replaced it with the module.)"""
+    from .evaluate import evaluate_split
+
+    return evaluate_split(_job(spec, overrides), checkpoint, split, address=address)
+
+
 def load_checkpoint(path: str, device: str = "cpu"):
     """A checkpoint's model (CPU unless `device`, eval mode) with its fitted features: a
     rayload.train.checkpoint.LoadedModel. `path` is a checkpoint folder (model.pt, model.json,
@@ -70,6 +83,8 @@ def run(spec, run_id: str | None = None, overrides=(), address: str | None = Non
     from .pipeline_spec import PipelineSpec, load_pipeline
     from .stages import run as run_stages
 
+    if isinstance(spec, PipelineSpec) and overrides:  # they were dropped without a word
+        raise TypeError("overrides apply to a spec file; change a PipelineSpec with model_copy")
     pipeline = spec if isinstance(spec, PipelineSpec) else load_pipeline(spec, list(overrides))
     return run_stages(pipeline, run_id, address, tuple(force))
 
@@ -100,10 +115,6 @@ def __getattr__(name: str):
         from .train.trainer import TrainResult
 
         return TrainResult
-    if name == "evaluate":
-        from .evaluate import evaluate_checkpoint
-
-        return evaluate_checkpoint
     if name in ("load_search_spec", "SearchSpec"):
         from . import search_job, search_spec
 

@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from .cli import AddressOpt, SetOpt, _friendly, _g, app, console
+from .cli import AddressOpt, SetOpt, _friendly, _g, _out_file, app, console
 
 ab_app = typer.Typer(no_args_is_help=True, help="Steer and analyse a running A/B experiment.")
 app.add_typer(ab_app, name="ab")
@@ -38,7 +38,7 @@ def _run_of(run: str, overrides: list[str] | None = None) -> str:
 @_friendly
 def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` followed by the spec")],
           build_spec: Annotated[Optional[str], typer.Argument(help="with `build`: the A/B spec")] = None,
-          out: Annotated[str, typer.Option(help="with build: where to write the Serve config")] = "serve_config.yaml",
+          out: Annotated[Optional[str], typer.Option(help="with build: where to write the Serve config (default serve_config.yaml)")] = None,
           set_: SetOpt = None, address: AddressOpt = None,
           auto: Annotated[bool, typer.Option(help="run the automatic ramp/decision loop")] = True,
           detach: Annotated[bool, typer.Option(help="deploy and return (the app keeps running on a cluster)")] = False) -> None:
@@ -50,8 +50,11 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
     if spec == "build":
         if not build_spec:
             raise typer.BadParameter("rayload serve build SPEC: name the A/B spec")
-        _build(load_ab_spec(build_spec, set_ or []), build_spec, out, address)
+        _build(load_ab_spec(build_spec, set_ or []), build_spec, out or "serve_config.yaml", address)
         return
+    if build_spec is not None or out is not None:  # both were ignored: the experiment served without a word
+        raise typer.BadParameter(f"a second argument and --out are for `rayload serve build SPEC --out FILE`; "
+                                 f"to serve: rayload serve {spec}", param_hint="BUILD_SPEC/--out")
     ab = load_ab_spec(spec, set_ or [])
     with console.status("training missing arms and deploying..."):
         dep = control.start(ab, address=address)
@@ -108,6 +111,7 @@ def _build(ab, spec: str, out: str, address) -> None:
     from .serve import control
     from .serve.serve_config import app_args, resolve_checkpoints, serve_config
 
+    _out_file(out)
     run_dir = control.run_dir_for(ab)
     os.makedirs(run_dir, exist_ok=True)
     config = serve_config(app_args(ab, resolve_checkpoints(ab, address), run_dir))
@@ -246,6 +250,7 @@ def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default
     from .serve.control import analysis_for, events_of, load_state
     from .serve.report import render
 
+    _out_file(out)
     run_dir, _ = load_state(_run_of(run, set_))
     path = out or os.path.join(run_dir, "report.html")
     with open(path, "w") as f:

@@ -8,7 +8,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cli import AddressOpt, StageSetOpt, _friendly, _g, app, console
+from .cli import AddressOpt, StageSetOpt, _friendly, _g, _out_file, app, console
 
 DEMO_PIPELINE = "jobs/movielens_pipeline.yaml"
 
@@ -121,15 +121,16 @@ def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: in
     named = {kind: [s.name for s in stages if s.kind == kind] for kind in ("tune", "ab")}
     asked = {"tune": {"--trials": trials, "--search-epochs": search_epochs}, "ab": {"--ab-requests": ab_requests}}
     for kind, options in asked.items():
-        given = [name for name, value in options.items() if value]
+        given = [name for name, value in options.items() if value is not None]
         if given and not named[kind]:
             raise RayloadError(f"{' and '.join(given)}: the pipeline {spec} has no {kind} stage")
     sets = []
     for name in named["ab"]:
-        sets += [f"{name}.serving.port={port}"] + ([f"{name}.simulate.requests={ab_requests}"] if ab_requests else [])
+        # `is not None`: a 0 was dropped for the pipeline's own value; given, the spec refuses it by name
+        sets += [f"{name}.serving.port={port}"] + ([f"{name}.simulate.requests={ab_requests}"] if ab_requests is not None else [])
     for name in named["tune"]:
-        sets += [f"{name}.num_samples={trials}", f"{name}.startup_trials={max(2, trials // 2)}"] if trials else []
-        sets += [f"{name}.scheduler.max_epochs={search_epochs}"] if search_epochs else []
+        sets += [f"{name}.num_samples={trials}", f"{name}.startup_trials={max(2, trials // 2)}"] if trials is not None else []
+        sets += [f"{name}.scheduler.max_epochs={search_epochs}"] if search_epochs is not None else []
     return sets
 
 
@@ -167,6 +168,7 @@ def report(
     from .report import write_report
     from .stages import load_run
 
+    _out_file(out)
     run_dir, _ = load_run(run)
     console.print(f"wrote {write_report(run_dir, out)}")
 
@@ -239,6 +241,7 @@ def cluster_local(
     from .cluster import gcs_port, local_config, node_type_issues, read_cluster
     from .errors import SpecError
 
+    _out_file(out)
     port = gcs_port(gcs_address)
     cluster = read_cluster(path)
     if issues := node_type_issues(cluster):

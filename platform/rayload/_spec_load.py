@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import SpecError, SpecIssue
+from .errors import FieldValueError, SpecError, SpecIssue
 
 Check = Callable[[BaseModel], list[SpecIssue]]
 
@@ -112,6 +112,8 @@ def _text_field(tp, value) -> bool:
     if tp is None:
         return False
     kinds = _candidates(tp)
+    if not isinstance(value, (list, dict)):  # a scalar given for `str | list[str]` (a path, or several) is the path as given
+        kinds = [k for k in kinds if typing.get_origin(k) not in (list, dict, tuple) and k not in (list, dict, tuple)]
     texts = [k for k in kinds if k is str or (typing.get_origin(k) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(k)))]
     if not texts or len(texts) + (type(None) in kinds) != len(kinds):
         return False
@@ -210,6 +212,9 @@ def pydantic_issues(exc: ValidationError, model_cls: type[BaseModel]) -> list[Sp
             hint = f"; did you mean '{near[0]}'?" if near else ""
             msg = f"unknown field; allowed: {', '.join(allowed)}{hint}" if allowed else "unknown field"
             out.append(SpecIssue(path, msg))
+            continue
+        if isinstance(cause := (err.get("ctx") or {}).get("error"), FieldValueError):
+            out.append(SpecIssue(".".join(loc + [cause.field]), str(cause), cause.value, True))
             continue
         has_value = err["type"] != "missing"
         out.append(SpecIssue(path, msg, err.get("input"), has_value))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import SpecIssue
+from .paths import NAME_PATTERN
 
 BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% buckets
 # The event store's columns (serve/events.py: ab_exposures.experiment and .arm, ab_drift's): a
@@ -162,7 +163,7 @@ class Simulation(_Spec):
 
 
 class ABSpec(_Spec):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
     salt: str | None = Field(default=None, description="assignment salt; default: the name. A new salt reshuffles every unit")
     arms: list[Arm] = Field(min_length=2)
     champion: str | None = Field(default=None, description="the arm that owns the rest of the traffic; default: the first")
@@ -276,7 +277,10 @@ def resolve_paths(spec: ABSpec, spec_file: str) -> ABSpec:
     folder = os.path.dirname(os.path.abspath(spec_file))
 
     def fix(path: str | None) -> str | None:
-        if path is None or os.path.isabs(path) or "://" in path:
+        if path is None or "://" in path:
+            return path
+        path = os.path.expanduser(path)  # ~/ckpt was joined to the spec's folder
+        if os.path.isabs(path):
             return path
         here = os.path.join(folder, path)
         return here if os.path.exists(here) else os.path.abspath(path)

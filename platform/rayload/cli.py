@@ -41,6 +41,22 @@ def _friendly(fn):
     return wrapper
 
 
+def _out_file(path: str | None, option: str = "--out") -> None:
+    """A file a command will write, checked before it works: a missing folder was a traceback
+    after the work was done (an evaluation's metrics lost with it)."""
+    import os
+
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise RayloadError(f"{option} {path}: a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise RayloadError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise RayloadError(f"{option} {path}: the folder {folder} is not writable")
+
+
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO level")] = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -126,8 +142,10 @@ def train(
 
     # quoted: the name as given (20240601, 2024-06-01 and yes stay text, not a number, a date, True)
     overrides = list(set_ or []) + ([f"train.run_name={json.dumps(run_name)}"] if run_name else [])
+    if kfold is not None and kfold < 2:  # 0 trained once without folds, 1 and -1 raised tracebacks
+        raise typer.BadParameter(f"k-fold cross-validation needs at least 2 folds (got {kfold})", param_hint="--kfold")
     job = load_spec(spec, overrides)
-    if kfold:
+    if kfold is not None:
         result = run_kfold(job, kfold, address=address)
         table = Table("metric", "mean", "std", title=f"{kfold}-fold cross-validation",
                       caption="val_*: each fold's best epoch, picked on the same rows (optimistic); "
@@ -174,6 +192,7 @@ def evaluate(
     from .spec import load_spec
 
     job = load_spec(spec, set_ or [])
+    _out_file(out)
     metrics = evaluate_split(job, checkpoint, split, address=address)
     console.print(metrics_table(metrics.to_dict(), f"{split} metrics"))
     if out:
@@ -196,8 +215,13 @@ def tune(
     if spec == "status":
         if not run:
             raise typer.BadParameter("rayload tune status RUN: name the run (or its folder)")
+        if resume or set_:  # they were ignored
+            raise typer.BadParameter("rayload tune status RUN takes no --resume or --set", param_hint="--resume/--set")
         print_search_status(tuning.status(run))
         return
+    if run is not None:  # `rayload tune SPEC RUN` started a new search, RUN dropped: a resume is --resume RUN
+        raise typer.BadParameter(f"a second argument ({run!r}) is only for `rayload tune status RUN`; to continue a "
+                                 f"search: rayload tune {spec} --resume {run}", param_hint="RUN")
     with console.status(f"searching {spec}..."):
         result = tuning.tune(spec, resume=resume, address=address, overrides=set_ or [])
     print_trials(result.trials, result.metric, f"search {result.run_name}")

@@ -32,3 +32,13 @@ class SpecError(RayloadError):
 
 class DataError(RayloadError):
     """Input data that cannot be used: a missing path, a wrong column type, too many bad rows."""
+
+
+class FieldValueError(ValueError):
+    """A model validator's complaint about one field of the model it validates: spec loading
+    reports it at that field's path with its value (a plain ValueError is reported at the
+    model's path, with the whole section as the value)."""
+
+    def __init__(self, field: str, message: str, value):
+        super().__init__(message)
+        self.field, self.value = field, value

@@ -159,13 +159,19 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
     and scales would silently mean something else, so that is refused.
     """
     from .data.pipeline import preprocess
-    from .errors import DataError
+    from .errors import DataError, RayloadError
     from .features import FittedFeatures
-
-    pre = preprocess(spec, address=address)
     from .paths import localize
 
-    trained = FittedFeatures.load(os.path.join(localize(checkpoint), "features.json"))
+    # both before preprocessing, which may start Ray and take minutes: a mistyped split was
+    # refused after it as "has no rows", a missing checkpoint as a FileNotFoundError traceback
+    if split not in ("train", "val", "test"):
+        raise RayloadError(f"--split must be train, val or test (got {split!r})")
+    local = localize(checkpoint)
+    if not os.path.isfile(os.path.join(local, "features.json")):
+        raise RayloadError(f"--checkpoint {checkpoint}: not a checkpoint folder (no features.json there)")
+    pre = preprocess(spec, address=address)
+    trained = FittedFeatures.load(os.path.join(local, "features.json"))
     if trained != pre.features:
         raise DataError(
             f"checkpoint {checkpoint} was trained on a different preprocessing than the spec's data "

@@ -6,6 +6,11 @@ import contextlib
 import fcntl
 import os
 
+# A name that becomes one folder under runs/ (a job, run, search, experiment, pipeline or
+# stage): one path component, not "." or ".." (nor hidden). With "." a pipeline's --run-id or
+# stage folder was runs/ itself or its run folder, which a re-run then deleted whole.
+NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+
 
 # Where a submitted job's run folders go when neither the job nor the cluster sets RAYLOAD_HOME.
 JOB_HOME = "~/rayload-runs"
@@ -34,8 +39,8 @@ def cache_root() -> str:
     """Materialised built-in sources and preprocessed shards: $RAYLOAD_CACHE, else
     $RAYLOAD_HOME/cache. Several run folders (users, jobs) on one machine can share one cache:
     entries are keyed by content and written under `cache_lock`."""
-    cache = os.environ.get("RAYLOAD_CACHE")
-    return os.path.abspath(cache) if cache else os.path.join(runs_root(), "cache")
+    cache = os.environ.get("RAYLOAD_CACHE")  # ~ expanded, as RAYLOAD_HOME's (it was a folder named "~" here)
+    return os.path.abspath(os.path.expanduser(cache)) if cache else os.path.join(runs_root(), "cache")
 
 
 @contextlib.contextmanager
@@ -146,8 +151,8 @@ def read_text(path: str) -> str:
 
 
 def local_path(path: str) -> str:
-    """A local path, or a file:// URI as the path it names."""
-    return path[len("file://"):] if path.startswith("file://") else path
+    """A local path (~ expanded), or a file:// URI as the path it names."""
+    return path[len("file://"):] if path.startswith("file://") else os.path.expanduser(path)
 
 
 def is_remote(path: str) -> bool:

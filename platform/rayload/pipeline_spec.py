@@ -15,15 +15,15 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from .errors import SpecError, SpecIssue
+from .paths import NAME_PATTERN
 from .spec import _Spec
 
-_NAME = r"^[A-Za-z0-9_.-]+$"
 # Folders under runs/ that other commands own; a pipeline run may not take their names.
 RESERVED_RUN_IDS = frozenset({"train", "tune", "ab", "cache", "pipelines"})
 
 
 class _Stage(_Spec):
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=NAME_PATTERN)
 
 
 class PrepareStage(_Stage):
@@ -78,7 +78,7 @@ Stage = Annotated[Union[PrepareStage, TrainStage, TuneStage, ABStage, DecideStag
 
 
 class PipelineSpec(_Spec):
-    name: str = Field(min_length=1, pattern=_NAME)
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
     stages: list[Stage] = Field(min_length=1)
     folder: str = ""  # set at load: the pipeline file's folder (paths resolve against it)
 
@@ -86,7 +86,10 @@ class PipelineSpec(_Spec):
         return next(s for s in self.stages if s.name == name)
 
     def path(self, relative: str) -> str:
-        if os.path.isabs(relative) or "://" in relative:
+        if "://" in relative:
+            return relative
+        relative = os.path.expanduser(relative)
+        if os.path.isabs(relative):
             return relative
         return os.path.normpath(os.path.join(self.folder, relative))
 
@@ -188,14 +191,17 @@ def single_stage(path: str, raw: dict) -> dict:
 def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str, list[str]]]:
     """`--set` items whose first part names a stage go to that stage's `set` (`baseline.train.epochs=2`);
     the rest apply to the pipeline spec itself."""
-    names = {s.name for s in spec.stages}
+    names = [s.name for s in spec.stages]
     own, per_stage = [], {}
     for item in overrides:
         head, dot, rest = item.partition(".")
         if dot and head in names:
             per_stage.setdefault(head, []).append(rest)
-        else:
+        elif head.partition("=")[0] in ("name", "stages"):
             own.append(item)
+        else:  # was "model: unknown field; allowed: folder, name, stages", folder being internal
+            raise SpecError([SpecIssue("--set", f"the first part names a stage of the pipeline ({', '.join(names)}) or its name; "
+                                       f"for a stage's field: {names[0]}.{item}", item, True)])
     return own, per_stage
 
 

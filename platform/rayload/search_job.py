@@ -13,8 +13,8 @@ from .search_spec import MAX_VARIANTS, PREPROCESSING, SearchSpec, metric_mode, s
 
 
 def base_path(spec: SearchSpec, spec_file: str | None) -> str:
-    if os.path.isabs(spec.base) or spec_file is None:
-        return spec.base
+    if os.path.isabs(os.path.expanduser(spec.base)) or spec_file is None:
+        return os.path.expanduser(spec.base)
     here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(spec_file)), spec.base))
     # Relative to the search spec's folder; fall back to the working directory (repo root).
     return here if os.path.exists(here) else os.path.abspath(spec.base)

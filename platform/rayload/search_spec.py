@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import SpecIssue
+from .paths import NAME_PATTERN
 
 
 # Parameters under these sections change the preprocessed data; the driver prepares each variant.
@@ -178,7 +179,7 @@ class TrialResources(_Spec):
 
 
 class SearchSpec(_Spec):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
     base: str = Field(description="the job spec to search; relative paths are relative to this file")
     space: dict[str, Param] = Field(min_length=1)
     fixed: dict[str, Any] = Field(default_factory=dict, description="changes to the base job for every trial")

@@ -6,17 +6,46 @@ its field path, never a silently ignored setting.
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .data.builtin import builtin_columns, builtin_label
+from .errors import FieldValueError
+from .paths import NAME_PATTERN
 
 Role = Literal["numeric", "categorical", "multi_categorical", "label", "id", "timestamp"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: no setting is infinite or NaN (train.lr=.inf trained, a NaN threshold made
+    # every label 0)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data):
+        """true/false for a number field (train.epochs=true read as 1 epoch) is refused; pydantic
+        reads a bool as 0/1 where a field takes numbers and no bool. (A model validator: a
+        field validator on every field would also sit on the discriminators, which pydantic refuses.)"""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if isinstance(value, bool) and name in cls.model_fields:
+                    kinds = _top_kinds(cls.model_fields[name].annotation)
+                    if bool not in kinds and (int in kinds or float in kinds):
+                        raise FieldValueError(name, "a number, not true or false", value)
+        return data
+
+
+def _top_kinds(tp) -> set:
+    """The types a field takes at its top level (the members of a union, Annotated unwrapped)."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _top_kinds(typing.get_args(tp)[0])
+    if origin is Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return set().union(*(_top_kinds(a) for a in typing.get_args(tp)))
+    return {tp}
 
 
 # ---------------------------------------------------------------- data
@@ -36,6 +65,12 @@ class LabelSpec(_Spec):
     threshold: float | None = None
     # regression: values outside [low, high] are quarantined.
     domain: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _ordered_domain(self) -> "LabelSpec":
+        if self.domain is not None and self.domain[0] > self.domain[1]:  # every row would be quarantined, after a full pass
+            raise ValueError(f"domain is [low, high] with low <= high (got {list(self.domain)})")
+        return self
 
 
 class FileSource(_Spec):
@@ -263,7 +298,7 @@ class TrainSpec(_Spec):
     early_stopping: EarlyStopping | None = None
     keep_checkpoints: int = Field(default=2, ge=1)
     max_failures: int = Field(default=0, ge=-1, description="-1: retry forever")
-    run_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    run_name: str | None = Field(default=None, pattern=NAME_PATTERN)
     storage_path: str | None = None
     prefetch_batches: int = Field(default=2, ge=0)
     shuffle_buffer: int = Field(default=0, ge=0, description="rows in each worker's local shuffle buffer")
@@ -328,7 +363,7 @@ class EvalSpec(_Spec):
 
 
 class JobSpec(_Spec):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
     data: DataSpec
     split: SplitSpec = Field(default_factory=SplitSpec)
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)

@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import RayloadError
 from .hashing import digest
-from .paths import runs_root
+from .paths import NAME_PATTERN, runs_root
 from .pipeline_spec import RESERVED_RUN_IDS, PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,9 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
     """Run every stage in order; `force` names stages to run even when unchanged.
     `on_event(kind, stage, info)` reports `start`, `progress` (info: fraction done) and `end`."""
     run_id = run_id or spec.name
+    if not re.fullmatch(NAME_PATTERN, run_id):  # "." or ".." made the run folder runs/ or its parent, deleted on a re-run
+        raise RayloadError(f"--run-id {run_id!r} must be one folder name: letters, digits, '_', '-' and '.', not starting "
+                           "with '.'")
     if run_id in RESERVED_RUN_IDS:
         raise RayloadError(f"run id {run_id!r} is reserved (runs/{run_id}/ belongs to another command); choose another --run-id")
     unknown = set(force) - {s.name for s in spec.stages}

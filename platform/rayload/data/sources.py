@@ -64,7 +64,7 @@ def _expand(item: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
         if _GLOB & set(item):
             path = path.rstrip("/") + "/" + item.split(_glob_base(item), 1)[1].lstrip("/")
     else:
-        fs, path = pafs.LocalFileSystem(), os.path.abspath(item)
+        fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(item))
     paths = _glob(fs, path) if _GLOB & set(path) else _walk(fs, path, item, fmt)
     if not paths:
         raise DataError(f"data.source.path: no {fmt} files match {item!r}")

@@ -46,8 +46,11 @@ def kfold(spec: JobSpec, k: int, address: str | None = None) -> KFoldResult:
     from rows no fold trained on or chose with."""
     import numpy as np
 
+    from ..errors import SpecError, SpecIssue
     from . import trainer
 
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:  # 1 was a pydantic traceback, -1 an IndexError
+        raise SpecError([SpecIssue("--kfold", "k-fold cross-validation needs at least 2 folds", k, True)])
     name = trainer.run_name_for(spec)
     specs = [fold_spec(spec, k, fold, name) for fold in range(k)]  # every fold checked before the first trains
     folds = [trainer.fit(s, address=address, evaluate_test=s.split.test > 0) for s in specs]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 
 from ..errors import RayloadError
 
@@ -173,8 +174,9 @@ def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
     """On a shared filesystem by /proc/mounts (`mounts_file`, a table in its format), or under a
     folder listed in RAYLOAD_SHARED_PATHS (os.pathsep-separated: mounts the table cannot tell,
     or every node on one machine)."""
-    path = os.path.abspath(path)
-    declared = [os.path.abspath(p) for p in os.environ.get("RAYLOAD_SHARED_PATHS", "").split(os.pathsep) if p]
+    # realpath: a symlink into an NFS mount is on NFS; ~ expanded in the declared folders
+    path = os.path.realpath(os.path.expanduser(path))
+    declared = [os.path.realpath(os.path.expanduser(p)) for p in os.environ.get("RAYLOAD_SHARED_PATHS", "").split(os.pathsep) if p]
     if any(_within(path, d) for d in declared):
         return True
     best, fstype = "", ""
@@ -182,8 +184,12 @@ def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
         with open(mounts_file) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 2 and _within(path, parts[1]) and len(parts[1]) > len(best):
-                    best, fstype = parts[1], parts[2]
+                if len(parts) < 3:
+                    continue
+                # the table writes a space in a mount point as \040 (tab \011, newline \012, backslash \134)
+                mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])
+                if _within(path, mount) and len(mount) > len(best):
+                    best, fstype = mount, parts[2]
     except OSError:
         return False
     return fstype.startswith(_SHARED_FS)
