@@ -31,7 +31,7 @@ def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> Gate:
     """Both models' AUC on the GATE_SPLIT rows (neither trained on them nor picked its epoch
     with them: validation picks the retrained model's best epoch, so it flatters it), and the
     gain's paired interval. DataError when the split is missing or has too few rows of a class."""
-    from . import evaluate
+    from .evaluate import predict
     from .train import checkpoint as ckpt
     from .train.batch import Layout
 
@@ -44,7 +44,7 @@ def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> Gate:
         if loaded.features.label.task != "binary":
             raise DataError(f"the retrain gate compares AUCs: the {name} model's label is {loaded.features.label.task}, not binary")
         # logits: AUCs rank them without the ties a float32 sigmoid makes of confident scores
-        scored[name] = evaluate.predict(loaded.model, pre.batches(GATE_SPLIT), Layout.from_features(loaded.features), batch, raw=True)
+        scored[name] = predict(loaded.model, pre.batches(GATE_SPLIT), Layout.from_features(loaded.features), batch, raw=True)
     labels = scored["new"][0]
     if not np.array_equal(labels, scored["champion"][0]):
         raise RayloadError(f"the {GATE_SPLIT} split was read in a different order for the two models; cannot pair their scores")
@@ -53,14 +53,14 @@ def gate_aucs(pre, checkpoint: str, champion: str, eval_spec) -> Gate:
 
 def gate_from_scores(labels: np.ndarray, new_scores: np.ndarray, champion_scores: np.ndarray) -> Gate:
     """The gate's figures from both models' scores of the same held-out rows."""
-    from . import evaluate
+    from .evaluate import auc, paired_auc_difference
 
     positives = int((np.asarray(labels) > 0.5).sum())
     if min(positives, len(labels) - positives) < MIN_GATE_CLASS:
         raise DataError(f"the held-out {GATE_SPLIT} split has {positives} positive and {len(labels) - positives} negative events; "
                         f"the gate needs {MIN_GATE_CLASS} of each to compare AUCs; retrain with a wider --window or after more traffic")
-    gain, ci, p = evaluate.paired_auc_difference(labels, champion_scores, new_scores)
-    new, old = evaluate.auc(labels, new_scores), evaluate.auc(labels, champion_scores)
+    gain, ci, p = paired_auc_difference(labels, champion_scores, new_scores)
+    new, old = auc(labels, new_scores), auc(labels, champion_scores)
     log.info("gate on the held-out %s split (%d rows): champion AUC %.5f, retrained %.5f, gain %+.5f [%+.5f, %+.5f]",
              GATE_SPLIT, len(labels), old, new, gain, *ci)
     return Gate(new, old, len(labels), positives, ci, p)
