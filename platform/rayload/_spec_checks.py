@@ -122,6 +122,12 @@ def _check_split(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
                                 split.group, True))
     if split.kind == "group" and split.group not in known:
         issues.append(SpecIssue("split.group", f"kind: group needs a column to group by; columns: {', '.join(sorted(known))}", split.group, True))
+    if split.group is not None and split.kind not in ("group", "kfold"):  # it was ignored: a group's rows landed in every split
+        issues.append(SpecIssue("split.group", f"keeps a column's rows in one split only with kind: group (or kfold); kind: "
+                                f"{split.kind} ignores it. Use kind: group, or leave group out", split.group, True))
+    if split.key and (split.kind == "group" or (split.kind == "kfold" and split.group)):
+        issues.append(SpecIssue("split.key", f"a split by group hashes the group column ({split.group}) alone; leave key out",
+                                split.key, True))
     if split.kind == "temporal" and "timestamp" not in roles.values():
         issues.append(SpecIssue("split.kind", "a temporal split needs a column with role 'timestamp' in data.columns", "temporal", True))
     return issues

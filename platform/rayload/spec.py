@@ -91,7 +91,20 @@ class SyntheticSource(_Spec):
     zipf: float = Field(default=1.1, gt=1.0)
     missing_rate: float = Field(default=0.05, ge=0.0, lt=1.0)
     shard_rows: int = Field(default=250_000, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _generator_accepts(self) -> "SyntheticSource":
+        """The generator's own checks, here: they failed inside the data checks as a bare
+        ValueError (a traceback from the CLI) naming no spec field."""
+        if self.numeric + self.categorical == 0:
+            raise FieldValueError("categorical", "numeric + categorical must be > 0: a table needs a feature column", 0)
+        cards = self.cardinalities
+        if cards is not None and len(cards) != self.categorical:
+            raise FieldValueError("cardinalities", f"one per categorical column: {self.categorical}, got {len(cards)}", cards)
+        if cards is not None and any(not 1 <= c < 2**32 for c in cards):
+            raise FieldValueError("cardinalities", "each must be in [1, 2**32)", cards)
+        return self
 
 
 Source = Annotated[Union[FileSource, MovieLensSource, SyntheticSource], Field(discriminator="kind")]

@@ -120,7 +120,7 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
             if split == "train":
                 out = out.take(_row_order(out.num_rows, name, plan.split.seed))
             manifest.append(_write(fs, base, split, name, out))
-        manifest.append(_write(fs, base, "quarantine", name, bad.cast(QUARANTINE_SCHEMA)))
+        manifest.append(_write(fs, base, "quarantine", _quarantine_name(name, bad), bad.cast(QUARANTINE_SCHEMA)))
     return pa.Table.from_pylist([m for m in manifest if m["rows"]], schema=MANIFEST_SCHEMA)
 
 
@@ -142,12 +142,25 @@ def _shard_name(good: pa.Table, bad: pa.Table, plan: BatchPlan) -> str:
     """Named by content, so a retried task overwrites its own file instead of adding one. The
     content is every declared column, not the split key alone: with a group split (or a key that
     does not identify a row) two input blocks with the same keys in the same order, such as two
-    daily snapshots of the same users, would share a name and one would overwrite the other."""
+    daily snapshots of the same users, would share a name and one would overwrite the other.
+    Two input files with the very same rows share a name and write the same bytes: the manifest
+    lists the shard once per file, so its rows are read once per file (and the data's content
+    digest stays the same wherever the input lies)."""
     h = hashlib.blake2b(digest_size=10)
     h.update(row_hash(good, plan.split.columns or plan.split.key, 0, "shard-name").tobytes())
     h.update(str((good.num_rows, bad.num_rows)).encode())
     h.update("\n".join(bad.column("row").to_pylist()).encode())
     return f"part-{h.hexdigest()}.parquet"
+
+
+def _quarantine_name(name: str, bad: pa.Table) -> str:
+    """A quarantine shard's name: its rows' shard name and their input files. Quarantined rows
+    name their file, so two files with the same bad rows write two quarantine shards (sharing
+    the shard name, the second overwrote the first: one file's record was lost)."""
+    sources = sorted(set(bad.column("source").to_pylist())) if bad.num_rows else []
+    if not sources:
+        return name
+    return f"{name.removesuffix('.parquet')}-{hashlib.blake2b(chr(0).join(sources).encode(), digest_size=6).hexdigest()}.parquet"
 
 
 def _write(fs: pafs.FileSystem, base: str, split: str, name: str, table: pa.Table) -> dict:

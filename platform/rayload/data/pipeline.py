@@ -229,7 +229,10 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # "train_rows": how training shards are laid out (rows in a seeded order since the shuffled
     # write, _batch._row_order); "categorical_nan": a NaN in a float categorical column is a
     # missing value (validate.as_string), no longer the category "nan"; "csv_records": a quoted
-    # newline is part of its value (readers._read_csv_records), no longer a split row;
+    # newline is part of its value (readers._read_csv_records), no longer a split row, and a quote
+    # opens a quoted value only at the start of a field (readers._opens_quote); "shard_names": a
+    # quarantine shard's name hashes its rows' input files (_batch._quarantine_name: two files of
+    # the same bad rows wrote one);
     # "rebalance_unit": rebalancing draws per row from all its columns, not per split key;
     # "feature_values": a categorical value's text is its own (validate.python_array: not the
     # type Arrow unifies a JSONL column to), a whole-number float is spelled as an integer
@@ -240,7 +243,8 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # give atoms their own bucket and leave none untrained, a training row's log count is its
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
-    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180", "rebalance_unit": "row",
+    markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
+               "shard_names": "per-source", "rebalance_unit": "row",
                "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 

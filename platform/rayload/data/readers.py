@@ -34,10 +34,15 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
     data = strip_bom(data)
     if not data.strip():  # an empty shard (a writer's empty part file): no rows, as a header-only one
         return pa.table({n: pa.array([], pa.string()) for n in names}), []
+    if b"\n" not in data.rstrip(b"\r"):  # a header alone without its newline: pyarrow called it an empty CSV file
+        data = data.rstrip(b"\r") + b"\n"
     try:
         data.split(b"\n", 1)[0].decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{source}: the header line (line 1) is not UTF-8 text: {exc}") from None
+    header, _ = _fields(data.split(b"\n", 1)[0], strict=False)
+    if twice := sorted({n for n in names if header.count(n) > 1}):  # the first was read, the second dropped without a word
+        raise DataError(f"{source}: the CSV header names the column(s) {twice} more than once; which one is meant is not clear")
     try:
         table, bad, spanned = _read_csv(data, names, source)
     except _NotUtf8:
@@ -117,9 +122,15 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
     header = None
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
+    fragments: dict[int, int] = {}  # the line closing a quote whose record failed -> the line that opened it
     i = 0
     while i < len(lines):
         first = i
+        if i in fragments:  # the rest of a bad record (NY",3.5,0 after x,"New York): never a row of its own
+            malformed.append((lines[i].rstrip(b"\r").decode(errors="replace"),
+                              f"malformed CSV line {i + 1}: the end of a quoted value opened on line {fragments[i] + 1}"))
+            i += 1
+            continue
         if i in not_utf8:
             exc = not_utf8[i]
             if header is None:
@@ -127,7 +138,7 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
             malformed.append((lines[i].decode(errors="replace"), f"line {i + 1} is not UTF-8 text ({exc.reason} at byte {exc.start})"))
             i += 1
             continue
-        if odd and lines[i].count(b'"') % 2:
+        if odd and lines[i].count(b'"') % 2 and _opens_quote(lines[i]):
             k = bisect.bisect_right(odd, i)
             last = odd[k] if k < len(odd) else None
         else:
@@ -155,6 +166,8 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
             continue
         if last > first:  # not a record after all: its first line holds a stray quote
             i = first + 1
+            if not _opens_quote(lines[last]):  # it closes the quote; one that opens another is read as its own record
+                fragments[last] = first
             text = lines[first].rstrip(b"\r").decode(errors="replace")
             fields, error = _fields(lines[first].rstrip(b"\r"), strict=False)
             error = error or "an unterminated quote"
@@ -179,6 +192,27 @@ def _not_utf8(data: bytes, lines: list[bytes]) -> dict[int, UnicodeDecodeError]:
         except UnicodeDecodeError as exc:
             out[i] = exc
     return out
+
+
+def _opens_quote(line: bytes) -> bool:
+    """Whether `line` ends inside a quoted value: a quote opens one only at the start of a field
+    (RFC 4180, and pyarrow). A quote inside an unquoted value (5" screen) is a character of it:
+    counted as an opening quote, its line was quarantined as "an unterminated quote", but only
+    in a file that another bad row sent to this reader (pyarrow alone accepted it)."""
+    inside, start, j = False, True, 0
+    while j < len(line):
+        c = line[j:j + 1]
+        if inside:
+            if c == b'"':
+                if line[j + 1:j + 2] == b'"':
+                    j += 1  # an escaped quote
+                else:
+                    inside = False
+        elif c == b'"' and start:
+            inside = True
+        start = not inside and c == b","
+        j += 1
+    return inside
 
 
 def _fields(record: bytes, strict: bool) -> tuple[list[str], str | None]:
