@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -105,6 +106,10 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     job, pre = _validation_data(checkpoint, source, spec, address, overrides)
     layout = _layout(source.features)
     labels, before = _predict(source.model, pre.batches("val"), layout)
+    positives = int((labels > 0.5).sum())
+    if min(positives, len(labels) - positives) == 0:  # AUC's own ValueError was a traceback after the scoring
+        raise DataError(f"the validation split of {checkpoint}'s job has {positives} positive and {len(labels) - positives} "
+                        "negative rows: the gate compares AUCs, which need both classes; use a stratified split or more data")
     if method == "int8":
         model, state, info = _int8(source.model, config)
     else:
@@ -181,8 +186,8 @@ def _check_out(target: str, checkpoint: str) -> None:
     removed: not the checkpoint or a folder holding it, not a folder that is not a compressed
     checkpoint (a run folder, a trained checkpoint, anything else)."""
     target, checkpoint = _normal(target), _normal(checkpoint)
-    if _contains(target, checkpoint):
-        what = "is" if target == checkpoint else "contains"
+    if _contains(target, checkpoint) or _contains(checkpoint, target):  # inside it: the source gained a nested copy
+        what = "is" if target == checkpoint else "contains" if _contains(target, checkpoint) else "lies inside"
         raise RayloadError(f"--out {target} {what} the checkpoint being compressed ({checkpoint}); "
                            "write the compressed copy somewhere else")
     if not os.path.lexists(target):
@@ -211,9 +216,9 @@ def _check_remote_out(destination: str, origin: str) -> None:
     must not land on the checkpoint or in a folder holding it."""
     out = destination.partition("?")[0].rstrip("/")
     src = origin.partition("?")[0].rstrip("/")
-    if src == out or src.startswith(out + "/"):
-        raise RayloadError(f"--out {destination} {'is' if src == out else 'contains'} the checkpoint being compressed; "
-                           "write the compressed copy somewhere else")
+    if src == out or src.startswith(out + "/") or out.startswith(src + "/"):
+        what = "is" if src == out else "contains" if src.startswith(out + "/") else "lies inside"
+        raise RayloadError(f"--out {destination} {what} the checkpoint being compressed; write the compressed copy somewhere else")
 
 
 def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float) -> None:
@@ -221,8 +226,8 @@ def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: 
         raise RayloadError(f"--method must be int8 or prune, got {method!r}")
     if not 0.0 < amount < 1.0:
         raise RayloadError(f"--amount is the fraction of weights to cut and must be in (0, 1), got {amount}")
-    if finetune_epochs < 0 or max_auc_drop < 0:
-        raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0, got {finetune_epochs} and {max_auc_drop}")
+    if finetune_epochs < 0 or not max_auc_drop >= 0 or math.isinf(max_auc_drop):  # NaN: every model refused, gains too
+        raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0 (and finite), got {finetune_epochs} and {max_auc_drop}")
     if finetune_epochs and method != "prune":
         raise RayloadError("--finetune-epochs applies to --method prune only")
 

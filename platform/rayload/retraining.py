@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -93,6 +94,10 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     """Retrain the champion of A/B run `from_events` on its logged feedback; see the module doc."""
     from .serve.control import load_state, parts
     from .spec import JobSpec, load_spec
+
+    if not isinstance(min_auc_gain, (int, float)) or not math.isfinite(min_auc_gain):
+        # NaN was taken, and a full fine-tune later refused a model however much it gained
+        raise RayloadError(f"--min-auc-gain must be a finite number (a negative one accepts a small loss), got {min_auc_gain}")
 
     job = spec if isinstance(spec, JobSpec) else load_spec(spec, list(overrides))
     run, state = load_state(from_events)
