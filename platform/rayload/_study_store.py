@@ -12,17 +12,32 @@ import optuna
 from .errors import RayloadError
 
 
-def open_study(storage: str | None, name: str, mode: str, sampler: Callable[[int], Any], create: bool) -> optuna.Study:
+OWNER = "rayload_run"  # the study's user attribute naming the search run (search.json's run_uid) that made it
+
+
+def open_study(storage: str | None, name: str, mode: str, sampler: Callable[[int], Any], create: bool,
+               owner: str | None = None) -> optuna.Study:
     """Create the study, or (`create=False`) load it. `sampler(n)` makes the sampler, given the
-    number of trials the study already holds (0 for a new one)."""
+    number of trials the study already holds (0 for a new one). `owner`: the search run's id,
+    recorded on a new study and checked on a loaded one: a run whose driver lost the race for
+    its study's name must not drive the other run's study on a resume."""
     direction = "maximize" if mode == "max" else "minimize"
-    url, storage = storage, _storage(storage)
+    url = storage
     if create:
+        storage = _storage(url)
         try:
-            return optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler(0), load_if_exists=False)
+            study = optuna.create_study(storage=storage, study_name=name, direction=direction, sampler=sampler(0), load_if_exists=False)
         except optuna.exceptions.DuplicatedStudyError:
             raise StudyExistsError(name, url) from None
-    study = optuna.load_study(storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler())
+        if owner:
+            study.set_user_attr(OWNER, owner)
+        return study
+    study = read_study(url, name)  # a missing database or study is a RayloadError naming it, and creates nothing
+    made_by = study.user_attrs.get(OWNER)
+    if owner and made_by and made_by != owner:
+        raise RayloadError(f"the study {name!r} in {url} was made by another search run; this run cannot continue it "
+                           "(its own driver lost the race for the name): start a new search")
+    study = optuna.load_study(storage=_storage(url), study_name=name, sampler=optuna.samplers.RandomSampler())
     study.sampler = sampler(len(study.get_trials(deepcopy=False)))
     return study
 

@@ -142,8 +142,22 @@ def find_run(run: str) -> str:
 
 
 def read_state(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "search.json")) as f:
-        return json.load(f)
+    path = os.path.join(run_dir, "search.json")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except ValueError as exc:  # a bare JSONDecodeError named no file
+            raise RayloadError(f"{path} is damaged ({exc}); the search's trials are in its study") from None
+
+
+def study_url(state: dict, run_dir: str) -> str:
+    """Where the run's study is: its own storage, or the default SQLite file in the run folder
+    wherever that folder is now (the stored absolute path pointed into the folder a moved or
+    copied run was started in)."""
+    url = state["storage"]
+    if not (state.get("spec") or {}).get("storage") and url.startswith("sqlite:///") and url.endswith("/study.db"):
+        return f"sqlite:///{os.path.join(os.path.abspath(run_dir), 'study.db')}"
+    return url
 
 
 def write_state(run_dir: str, **updates) -> None:
@@ -153,6 +167,8 @@ def write_state(run_dir: str, **updates) -> None:
     state.update(updates, updated=now())
     with open(path + ".tmp", "w") as f:
         json.dump(state, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())  # a crash of the machine must not leave the renamed file empty
     os.replace(path + ".tmp", path)
 
 
@@ -164,7 +180,7 @@ def status(run: str) -> dict:
     run_dir = find_run(run)
     state = read_state(run_dir)
     try:
-        rows = trial_rows(read_study(state["storage"], state["study"]))
+        rows = trial_rows(read_study(study_url(state, run_dir), state["study"]))
     except RayloadError:
         if state.get("state") != "preparing":
             raise
@@ -185,6 +201,10 @@ def _alive(pid: int | None, host: str | None) -> bool:
         return host != socket.gethostname() and pid is not None  # another machine's driver: assume it runs
     try:
         os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user: a run folder shared on one host
         return True
     except OSError:
         return False

@@ -24,7 +24,7 @@ from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # n
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
 from ._tune_runs import (ResumeSpecError, SearchRunningError, check_resumed_spec, driving, find_run, now, preparing,  # noqa: F401
-                         read_state, status, write_state)  # status and the errors: public here
+                         read_state, status, study_url, write_state)  # status and the errors: public here
 from .search_job import base_raw, job_from, job_issues, load_search_spec
 from .search_spec import PREPROCESSING, SearchSpec, mode_issues, strategy_issues, trials_wanted
 
@@ -302,7 +302,18 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     total = trials_wanted(spec)
     startup = spec.startup_trials or min(10, max(3, total // 4))
     sampler = functools.partial(make_sampler, spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)
-    study = open_study(plan.storage, spec.name, spec.score_mode, lambda held: sampler(resumed_after=held), create=not resume)
+    if resume:
+        owner = read_state(plan.run_dir).get("run_uid")
+    else:
+        owner = uuid.uuid4().hex
+        write_state(plan.run_dir, run_uid=owner)
+    try:
+        study = open_study(plan.storage, spec.name, spec.score_mode, lambda held: sampler(resumed_after=held), create=not resume,
+                           owner=owner)
+    except RayloadError as exc:
+        if not resume:  # another search made the study first (checked before preparing, raced since): not resumable
+            write_state(plan.run_dir, state="failed", finished=now(), ended=f"failed: {exc}")
+        raise
     searcher = StudySearcher(study, spec.space, total, spec.metric, spec.score_mode, plan.step_attr, spec.points_to_evaluate)
     todo = searcher.remaining()
     stopper = SearchStopper(spec.metric, spec.score_mode, spec.target, spec.time_budget_s,
@@ -378,7 +389,7 @@ def _storage(spec: SearchSpec, run_dir: str, resume: bool = False) -> str:
     absolute here, once, so a search resumed from another folder finds its study."""
     os.makedirs(run_dir, exist_ok=True)
     if resume:
-        return read_state(run_dir)["storage"]
+        return study_url(read_state(run_dir), run_dir)
     url = spec.storage
     if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         url = "sqlite:///" + os.path.abspath(url[len("sqlite:///"):])
