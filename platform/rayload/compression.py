@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from . import pruning
+from .models import quantized
 from .errors import DataError, RayloadError
 from .paths import is_remote, local_path, remote_scratch, upload_folder
 
@@ -105,13 +106,18 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
         raise RayloadError("the compression gate compares validation AUC: it needs a binary-label model")
     job, pre = _validation_data(checkpoint, source, spec, address, overrides)
     layout = _layout(source.features)
-    labels, before = _predict(source.model, pre.batches("val"), layout)
+    ranges = quantized.InputRanges(source.model) if method == "int8" else None  # int8 layers' input clamps
+    try:
+        labels, before = _predict(source.model, pre.batches("val"), layout)
+    finally:
+        if ranges is not None:
+            ranges.remove()
     positives = int((labels > 0.5).sum())
     if min(positives, len(labels) - positives) == 0:  # AUC's own ValueError was a traceback after the scoring
         raise DataError(f"the validation split of {checkpoint}'s job has {positives} positive and {len(labels) - positives} "
                         "negative rows: the gate compares AUCs, which need both classes; use a stratified split or more data")
     if method == "int8":
-        model, state, info = _int8(source.model, config)
+        model, state, info = _int8(source.model, config, ranges.bounds())
     else:
         model, info = pruning.prune(copy.deepcopy(source.model), amount, structured)
         if finetune_epochs:
@@ -284,13 +290,13 @@ def _predict(model: nn.Module, dataset, layout) -> tuple[np.ndarray, np.ndarray]
 # ---------------------------------------------------------------- int8
 
 
-def _int8(model: nn.Module, config: dict):
+def _int8(model: nn.Module, config: dict, bounds: dict | None = None):
     """The int8 model built through the loader's own path from the state written to disk, so
     the gate scores exactly what serving will run."""
-    from .models import build_model, quantized
+    from .models import build_model
     from .train.checkpoint import input_shape
 
-    state, plan = quantized.quantize(copy.deepcopy(model))
+    state, plan = quantized.quantize(copy.deepcopy(model), bounds)
     served = quantized.build(build_model(config["config"], input_shape(config)), state, plan)
     return served, state, {"plan": plan, "engine": torch.backends.quantized.engine}
 

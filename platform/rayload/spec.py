@@ -249,8 +249,9 @@ class FeatureSpec(_Spec):
 class ModelSpec(_Spec):
     name: Literal["mlp", "wide_deep", "deepfm", "dlrm", "dcn"] = "deepfm"
     embedding_dim: int = Field(default=16, ge=1, le=1024)
-    hidden: list[int] = Field(default_factory=lambda: [256, 128])
-    bottom: list[int] = Field(default_factory=lambda: [64], description="DLRM bottom MLP for dense features")
+    # sizes >= 1: a 0 built a layer of no units (every score the same), a negative one failed when built
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [256, 128])
+    bottom: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [64], description="DLRM bottom MLP for dense features")
     cross_layers: int = Field(default=2, ge=1, le=16, description="DCN-v2 cross layers before the deep MLP (model dcn)")
     cross_rank: int = Field(default=0, ge=0, description="DCN-v2 low-rank cross layers: W = U V^T of this rank; 0: full matrix")
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)

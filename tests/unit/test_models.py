@@ -4,7 +4,7 @@ import torch
 from rayload.models import MODELS, InputShape, build_model
 from rayload.spec import ModelSpec
 
-SHAPES = [InputShape(3, (10, 20), (7,)), InputShape(0, (5,), ()), InputShape(4, (), (6, 9))]
+SHAPES = [InputShape(3, (10, 20), (7,)), InputShape(0, (5, 4), ()), InputShape(4, (), (6, 9))]  # ids-only: two fields (DLRM needs a pair)
 
 
 def inputs(shape: InputShape, n: int = 8):

@@ -86,6 +86,9 @@ class DLRM(_Base):
         self.bottom_in = aligned(shape.dense, self.align)
         self.bottom = mlp([self.bottom_in, *cfg["bottom"], dim], 0.0, cfg["batch_norm"], out=None) if shape.dense else None
         n = shape.fields + (1 if self.bottom is not None else 0)
+        if n < 2:  # no pair to interact: the top MLP had no input, every score was the same and nothing trained
+            raise ValueError(f"model.name: dlrm interacts pairs of vectors (one per ID column, one for all dense features), and "
+                             f"these features give {n}; add features or use another model (mlp, deepfm, wide_deep, dcn)")
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("pairs", torch.stack([rows, cols]), persistent=False)
         self.top = self._deep(len(rows) + (dim if self.bottom is not None else 0))
