@@ -366,6 +366,16 @@ def _check_scored(spec: JobSpec, features: FittedFeatures, context: dict, metric
 
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
+    micro = max(1, spec.train.batch_size // spec.train.accumulation)
+    share = context["train_rows"] // max(1, session.world_size)
+    if session.world_size > 1 and share < micro:
+        from .trainer import TrainingError
+
+        # every rank drops its short last micro-batch (they must step alike): with less than one
+        # each, no step was taken, and the run reported epochs and checkpoints of the initial weights
+        raise TrainingError(f"each of the {session.world_size} workers gets {share} training rows, fewer than one micro-batch of "
+                            f"{micro} (train.batch_size {spec.train.batch_size} / train.accumulation {spec.train.accumulation}): "
+                            "no step would be taken. Lower train.batch_size or resources.workers")
     steps = steps_per_epoch(context["train_rows"], session.world_size, spec.train.batch_size, spec.train.accumulation)
     trainer = Trainer(spec, features, session, steps, context.get("id_counts"))
     with session.latest_checkpoint() as path:

@@ -60,6 +60,15 @@ def check_resources(resources, driver: dict[str, float] | None = None) -> None:
         alive = [n["Resources"] for n in alive_nodes()]
         nodes_can = {k: sum(n.get(k, 0) for n in alive) for k in keys}
         fits = _placeable(workers, per, alive) and _fits_total(workers, per, driver, nodes_can)
+        if not fits and _fits_total(workers, per, driver, nodes_can):
+            # the totals would do: no node is big enough ("asks for CPU=3 ... has CPU=4 in total" read as a fit)
+            asked = ", ".join(f"{k}={v:g}" for k, v in per.items())
+            largest = max(alive, key=lambda n: placeable_count(per, [n]), default={})
+            biggest = ", ".join(f"{k}={largest.get(k, 0):g}" for k in per)
+            raise ResourceError(
+                f"resources ask for {workers} worker(s) with {asked} each, and each worker must fit on one node: the "
+                f"{len(alive)} node(s) place {placeable_count(per, alive)} (the largest has {biggest}; no autoscaler); "
+                "lower cpus_per_worker / gpus_per_worker or resources.workers, or add bigger nodes")
     if not fits:
         asked = ", ".join(f"{k}={v:g}" for k, v in per.items()) + " each"
         if driver:
