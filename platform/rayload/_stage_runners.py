@@ -87,7 +87,7 @@ def _init_identity(job) -> dict:
 def _arm_identity(arm: dict) -> dict:
     """What an A/B arm trains or serves: a job arm's resolved spec and its data's content hash;
     a checkpoint arm's model.pt size and modification time (a URI as named)."""
-    from .paths import is_remote
+    from .paths import is_remote, local_path
 
     if arm.get("job"):
         from .data.pipeline import job_cache_key
@@ -98,6 +98,7 @@ def _arm_identity(arm: dict) -> dict:
     path = arm["checkpoint"]
     if is_remote(path):
         return {"checkpoint": path}
+    path = local_path(path)  # file:// too: os.stat of the URI failed, so replacing the checkpoint never reran the stage
     try:
         st = os.stat(os.path.join(path, "model.pt"))
         return {"checkpoint": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}

@@ -15,7 +15,9 @@ commit, seeds, data content hashes, the resolved specs, each stage's duration an
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
 import logging
 import os
@@ -91,6 +93,25 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
     on_event = on_event or (lambda kind, stage, info=None: None)
     run_dir = run_dir_for(run_id)
     os.makedirs(run_dir, exist_ok=True)
+    with _run_lock(run_dir, run_id):
+        return _run_stages(spec, run_id, run_dir, address, force, on_event)
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: str, run_id: str):
+    """One process per run folder: a second `rayload run` of the same run id took the first
+    one's running stage for an interrupted one and ran it again in the same folder (with
+    --force, it deleted the folder under it)."""
+    with open(os.path.join(run_dir, ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RayloadError(f"run {run_id!r} ({run_dir}) is being run by another process; wait for it, or give another "
+                               "--run-id") from None
+        yield
+
+
+def _run_stages(spec: PipelineSpec, run_id: str, run_dir: str, address: str | None, force: tuple[str, ...], on_event) -> PipelineResult:
     manifest = _Manifest(run_dir, spec, run_id)
     _ray_for_direct_ingress(spec, address)
     done: dict[str, StageResult] = {}
@@ -141,8 +162,10 @@ def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, pro
     if not force and previous and previous.get("fingerprint") == fingerprint and previous.get("outcome") in FINISHED:
         log.info("stage %s unchanged: skipped", stage.name)
         return StageResult(stage.name, stage.kind, "skipped", 0.0, fingerprint, previous["outputs"], execution=previous.get("execution"))
-    if previous and (force or previous.get("fingerprint") != fingerprint):
-        shutil.rmtree(folder)  # changed inputs: nothing of the old outputs may leak into the new ones
+    if (previous and (force or previous.get("fingerprint") != fingerprint)) or (not previous and os.path.isdir(folder)):
+        # changed inputs: nothing of the old outputs may leak into the new ones; a folder without
+        # stage.json (a wipe killed halfway, a hand edit) holds outputs of unknown inputs
+        _wipe(folder)
     os.makedirs(folder, exist_ok=True)
     execution = uuid.uuid4().hex
     _write_stage(folder, {"fingerprint": fingerprint, "outcome": "running", "started": _now(), "execution": execution})
@@ -165,6 +188,14 @@ def _run_stage(spec, stage, folder, plan, fingerprint, done, address, force, pro
     _write_stage(folder, {"fingerprint": fingerprint, "outcome": "ok", "seconds": seconds, "finished": _now(), "outputs": outputs,
                           "execution": execution})
     return StageResult(stage.name, stage.kind, "ok", seconds, fingerprint, outputs, execution=execution)
+
+
+def _wipe(folder: str) -> None:
+    """Remove a stage folder: renamed aside first, so a process killed during the removal
+    leaves no half-emptied folder under the stage's name (stage.json gone, old outputs left)."""
+    aside = f"{folder}.old-{uuid.uuid4().hex[:8]}"
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _plan(spec: PipelineSpec, stage, done: dict[str, StageResult]) -> _Plan:
