@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 
 from .errors import RayloadError
 from .paths import join_uri, shared_storage
@@ -149,7 +150,13 @@ def tune(spec, stage, folder, outputs, address, progress) -> dict:
 
     search_dir = os.path.join(folder, "search")
     resume = search_dir if os.path.exists(os.path.join(search_dir, "search.json")) else None
-    found = run(_search(spec, stage), resume=resume, address=address, run_dir=search_dir)
+    search = _search(spec, stage)
+    if resume is None and search.storage:
+        # a storage the search spec names outlives the stage folder: the study of an earlier run of
+        # this stage keeps the name, and a rerun (--force, changed inputs) was refused as existing
+        search = search.model_copy(update={"name": f"{search.name}-{os.path.basename(os.path.dirname(folder))}-{stage.name}-"
+                                                   f"{uuid.uuid4().hex[:8]}"})
+    found = run(search, resume=resume, address=address, run_dir=search_dir)
     out = {"run_dir": found.run_dir, "metric": found.metric, "mode": found.mode, "trials": len(found.trials), "counts": found.counts(),
            "best": None, "history": [{"number": t["number"], "state": t["state"], "value": t["value"]} for t in found.trials]}
     if not found.best:

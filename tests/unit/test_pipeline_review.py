@@ -88,3 +88,31 @@ def test_submit_refuses_stage_files_the_upload_would_leave_out(tmp_path, monkeyp
     assert "stages[1] (b).job: in an excluded folder (runs/)" in msg
     assert "(c)" not in msg and "(d)" not in msg  # uploaded; an absolute path may be on storage the cluster shares
     ops.check_spec("jobs/p.yaml")  # without a working dir (`rayload run` here): only that it loads
+
+
+def test_a_tune_stage_on_a_named_storage_gives_each_new_search_its_own_study(tmp_path, monkeypatch):
+    """The study's name was the search spec's: a rerun of the stage (--force, changed inputs) on a
+    storage that outlives the stage folder was refused as a study that already exists."""
+    from rayload import tuning
+
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "movielens_deepfm.yaml")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "base": base, "storage": f"sqlite:///{tmp_path / 'shared.db'}",
+                                                     "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}}}))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "p", "stages": [{"name": "hpo", "kind": "tune", "search": "s.yaml"}]}))
+    from rayload.pipeline_spec import load_pipeline
+
+    pipeline = load_pipeline(str(tmp_path / "p.yaml"))
+    names = []
+
+    class Stop(Exception):
+        pass
+
+    def tune(search, resume=None, address=None, run_dir=None):
+        names.append((search.name, resume))
+        raise Stop
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    for _ in range(2):
+        with pytest.raises(Stop):
+            runners.tune(pipeline, pipeline.stages[0], str(tmp_path / "runs" / "r1" / "hpo"), {}, None, None)
+    assert names[0][0] != names[1][0] and all(n.startswith("s-r1-hpo-") for n, _ in names)
