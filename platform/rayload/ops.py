@@ -110,11 +110,14 @@ def check_job_api(address: str, auth: str | None, timeout: float = 10.0) -> None
     except httpx.HTTPError as exc:
         raise RayloadError(f"cannot reach the Ray job API at {address} ({type(exc).__name__}: {exc}); is the cluster up, and "
                            "for a `ray up` cluster is `ray dashboard cluster.yaml` (the SSH tunnel) running?") from None
+    from ._ray import token_path
+
     if r.status_code == 401:
         raise RayloadError(f"the cluster at {address} requires a token and none was found: set RAY_AUTH_TOKEN or write it "
-                           "to ~/.ray/auth_token (the cluster's token, `ray get-auth-token` on the head)")
+                           f"to {token_path()} (or name a file in RAY_AUTH_TOKEN_PATH; the cluster's token is `ray get-auth-token` "
+                           "on the head)")
     if r.status_code == 403:
-        where = "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else "~/.ray/auth_token"
+        where = "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else token_path()  # the file really read
         raise RayloadError(f"the cluster at {address} refused the token in {where} (403): it is not this cluster's token")
     if r.status_code >= 400:
         raise RayloadError(f"the Ray job API at {address} answered {r.status_code}: {r.text[:200]}")

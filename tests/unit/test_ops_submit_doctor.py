@@ -3,6 +3,7 @@ check asks the cluster, a spec that does not load is never uploaded, the job get
 RAYLOAD_HOME, an unreachable address fails without ray.init (which retries for minutes),
 and RAY_AUTH_TOKEN_PATH is honoured."""
 
+import re
 import socket
 
 import pytest
@@ -148,3 +149,17 @@ def test_the_token_file_named_by_ray_auth_token_path_is_used(tmp_path, monkeypat
     assert ops.token() is None
     _ray._token_env()
     assert len(enabled) == 1  # no token anywhere: token mode is not switched on
+
+
+def test_a_refused_or_missing_token_names_the_file_really_read(tmp_path, monkeypatch):
+    """The 403 message named ~/.ray/auth_token whatever RAY_AUTH_TOKEN_PATH chose."""
+    import httpx
+
+    token = tmp_path / "team-token"
+    token.write_text("tok\n")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    for status, words in ((403, f"refused the token in {token} (403)"), (401, f"write it to {token}")):
+        monkeypatch.setattr(httpx, "get", lambda url, headers=None, timeout=None, status=status: httpx.Response(status))
+        with pytest.raises(RayloadError, match=re.escape(words)):
+            ops.check_job_api("http://127.0.0.1:1", ops.token())
