@@ -203,7 +203,9 @@ def test_a_two_worker_trial_that_leaves_no_room_for_its_own_driver_is_refused(ba
 def test_a_trial_keeps_the_checkpoint_of_its_best_epoch_by_the_searchs_metric(base_job, tmp_path):
     """The job ranks its kept checkpoints by val_auc; a search by val_logloss records the best
     epoch by logloss, which the trial must keep (keep_checkpoints 1: that one and the latest)."""
+    # lr fixed, not searched (with train.lr in the space too, the searched value silently replaced the 0.05)
     res = rayload.tune(search(base_job, tmp_path, strategy="random", num_samples=1, metric="val_logloss",
+                              space={"model.embedding_dim": {"choice": [4, 8]}},
                               fixed={"train.epochs": 4, "train.keep_checkpoints": 1, "train.lr": 0.05}))
     (trial,) = res.trials
     assert trial["value"] == pytest.approx(min(v for v in optuna.load_study(study_name="s", storage=res.storage).trials[0].intermediate_values.values()))
