@@ -17,7 +17,7 @@ from helpers import pg_database
 
 from rayload.errors import RayloadError
 from rayload.serve.event_writer import EventWriter
-from rayload.serve.events import EventReader, meta
+from rayload.serve.events import SCHEMA_VERSION, EventReader, meta
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -355,7 +355,7 @@ def test_a_version_3_store_is_migrated_to_4_and_keeps_its_rows(url):
         conn.execute(sa.text("INSERT INTO ab_shadow VALUES ('old', 'b', 'v2', 0.4, 1.0)"))
     reader = EventReader(url)  # opening it migrates it
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM ab_meta WHERE key = 'schema_version'")).scalar_one() == "4"
+        assert conn.execute(sa.text("SELECT value FROM ab_meta WHERE key = 'schema_version'")).scalar_one() == str(SCHEMA_VERSION)
         assert conn.execute(sa.text("SELECT request_id, generation FROM ab_exposures")).all() == [("old", None)]
         assert conn.execute(sa.text("SELECT arm, status, latency_ms FROM ab_shadow")).all() == [("b", "ok", None)]
     writer = EventWriter(url)
@@ -390,3 +390,27 @@ def test_concurrent_repeats_of_an_outcome_are_inserted_once_and_say_so(url):
     reader = EventReader(url)
     assert reader.counts()["outcome"] == 2
     reader.close()
+
+
+def test_a_version_4_store_takes_the_weights_of_many_long_named_arms_after_its_migration(url):
+    """layout was VARCHAR(256): four arms with 64-character names (allowed) wrote 292 characters,
+    and PostgreSQL refused every exposure. Version 5 makes it text."""
+    import json
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE ab_meta (key VARCHAR(64) PRIMARY KEY, value TEXT)"))
+        conn.execute(sa.text("INSERT INTO ab_meta VALUES ('schema_version', '4')"))
+        conn.execute(sa.text("CREATE TABLE ab_exposures (request_id VARCHAR(64) PRIMARY KEY, experiment VARCHAR(128) NOT NULL, "
+                             "unit_id VARCHAR(256) NOT NULL, arm VARCHAR(64) NOT NULL, model_version VARCHAR(128) NOT NULL, score FLOAT, "
+                             "status VARCHAR(16) NOT NULL, latency_ms FLOAT NOT NULL, layout VARCHAR(256) NOT NULL, ts FLOAT NOT NULL, "
+                             "features TEXT, generation VARCHAR(64))"))
+    layout = json.dumps({f"{c}" * 64: w for c, w in zip("abcd", (0.4, 0.2, 0.2, 0.2))}, sort_keys=True)
+    assert len(layout) > 256
+    writer = EventWriter(url)
+    writer.submit("exposure", {**exposure(1), "layout": layout}).result(timeout=30)
+    writer.close()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT layout FROM ab_exposures")).scalar_one() == layout
+        assert conn.execute(sa.text("SELECT value FROM ab_meta WHERE key = 'schema_version'")).scalar_one() == str(SCHEMA_VERSION) == "5"
+    engine.dispose()

@@ -405,3 +405,54 @@ def test_features_with_candidates_and_a_non_number_feedback_value_are_422s_that_
     assert good[0] == 200
     assert rows_of(router, "select count(*) from ab_exposures") == [(1,)]
     assert rows_of(router, "select value from ab_outcomes") == [(2.0,)]
+
+
+# ------------------------------------------------------------------ reconfigure beside requests
+
+
+def test_an_exposure_is_logged_under_the_config_it_was_assigned_under_while_reconfigure_runs_on_a_thread(run, make_router, models):
+    """Serve runs a sync reconfigure on a thread beside the requests; with the config's fields set
+    one by one, a request was assigned under one config and logged under the other's weights."""
+    import sys
+    import threading
+
+    _, rows = models
+    router = make_router(weights={"A": 1.0, "B": 0.0})
+    router.reconfigure({"weights": {"A": 1.0, "B": 0.0}, "champion": "A"})
+    stop, interval = threading.Event(), sys.getswitchinterval()
+
+    def flip():
+        i = 0
+        while not stop.is_set():
+            router.reconfigure({"weights": {"A": 1.0, "B": 0.0} if i % 2 else {"A": 0.0, "B": 1.0}, "champion": "A"})
+            i += 1
+
+    async def traffic():
+        for k in range(12):
+            await asyncio.gather(*[router.predict(request({"unit_id": f"u{k}-{i}", "features": rows[i % 60]})) for i in range(50)])
+
+    sys.setswitchinterval(1e-6)  # threads switch often: the window between two field writes is hit
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        run(traffic())
+    finally:
+        stop.set()
+        flipper.join()
+        sys.setswitchinterval(interval)
+    logged = rows_of(router, "select arm, layout from ab_exposures")
+    assert len(logged) == 600
+    assert [(arm, layout) for arm, layout in logged if json.loads(layout)[arm] == 0.0] == []
+
+
+def test_a_malformed_final_decision_in_a_user_config_is_refused_and_the_experiment_still_answers(run, make_router):
+    router = make_router()
+    router.reconfigure({"weights": {"A": 0.5, "B": 0.5}, "champion": "A"})
+    for final in ({"decision": "promote"}, "promote", {"decision": "keep", "reason": "x", "time": 1.0}):
+        router.reconfigure({"weights": {"A": 0.5, "B": 0.5}, "champion": "A", "final": final})
+        assert router.config_refused and "user_config.final" in router.config_refused and router.final is None
+        assert answer(run(get_experiment(router)))[0] == 200
+    router.reconfigure({"weights": {"A": 0.0, "B": 1.0}, "champion": "B", "final": {"decision": "promote", "reason": "won", "time": 1.0}})
+    assert router.config_refused is None and router.final["decision"] == "promote"
+    code, report = answer(run(get_experiment(router)))
+    assert code == 200 and report["decision"] == "promote"

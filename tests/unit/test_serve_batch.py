@@ -78,7 +78,8 @@ def bare_router():
     from rayload.serve.app import ABRouter
 
     router = object.__new__(ABRouter.func_or_class)
-    router.experiment, router.layout_json, router.log_features = "e", '{"a": 0.5, "b": 0.5}', True
+    router.experiment, router.order, router.log_features = "e", ["a", "b"], True
+    router._apply({"weights": {"a": 0.5, "b": 0.5}, "champion": "a"})  # layout_json '{"a": 0.5, "b": 0.5}'
     return router
 
 

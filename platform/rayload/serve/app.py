@@ -17,6 +17,7 @@ the background after the answer.
 
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -57,7 +58,7 @@ def _failure_detail(arm: str, error: BaseException) -> str:
 
 
 def config_issues(config: dict, arms: list[str]) -> list[str]:
-    """What is wrong with a router user_config (weights, champion, shadow), as ab_spec checks a spec's."""
+    """What is wrong with a router user_config (weights, champion, shadow, final), as ab_spec checks a spec's."""
     from ..ab_spec import weight_issues
 
     weights, champion = config.get("weights"), config.get("champion")
@@ -65,7 +66,27 @@ def config_issues(config: dict, arms: list[str]) -> list[str]:
         return [f"user_config.weights: must map each arm {arms} to its share (got {weights!r})"]
     if champion not in arms:
         return [f"user_config.champion: must be one of the arms {arms} (got {champion!r})"]
+    final = config.get("final")
+    if final is not None and not (isinstance(final, dict) and final.get("decision") in ("promote", "rollback")
+                                  and isinstance(final.get("reason"), str) and isinstance(final.get("time"), (int, float))):
+        # a hand-edited one was kept, and every GET /experiment then failed reading it (a 500)
+        return [f"user_config.final: null, or {{decision: promote | rollback, reason: text, time: seconds}} (got {final!r})"]
     return [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+    """The user_config in force, published by one assignment (ABRouter.config) and read once per
+    request: Serve runs a sync reconfigure on a thread beside the requests, and with the fields
+    set one by one a request could be assigned under one config and logged under another's
+    weights (550 of 2,000 exposures in a probe), or read shadow and champion from two."""
+
+    weights: dict
+    champion: str
+    shadow: bool
+    layout: Layout
+    layout_json: str
+    final: dict | None
 
 
 @serve.deployment
@@ -136,10 +157,17 @@ class ABRouter(ShadowScoring):
     def _apply(self, config: dict) -> None:
         weights = {a: float(config["weights"][a]) for a in self.order}
         champion, shadow = config["champion"], bool(config.get("shadow", False))
-        layout = Layout.build(weights, champion, self.order)
-        self.weights, self.champion, self.shadow, self.layout = weights, champion, shadow, layout
-        self.final = config.get("final")  # a promote or rollback (decision, reason, time) that ended the automatic steps
-        self.layout_json = json.dumps(self.weights, sort_keys=True)
+        # final: a promote or rollback (decision, reason, time) that ended the automatic steps
+        self.config = RouterConfig(weights, champion, shadow, Layout.build(weights, champion, self.order),
+                                   json.dumps(weights, sort_keys=True), config.get("final"))
+
+    # the config in force, for callers that read one field (a request reads self.config once)
+    weights = property(lambda self: self.config.weights)
+    champion = property(lambda self: self.config.champion)
+    shadow = property(lambda self: self.config.shadow)
+    layout = property(lambda self: self.config.layout)
+    layout_json = property(lambda self: self.config.layout_json)
+    final = property(lambda self: self.config.final)
 
     # ------------------------------------------------------------ HTTP
 
@@ -194,9 +222,10 @@ class ABRouter(ShadowScoring):
         unit = str(body.unit_id)
         # Shadow mode: the champion answers every request and the other arms score it after
         # (their weights are 0: ab_spec.weight_issues; reconfigure refuses a config that is not so).
-        shadow = self.shadow
-        arm = self.champion if shadow else self.layout.assign(self.salt, unit)
-        layout = self.layout_json  # the weights the arm was assigned under, whatever a reconfigure does meanwhile
+        config = self.config  # one config for the whole request, whatever a reconfigure does meanwhile
+        shadow = config.shadow
+        arm = config.champion if shadow else config.layout.assign(self.salt, unit)
+        layout = config.layout_json  # the weights the arm was assigned under
         request_id = self.request_ids.next()
         # combined mode on SQLite: the batch commits this exposure before the call returns
         batch_logs = self.models is not None and self.models.log is not None
@@ -324,8 +353,9 @@ class ABRouter(ShadowScoring):
         if isinstance(parsed, JSONResponse):
             return parsed
         body, _ = parsed
-        return {"arms": {str(u): self.layout.assign(self.salt, str(u)) for u in body.unit_ids}, "weights": self.weights,
-                "champion": self.champion}
+        config = self.config
+        return {"arms": {str(u): config.layout.assign(self.salt, str(u)) for u in body.unit_ids}, "weights": config.weights,
+                "champion": config.champion}
 
     @api.get("/experiment")
     async def experiment(self, request: Request):
@@ -336,22 +366,24 @@ class ABRouter(ShadowScoring):
             return denied
         spec = ABSpec.model_validate(self.spec_raw)
         frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event, self.generation)
-        result = await asyncio.to_thread(analyze, frame, spec, self.weights, self.champion)
-        if self.shadow:
+        config = self.config
+        result = await asyncio.to_thread(analyze, frame, spec, config.weights, config.champion)
+        if config.shadow:
             result.shadow_scores = await asyncio.to_thread(self.reader.shadow_summary, self.experiment, self.generation)
-        if final := self.final:  # as control.analysis_for: the statistics after it no longer steer anything
+        if final := config.final:  # as control.analysis_for: the statistics after it no longer steer anything
             result.decision, result.reasons = final["decision"], final_reasons(final)
         if spec.drift.enabled:
             from .monitor import report_for
 
             result.drift = await asyncio.to_thread(report_for, self.writer_url, self.experiment, self.checkpoints, spec.drift)
-        return {**result.to_dict(), "shadow": self.shadow, **({"config_refused": self.config_refused} if self.config_refused else {})}
+        return {**result.to_dict(), "shadow": config.shadow, **({"config_refused": self.config_refused} if self.config_refused else {})}
 
     @api.get("/healthz")
     async def healthz(self, request: Request):
         if denied := self._denied(request):
             return denied
-        return {"ok": True, "experiment": self.experiment, "weights": self.weights, "champion": self.champion, "pid": os.getpid(),
+        config = self.config
+        return {"ok": True, "experiment": self.experiment, "weights": config.weights, "champion": config.champion, "pid": os.getpid(),
                 **({"shadow_counts": self.shadow_counts} if self.shadow_counts else {}),
                 **({"config_refused": self.config_refused} if self.config_refused else {})}
 

@@ -18,7 +18,9 @@ The schema carries its version in `ab_meta`; an older store is migrated forward 
 (version 1 -> 2: exposures.features and ab_drift were added; 2 -> 3: ab_drift.rows is a 64-bit
 integer on PostgreSQL, where INTEGER stopped a replica's counts at 2**31 - 1; 3 -> 4:
 exposures.generation, and ab_shadow.status and latency_ms; rows written before have no
-generation, which the analysis of a run started before it reads as its own, and ok shadows).
+generation, which the analysis of a run started before it reads as its own, and ok shadows;
+4 -> 5: exposures.layout is text of any length on PostgreSQL, where VARCHAR(256) refused the
+weights of many or long-named arms).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 metadata = sa.MetaData()
 meta = sa.Table("ab_meta", metadata, sa.Column("key", sa.String(64), primary_key=True), sa.Column("value", sa.Text))
@@ -44,7 +46,9 @@ exposures = sa.Table(
     sa.Column("score", sa.Float),
     sa.Column("status", sa.String(16), nullable=False),  # ok | error
     sa.Column("latency_ms", sa.Float, nullable=False),
-    sa.Column("layout", sa.String(256), nullable=False),  # the weights in force (JSON), for the SRM check
+    # the weights in force (JSON), for the SRM check; text since version 5: four arms with names of
+    # the allowed 64 characters took 292 and PostgreSQL refused every exposure (a 503 per request)
+    sa.Column("layout", sa.Text, nullable=False),
     sa.Column("ts", sa.Float, nullable=False),
     sa.Column("features", sa.Text),  # the shown row's raw features (JSON); null when logging them is off
     sa.Column("generation", sa.String(64)),  # the experiment's start that served it (serve/control.py); null before version 4
@@ -165,6 +169,10 @@ def _migrate(conn, version: int) -> None:
             conn.execute(sa.text("ALTER TABLE ab_shadow ADD COLUMN status VARCHAR(16) DEFAULT 'ok' NOT NULL"))
         if "latency_ms" not in shadow:
             conn.execute(sa.text("ALTER TABLE ab_shadow ADD COLUMN latency_ms FLOAT"))
+    if version < 5 and conn.dialect.name == "postgresql":  # SQLite keeps text of any length in a VARCHAR(256)
+        layout = next(c for c in sa.inspect(conn).get_columns("ab_exposures") if c["name"] == "layout")
+        if not isinstance(layout["type"], sa.Text):
+            conn.execute(sa.text("ALTER TABLE ab_exposures ALTER COLUMN layout TYPE TEXT"))
     conn.execute(meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION)))
     log.info("event store migrated from schema version %d to %d", version, SCHEMA_VERSION)
 
