@@ -44,6 +44,11 @@ def _check_training(spec: JobSpec) -> list[SpecIssue]:
     if spec.train.sparse_optimizer != "adam" and not spec.model.sparse_embeddings:
         issues.append(SpecIssue("train.sparse_optimizer", "applies only to sparse embedding tables; set model.sparse_embeddings: true "
                                 "or leave sparse_optimizer out", spec.train.sparse_optimizer, True))
+    for field, value, unset in (("sparse_lr", spec.train.sparse_lr, None), ("sparse_lr_schedule", spec.train.sparse_lr_schedule, "follow")):
+        if value != unset and not spec.model.sparse_embeddings:  # it set nothing: the one dense optimizer takes train.lr
+            issues.append(SpecIssue(f"train.{field}", f"applies only to sparse embedding tables; set model.sparse_embeddings: true "
+                                    f"or leave {field} out", value, True))
+    issues += _freeze_issues(spec)
     if spec.model.sparse_embeddings and spec.resources.gpus_per_worker > 0:
         issues.append(SpecIssue("model.sparse_embeddings", "sparse embedding gradients are synchronised on CPU (gloo) workers only; "
                                 "on GPU workers set model.sparse_embeddings: false (dense gradients all-reduce over NCCL)", True, True))
@@ -81,8 +86,46 @@ def _check_label(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     return issues
 
 
+def _freeze_issues(spec: JobSpec) -> list[SpecIssue]:
+    """train.freeze names parts the chosen model has: one it lacks failed on the worker, after the
+    data was prepared. The parts of the model built on a small input with dense, ID and bag
+    fields (every part a model can have)."""
+    if not spec.train.freeze:
+        return []
+    from .models import InputShape, build_model
+    from .train.transfer import PARTS
+
+    model = build_model({**spec.model.model_dump(), "hidden": [2], "bottom": [2]}, InputShape(2, (3, 3), (3,)))
+    has = [k for k, attrs in PARTS.items() if any(getattr(model, a, None) is not None for a in attrs)]
+    return [SpecIssue("train.freeze", f"model {spec.model.name} has no {part!r} part; its parts are {has}", part, True)
+            for part in spec.train.freeze if part not in has]
+
+
 def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     issues = []
+    if not any(role in ("numeric", *_CATEGORICAL) for role in roles.values()) and not spec.features.derived:
+        # a model of no inputs trained, scoring every row the same
+        issues.append(SpecIssue("data.columns", "no feature column: declare at least one column with role numeric, categorical or "
+                                "multi_categorical (id, timestamp and label columns are not fed to the model)"))
+    seen: dict[tuple, int] = {}
+    for i, cross in enumerate(spec.features.crosses):
+        key = tuple(sorted(cross.columns))
+        if len(set(cross.columns)) != len(cross.columns):
+            issues.append(SpecIssue(f"features.crosses.{i}.columns", "names a column twice", cross.columns, True))
+        elif key in seen:
+            issues.append(SpecIssue(f"features.crosses.{i}", f"crosses the same columns as features.crosses.{seen[key]}", cross.columns, True))
+        else:
+            seen[key] = i
+    first: dict[str, int] = {}
+    for i, cross in enumerate(spec.features.crosses):
+        name = "x_" + "_".join(cross.columns)  # features.CrossState.name: the model's input of the cross
+        j = first.setdefault(name, i)
+        if j != i and sorted(cross.columns) != sorted(spec.features.crosses[j].columns):
+            # [a_b, c] and [a, b_c] both became x_a_b_c: one feature, the other lost without a word
+            issues.append(SpecIssue(f"features.crosses.{i}", f"its feature name {name!r} is that of features.crosses.{j}; rename a "
+                                    "column or drop one of the two", cross.columns, True))
+        elif name in roles:
+            issues.append(SpecIssue(f"features.crosses.{i}", f"its feature name {name!r} is a column's of data.columns", cross.columns, True))
     for name, d in spec.features.derived.items():
         if name in roles:
             issues.append(SpecIssue(f"features.derived.{name}", f"'{name}' is already a column of data.columns; pick another name"))

@@ -11,10 +11,11 @@ import math
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from .errors import SpecIssue
+from .errors import SpecError, SpecIssue
 from .paths import NAME_PATTERN
+from .spec import _Spec as _JobSpecBase
 
 BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% buckets
 # The event store's columns (serve/events.py: ab_exposures.experiment and .arm, ab_drift's): a
@@ -22,8 +23,9 @@ BUCKETS = 10_000  # assignment granularity: a weight is a whole number of 0.01% 
 MAX_NAME, MAX_ARM_NAME = 128, 64
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Spec(_JobSpecBase):
+    """As a job spec's sections: unknown keys refused, no infinite or NaN number (an infinite
+    ramp interval overflowed the controller's sleep), no true/false for a number."""
 
 
 class Arm(_Spec):
@@ -37,6 +39,8 @@ class Arm(_Spec):
     def _one_source(self):
         if (self.checkpoint is None) == (self.job is None):
             raise ValueError(f"arm {self.name!r}: give exactly one of checkpoint or job")
+        if self.checkpoint is not None and self.set:  # it was ignored
+            raise ValueError(f"arm {self.name!r}: set overrides a job spec; a checkpoint arm takes none")
         return self
 
 
@@ -60,7 +64,8 @@ class Serving(_Spec):
         default="proxy", description="proxy: clients reach the router through Serve's HTTP proxy at host:port; direct: "
         "each router replica answers HTTP itself on a port of its own (Ray Serve's direct ingress, no proxy hop: "
         "3.3x the A/B requests per second on 2 cores, benchmarks/RESULTS.md); the proxy at host:port still answers too")
-    route_prefix: str = "/"
+    route_prefix: str = Field(default="/", pattern=r"^/([^{}/]+(/[^{}/]+)*)?$",
+                              description="starts with /, no trailing / (but /), no { or }: Serve's rules, checked at load")
     # Replica logs reach the driver's console; per-request access lines at INFO drown it.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     access_log: bool = False
@@ -158,8 +163,8 @@ class Simulation(_Spec):
     users: int = Field(default=2000, ge=1)
     requests: int = Field(default=20000, ge=1)
     concurrency: int = Field(default=8, ge=1)
-    seed: int = 0
-    drift_seed: int | None = Field(default=None, description="synthetic-ctr: clicks follow a ground truth redrawn from this seed")
+    seed: int = Field(default=0, ge=0)
+    drift_seed: int | None = Field(default=None, ge=0, description="synthetic-ctr: clicks follow a ground truth redrawn from this seed")
 
 
 class ABSpec(_Spec):
@@ -293,8 +298,26 @@ def load_ab_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ABSp
     """Read an A/B spec; raises SpecError listing every problem with its field path."""
     from ._spec_load import load_model
 
-    spec = load_model(ABSpec, path, overrides, check=spec_issues)
-    return resolve_paths(spec, path)
+    spec = resolve_paths(load_model(ABSpec, path, overrides, check=spec_issues), path)
+    if issues := arm_job_issues(spec):
+        raise SpecError(issues, file=path)
+    return spec
+
+
+def arm_job_issues(spec: ABSpec) -> list[SpecIssue]:
+    """Each job arm's spec loads with its `set`: a bad one was found only when that arm's turn
+    to train came, after the arms before it had trained in full."""
+    from .spec import load_spec
+
+    issues = []
+    for i, arm in enumerate(spec.arms):
+        if arm.job is None:
+            continue
+        try:
+            load_spec(arm.job, arm.set)
+        except SpecError as exc:
+            issues += [SpecIssue(f"arms.{i}.job", f"{os.path.basename(arm.job)}: {issue.render()}") for issue in exc.issues]
+    return issues
 
 
 def ab_from_dict(raw: dict[str, Any]) -> ABSpec:

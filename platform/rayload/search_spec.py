@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .errors import SpecIssue
 from .paths import NAME_PATTERN
+from .spec import _Spec as _JobSpecBase
 
 
 # Parameters under these sections change the preprocessed data; the driver prepares each variant.
@@ -34,8 +35,11 @@ def metric_mode(metric: str) -> str | None:
     return METRIC_MODES.get(metric.removeprefix("val_").removeprefix("train_"))
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Spec(_JobSpecBase):
+    """As a job spec's sections (no true/false for a number: num_samples=true ran one trial), but
+    bounds may be written infinite: Param.problems names them."""
+
+    model_config = ConfigDict(allow_inf_nan=True)
 
 
 _int = int  # `int` is also a field name of Param
@@ -190,7 +194,7 @@ class SearchSpec(_Spec):
     points_to_evaluate: list[dict[str, Any]] = Field(default_factory=list, description="configurations tried first")
     metric: str = "val_auc"
     mode: Literal["max", "min"] | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**32, description="Optuna's samplers take seeds in [0, 2**32)")
     scheduler: Asha | None = None
     trial_resources: TrialResources = Field(default_factory=TrialResources)
     max_concurrent: int | None = Field(default=None, ge=1)

@@ -81,12 +81,17 @@ def test_spec_errors_name_the_field(tmp_path):
 
 
 def test_relative_paths_resolve_against_the_spec_file(tmp_path):
+    import shutil
+
     (tmp_path / "ck").mkdir()
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "movielens_deepfm.yaml"),
+                tmp_path / "job.yaml")  # a job arm's spec must load (arm_job_issues)
     path = tmp_path / "ab.yaml"
     path.write_text(yaml.safe_dump({"name": "ab", "arms": [{"name": "a", "weight": 0.9, "checkpoint": "ck"},
                                                              {"name": "b", "weight": 0.1, "job": "job.yaml"}]}))
     spec = load_ab_spec(str(path))
     assert spec.arms[0].checkpoint == str(tmp_path / "ck") and spec.champion_arm == "a" and spec.challengers == ["b"]
+    assert spec.arms[1].job == str(tmp_path / "job.yaml")
 
 
 def test_direct_ingress_urls_come_from_serve_target_groups():

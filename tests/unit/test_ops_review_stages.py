@@ -24,7 +24,7 @@ def _failed_search(monkeypatch, tmp_path):
     trials = [{"number": n, "state": "fail", "value": None} for n in (2, 0, 1)]
     found = types.SimpleNamespace(run_dir=str(tmp_path / "search"), metric="val_auc", mode="max", trials=trials, best=None,
                                   counts=lambda: {"fail": 3})
-    monkeypatch.setattr(runners, "_search", lambda spec, stage: None)
+    monkeypatch.setattr(runners, "_search", lambda spec, stage: types.SimpleNamespace(storage=None))  # a study in the run folder
     monkeypatch.setattr(rayload.tuning, "tune", lambda *a, **kw: found)
 
 

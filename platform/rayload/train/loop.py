@@ -377,6 +377,11 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
                             f"{micro} (train.batch_size {spec.train.batch_size} / train.accumulation {spec.train.accumulation}): "
                             "no step would be taken. Lower train.batch_size or resources.workers")
     steps = steps_per_epoch(context["train_rows"], session.world_size, spec.train.batch_size, spec.train.accumulation)
+    if spec.train.warmup_steps >= steps * spec.train.epochs and session.rank == 0:
+        # legal (a short smoke run of a production spec), but the rate never reaches train.lr and never decays
+        log.warning("train.warmup_steps (%d) is at least the run's %d optimizer steps (%d per epoch x %d epochs): the learning "
+                    "rate stays below train.lr (%g) for the whole run and train.lr_decay never starts", spec.train.warmup_steps,
+                    steps * spec.train.epochs, steps, spec.train.epochs, spec.train.lr)
     trainer = Trainer(spec, features, session, steps, context.get("id_counts"))
     with session.latest_checkpoint() as path:
         path = path or _resume_point(context)
