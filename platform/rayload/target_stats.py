@@ -65,7 +65,8 @@ def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: f
     if prior is None:  # the mean over all training rows, those missing the value too (as the label's prior)
         prior = float(pc.sum(t.column("y_sum_sum")).as_py() or 0.0) / max(float(pc.sum(t.column("y_count_sum")).as_py() or 0.0), 1.0)
     t = t.filter(pc.is_valid(t.column("value")))
-    values, inverse = np.unique(t.column("value").to_numpy(zero_copy_only=False).astype(str), return_inverse=True)
+    # as Python strings: NumPy's fixed-width ones drop trailing NULs, merging "a\x00" into "a"
+    values, inverse = np.unique(np.array([str(v) for v in t.column("value").to_pylist()], dtype=object), return_inverse=True)
     fold = t.column("fold").to_numpy()
     fold_sums, fold_counts = np.zeros((folds, len(values))), np.zeros((folds, len(values)))
     np.add.at(fold_sums, (fold, inverse), t.column("y_sum_sum").to_numpy())

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, replace
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .. import __version__
@@ -56,6 +57,8 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     inputs = resolve_inputs(spec.data, cache_root())
     key = cache_key(spec, inputs, fixed)  # job_cache_key(spec), with the inputs and features kept for the run
     out_dir = out or os.path.join(cache_root(), "preprocessed", f"{spec.name}-{key}")
+    if out is not None:
+        check_out(out_dir, inputs)
     if engine == "ray":
         check_reachable(inputs, out_dir)
     # A cache entry has one writer: a second process that wants it waits, then reuses it. An
@@ -69,7 +72,6 @@ def check_reachable(inputs: Inputs, out_dir: str) -> None:
     files and the shard folder on this machine's own disk are refused before anything runs,
     with the fix (the embedded Ray, and a driver not connected yet, have one node)."""
     import ray
-    import pyarrow.fs as pafs
 
     from ..paths import local_path
     from ..train.resources import alive_nodes, is_shared
@@ -239,13 +241,15 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # (hashing.value_text), a JSONL list or object where a column takes one value is quarantined
     # (validate.read_values: it was read as its JSON text), quantile buckets around an atom never
     # exceed the number asked (_moments._at_most), a raw-label target statistic's prior is the mean
-    # over all training rows, those missing the value too (target_stats.finalize), a column constant in training transforms to 0, quantile buckets
+    # over all training rows, those missing the value too (target_stats.finalize), a decimal is read through its text, a text
+    # timestamp parses as it does alone, target statistics keep values ending in NUL apart (validate._as_float,
+    # _parse_numbers; target_stats.finalize), a column constant in training transforms to 0, quantile buckets
     # give atoms their own bucket and leave none untrained, a training row's log count is its
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
                "shard_names": "per-source", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
@@ -307,10 +311,41 @@ def _check_split_rows(rows: dict[str, int], split) -> None:
                         name, split.kind, split.train, split.val, split.test, counts)
 
 
+# What preprocessing writes into its folder, and all that _reset removes before writing again.
+OWN_ENTRIES = (*SPLIT_NAMES, "quarantine", "features.json", "summary.json", "summary.json.tmp", "_SUCCESS")
+
+
+def check_out(out_dir: str, inputs: Inputs) -> None:
+    """An explicit output folder is new, empty, or an earlier preprocessing output: it was emptied
+    whole before the write, so `--out .` or `--out data` deleted the input files (and anything
+    else there) and then failed reading them."""
+    fs, base = filesystem(out_dir)
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type != pafs.FileType.Directory:
+        raise DataError(f"--out {out_dir}: exists and is not a folder")
+    if isinstance(inputs.filesystem, pafs.LocalFileSystem) and isinstance(fs, pafs.LocalFileSystem):
+        inside = [p for p in inputs.paths if os.path.commonpath([os.path.abspath(base), os.path.abspath(p)]) == os.path.abspath(base)]
+        if inside:
+            raise DataError(f"--out {out_dir}: holds the input file {inside[0]}; preprocessing writes its shards into that folder "
+                            "and replaces what it wrote before there: name another folder")
+    other = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(base)) if i.base_name not in OWN_ENTRIES)
+    if other:
+        raise DataError(f"--out {out_dir}: not empty and not a preprocessing output (it holds {', '.join(other[:3])}"
+                        f"{', ...' if len(other) > 3 else ''}); name a new or empty folder")
+
+
 def _reset(out_dir: str) -> None:
+    """Remove what an earlier write of this folder left (only preprocessing's own entries)."""
     fs, base = filesystem(out_dir)
     fs.create_dir(base, recursive=True)
-    fs.delete_dir_contents(base, missing_dir_ok=True)
+    for info in fs.get_file_info(pafs.FileSelector(base)):
+        if info.base_name in OWN_ENTRIES:
+            if info.type == pafs.FileType.Directory:
+                fs.delete_dir(info.path)
+            else:
+                fs.delete_file(info.path)
 
 
 def _features_json(features: FittedFeatures) -> str:

@@ -160,4 +160,17 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
         except OSError as exc:  # a read-only cache: the digest is computed again next time
             log.warning("could not keep the data's content digest in %s/summary.json: %s", out_dir, exc)
     return PreprocessResult(out_dir, FittedFeatures.from_json(features_json), summary["counts"], key, cached=True,
-                            files=summary["files"], data_hash=summary["data_hash"])
+                            files=_in_entry(out_dir, summary["files"]), data_hash=summary["data_hash"])
+
+
+def _in_entry(out_dir: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The shards of a local entry in the folder it was found in: summary.json keeps the paths
+    they were written at, and an entry moved (RAYLOAD_CACHE pointed elsewhere, a shared cache
+    mounted at another path, a copied RAYLOAD_HOME) handed back the old ones, failing or reading
+    the old copy. Every shard is <entry>/<split>/<name>. Remote entries keep their URIs."""
+    if "://" in out_dir and not out_dir.startswith("file://"):
+        return files
+    from ..paths import local_path
+
+    root = os.path.abspath(local_path(out_dir))
+    return {split: [os.path.join(root, split, path.rsplit("/", 1)[-1]) for path in paths] for split, paths in files.items()}

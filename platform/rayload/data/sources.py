@@ -65,7 +65,9 @@ def _expand(item: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
             path = path.rstrip("/") + "/" + item.split(_glob_base(item), 1)[1].lstrip("/")
     else:
         fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(item))
-    paths = _glob(fs, path) if _GLOB & set(path) else _walk(fs, path, item, fmt)
+    # a path that exists as written is that path, glob characters or not (exports[2024]/events.csv)
+    globbed = _GLOB & set(path) and fs.get_file_info(path).type == pafs.FileType.NotFound
+    paths = _glob(fs, path) if globbed else _walk(fs, path, item, fmt)
     if not paths:
         raise DataError(f"data.source.path: no {fmt} files match {item!r}")
     return fs, paths
@@ -81,9 +83,43 @@ def _glob_base(path: str) -> str:
 
 
 def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
+    """Shell-style: `*`, `?` and `[...]` match within one path component, `**` any number of
+    folders; names starting with . or _ only where the pattern's part starts so too. (Matching
+    the whole path with fnmatch let `*` cross folders: `data/*.csv` read data/old/b.csv and
+    data/.a.csv, and `*.parquet` in a project folder read the cache's own shards on the next run.)"""
     base = _glob_base(pattern)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-    return [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, pattern)]
+    wanted = pattern[len(base):].strip("/").split("/")
+    infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True, allow_not_found=True))
+    return [i.path for i in infos if i.type == pafs.FileType.File and not _ours(fs, base, i.path)
+            and _match(i.path[len(base):].strip("/").split("/"), wanted)]
+
+
+def _match(parts: list[str], wanted: list[str]) -> bool:
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return _match(parts, wanted[1:]) or (bool(parts) and not parts[0].startswith((".", "_")) and _match(parts[1:], wanted))
+    if not parts or (parts[0].startswith((".", "_")) and not wanted[0].startswith(parts[0][0])):
+        return False
+    return fnmatch.fnmatchcase(parts[0], wanted[0]) and _match(parts[1:], wanted[1:])
+
+
+def _ours(fs: pafs.FileSystem, base: str, path: str) -> bool:
+    """A file of rayload's own run and cache folders (preprocessed shards, checkpoints), reached
+    from a folder above them: a data folder that holds runs/ read the cache's shards as input.
+    Named directly (a base inside them), they are read."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return False
+    from ..paths import cache_root, runs_root
+
+    for root in {os.path.abspath(cache_root()), os.path.abspath(runs_root())}:
+        if _inside(path, root) and not _inside(base, root):
+            return True
+    return False
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
@@ -98,7 +134,9 @@ def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
         for i in infos
         if i.type == pafs.FileType.File
         and i.base_name.endswith(_EXTENSIONS[fmt])
-        and not i.base_name.startswith((".", "_"))
+        # hidden or _ names at any depth below the folder (.git/, _temporary/), and runs/ and the cache
+        and not any(part.startswith((".", "_")) for part in i.path[len(path):].strip("/").split("/"))
+        and not _ours(fs, path, i.path)
     ]
 
 

@@ -153,10 +153,15 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
         arr, t = arr.cast(t.value_type), t.value_type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         return _seconds(arr)
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_decimal(t):
+    if pa.types.is_decimal(t):
+        # a decimal (Spark's and databases' Parquet exports write money and rates as decimal128) is
+        # read through its text: Arrow's decimal-to-float64 cast is not correctly rounded (0.35 gave
+        # 0.35000000000000003, one value in eight of decimal(10,2)), so a bucket edge fitted on it
+        # put the row in another bucket than a request's 0.35
+        return arr.cast(pa.string()).cast(pa.float64())
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
         # A numeric feature is a float64: an integer past 2**53 becomes the nearest float (Arrow's
-        # safe cast refuses it and stopped the whole job, or answered a request with a 500); so
-        # does a decimal (Spark's and databases' Parquet exports write money and rates as decimal128).
+        # safe cast refuses it and stopped the whole job, or answered a request with a 500).
         return arr.cast(pa.float64(), safe=False)
     if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
         raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
@@ -197,8 +202,19 @@ def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
         if needs.any():
             dates = pd.to_datetime(text[needs], errors="coerce", utc=True, format="ISO8601")
             parsed[needs] = _micro_seconds(dates.dt.tz_convert(None).to_numpy())
+            # one call gives the column one resolution: a stamp in nanoseconds made every stamp
+            # outside 1677-2262 missing, accepted alone (a row's fate hung on its neighbours)
+            lost = needs & parsed.isna()
+            if lost.any() and lost.sum() < needs.sum():
+                parsed[lost] = [_one_stamp(v) for v in text[lost]]
     # "nan" parses to NaN: the same as a missing value, which imputation handles.
     return parsed
+
+
+def _one_stamp(value) -> float:
+    """One text timestamp as `_parse_numbers` reads a column of it alone (NaN where it is none)."""
+    dates = pd.to_datetime(pd.Series([value], dtype=object), errors="coerce", utc=True, format="ISO8601")
+    return float(_micro_seconds(dates.dt.tz_convert(None).to_numpy())[0])
 
 
 def _micro_seconds(dates: np.ndarray) -> np.ndarray:

@@ -1,0 +1,88 @@
+"""Preprocessing cache and inputs review fixes (2026-11-27), in one process without Ray: an
+explicit --out folder that is not a preprocessing output is refused (it was emptied whole, inputs
+included); a glob's * stays within one folder and skips hidden names, and a data folder holding
+runs/ does not read the cache's shards; a moved cache entry reads its shards where it is now; a
+path with [ that exists is read as written."""
+
+import os
+import shutil
+
+import pytest
+
+from helpers import frame, job
+from rayload.data.pipeline import preprocess
+from rayload.data.sources import _expand
+from rayload.errors import DataError
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    monkeypatch.delenv("RAYLOAD_CACHE", raising=False)
+    return tmp_path / "runs"
+
+
+def _csv(path, rows=300, seed=1):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    frame(rows, seed=seed).to_csv(path, index=False)
+    return str(path)
+
+
+def test_an_out_folder_that_is_not_a_preprocessing_output_is_refused_and_left_as_it_was(tmp_path, home):
+    data = tmp_path / "data"
+    source = _csv(data / "events.csv")
+    (data / "NOTES.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"--out .*/data: holds the input file .*events.csv"):
+        preprocess(job(str(data), "csv"), out=str(data), engine="local")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "NOTES.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"--out .*/other: not empty and not a preprocessing output \(it holds NOTES.txt\)"):
+        preprocess(job(source, "csv"), out=str(other), engine="local")
+    assert sorted(os.listdir(data)) == ["NOTES.txt", "events.csv"] and os.listdir(other) == ["NOTES.txt"]
+    out = tmp_path / "shards"
+    first = preprocess(job(source, "csv"), out=str(out), engine="local")  # new: written
+    again = preprocess(job(source, "csv", split={"seed": 3}), out=str(out), engine="local")  # its own output: replaced
+    assert first.counts["good"] == again.counts["good"] == 300 and set(os.listdir(out)) <= {"train", "val", "test", "quarantine",
+                                                                                           "features.json", "summary.json", "_SUCCESS"}
+
+
+def test_a_glob_star_stays_in_its_folder_and_skips_hidden_names(tmp_path, home):
+    d = tmp_path / "d"
+    for name in ("a.csv", "old/b.csv", ".a.csv", "_c.csv"):
+        _csv(d / name)
+    assert [os.path.relpath(p, d) for p in _expand(str(d / "*.csv"), "csv")[1]] == ["a.csv"]
+    assert sorted(os.path.relpath(p, d) for p in _expand(str(d / "**" / "*.csv"), "csv")[1]) == ["a.csv", "old/b.csv"]
+    assert [os.path.relpath(p, d) for p in _expand(str(d / ".*.csv"), "csv")[1]] == [".a.csv"]  # asked for by name
+
+
+def test_a_data_folder_holding_runs_does_not_read_the_caches_shards_on_the_next_run(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    _csv(project / "events.csv")
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("RAYLOAD_HOME", raising=False)
+    monkeypatch.delenv("RAYLOAD_CACHE", raising=False)
+    (project / "runs" / "cache" / "x").mkdir(parents=True)
+    _csv(project / "runs" / "cache" / "x" / "stale.csv")
+    (project / ".venv").mkdir()
+    _csv(project / ".venv" / "lib.csv")
+    for item in (str(project), str(project / "*.csv"), str(project / "**" / "*.csv")):
+        assert [os.path.basename(p) for p in _expand(item, "csv")[1]] == ["events.csv"], item
+    assert [os.path.basename(p) for p in _expand(str(project / "runs" / "cache" / "x"), "csv")[1]] == ["stale.csv"]  # named: read
+
+
+def test_a_moved_cache_entry_reads_its_shards_where_it_is_now(tmp_path, monkeypatch):
+    source = _csv(tmp_path / "in" / "events.csv")
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache1"))
+    first = preprocess(job(source, "csv"), engine="local")
+    shutil.move(str(tmp_path / "cache1"), str(tmp_path / "cache2"))
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache2"))
+    moved = preprocess(job(source, "csv"), engine="local")
+    assert moved.cached and moved.out_dir.startswith(str(tmp_path / "cache2"))
+    assert all(p.startswith(str(tmp_path / "cache2")) and os.path.isfile(p) for paths in moved.files.values() for p in paths)
+    assert sum(1 for _ in moved.batches("train").iter_batches(batch_size=64)) > 0 and moved.data_hash == first.data_hash
+
+
+def test_a_path_with_glob_characters_that_exists_is_read_as_written(tmp_path):
+    path = _csv(tmp_path / "exports[2024]" / "events.csv")
+    assert _expand(path, "csv")[1] == [path]

@@ -1,0 +1,59 @@
+"""Transform review fixes (2026-11-27): a Parquet decimal is read as the number its text says
+(Arrow's cast gave 0.35000000000000003, and a bucket edge on it split training rows from
+requests of 0.35); a timestamp far from today parses whatever its neighbours are; target
+statistics keep values that differ only by a trailing NUL apart."""
+
+import logging
+from decimal import Decimal
+
+import pandas as pd
+import pyarrow as pa
+
+from rayload._feature_fit import FitPlan, finalize, merge_stats, partial_stats
+from rayload.data.validate import Schema, _parse_numbers, validate_table
+from rayload.spec import FeatureSpec, SplitSpec
+
+LABEL = {"column": "y", "task": "binary", "threshold": None, "domain": None}
+
+
+def _column(name, role):
+    return {"name": name, "role": role, "required": False, "separator": "|"}
+
+
+def test_a_decimal_column_reads_as_its_text_and_buckets_as_a_request_does():
+    schema = Schema((_column("price", "numeric"),), LABEL)
+    prices = [Decimal(f"{c / 100:.2f}") for c in range(0, 10_000)]
+    table = pa.table({"price": pa.array(prices, pa.decimal128(10, 2)), "y": [i % 2 for i in range(len(prices))]})
+    good, _ = validate_table(table, schema)
+    assert good.column("price").to_pylist() == [float(str(p)) for p in prices]  # 1,327 of them were one ulp off
+    values = [Decimal(p) for p in ["0.10", "0.35", "0.70", "0.70", "1.20", "2.50", "0.35", "0.70"] * 5]  # a frequent 0.35: an edge
+    good, _ = validate_table(pa.table({"price": pa.array(values, pa.decimal128(10, 2)), "y": [i % 2 for i in range(40)]}), schema)
+    plan = FitPlan.from_spec(FeatureSpec.model_validate({"numeric": {"price": {"buckets": {"quantiles": 4}}}}), schema)
+    fitted = finalize(merge_stats([partial_stats(good, plan)]), plan)
+    offline = fitted.transform_table(good).column("price").to_pylist()
+    for i, value in enumerate(values[:6]):
+        for sent in (float(value), str(value)):
+            assert fitted.transform_rows([{"price": sent}]).column("price").to_pylist() == [offline[i]], (value, sent)
+
+
+def test_a_far_timestamp_parses_beside_a_nanosecond_one():
+    for far in ("2300-01-01T00:00:00Z", "1600-01-01T00:00:00Z"):
+        alone = _parse_numbers(pd.Series([far], dtype=object), timestamp=True)
+        beside = _parse_numbers(pd.Series([far, "2020-09-13T12:26:40.123456789Z"], dtype=object), timestamp=True)
+        assert alone.notna().all() and beside.tolist()[0] == alone.tolist()[0] and beside.notna().all()
+    assert _parse_numbers(pd.Series(["not a date", "2020-01-01T00:00:00Z"], dtype=object), timestamp=True).isna().tolist() == [True, False]
+
+
+def test_target_statistics_keep_values_that_differ_by_a_trailing_nul_apart():
+    logging.disable(logging.WARNING)
+    try:
+        schema = Schema((_column("c", "categorical"), _column("k", "numeric")), LABEL)
+        raw = pa.table({"c": ["a"] * 10 + ["a\x00"] * 10, "k": list(range(20)), "y": [0] * 10 + [1] * 10})
+        good, _ = validate_table(raw, schema)
+        plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"c": {"target_stats": True, "smoothing": 0}}}),
+                                 schema, SplitSpec(key=["k"]))
+        fitted = finalize(merge_stats([partial_stats(good, plan)]), plan)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert fitted.target[0].values == ["a", "a\x00"] and fitted.target[0].counts == [10.0, 10.0]
+    assert fitted.transform_rows([{"c": "a", "k": 0}, {"c": "a\x00", "k": 0}]).column("c__te").to_pylist() == [-1.0, 1.0]
