@@ -122,7 +122,9 @@ def prepare(spec, stage, folder, outputs, address, progress, force: bool = False
     result.features.save(os.path.join(folder, "features.json"))
     _dump(os.path.join(folder, "counts.json"), result.counts)
     c = result.counts
-    return {"shards": result.out_dir, "cached": result.cached, "data_hash": result.cache_key, "input_rows": c["input"],
+    # data_hash is the prepared data's content hash, as a checkpoint's manifest and summary.json name it (it was the cache key)
+    return {"shards": result.out_dir, "cached": result.cached, "cache_key": result.cache_key, "data_hash": result.data_hash,
+            "input_rows": c["input"],
             "good_rows": c["good"], "quarantined_rows": c["quarantined"]}
 
 
