@@ -78,7 +78,7 @@ def test_force_prepare_preprocesses_again_instead_of_reusing_the_cache(monkeypat
         calls.append(out)
         counts = {"input": 3, "good": 3, "quarantined": 0}
         return types.SimpleNamespace(features=Features(), counts=counts, out_dir=out or "cache/entry", cached=out is None and len(calls) > 1,
-                                     cache_key="k")
+                                     cache_key="k", data_hash="h")
 
     monkeypatch.setattr(rayload.data.pipeline, "preprocess", preprocess)
     monkeypatch.setattr(runners, "_job", lambda spec, stage: None)
