@@ -83,6 +83,12 @@ def _refuse_live_driver(run_dir: str, state: dict) -> None:
         alive = run_dir in _DRIVEN  # this process: only while one of its calls drives the run
     else:
         alive = _alive(pid, host)
+        if alive and host == socket.gethostname() and _beat_stale(run_dir, pid, host):
+            # the pid is taken by another process now (a reboot, a container): the driver stopped
+            # beating long ago, and the pid alone kept its run from ever being resumed
+            log.warning("%s: pid %s is alive but has not marked this search for over %.0f s: another process holds the "
+                        "pid now; resuming", run_dir, pid, beats.STALE_S)
+            return
     if not alive:
         return
     what = f"the search {run_dir} is still {state['state']}: its driver, pid {pid} on {host}, "
@@ -189,11 +195,21 @@ def status(run: str) -> dict:
         silent = beats.silent_for(run_dir) if state.get("host") != socket.gethostname() else None
         if silent is not None and silent > beats.STALE_S:
             state["state"] = f"interrupted? (its driver on {state.get('host')} has not marked it for {silent:.0f} s; --resume checks and continues)"
-        elif not _alive(state.get("pid"), state.get("host")):
+        elif not _alive(state.get("pid"), state.get("host")) or _beat_stale(run_dir, state.get("pid"), state.get("host")):
             state["state"] = "interrupted (driver gone; continue with --resume)"
     return {"run_dir": run_dir, "state": state.get("state", "preparing"), "total": state["total"], "metric": state["metric"],
             "mode": state["mode"], "trials": rows, "best": best_row(rows), "ended": state.get("ended"),
             "spent_s": state.get("spent_s")}
+
+
+def _beat_stale(run_dir: str, pid: int | None, host: str | None) -> bool:
+    """Whether this machine's driver `pid` left its beat unmoved past STALE_S (this machine's
+    own clock: same host only). False without a beat of that driver (an older rayload)."""
+    beat = beats.read_beat(run_dir)
+    if host != socket.gethostname() or beat is None or (beat.get("pid"), beat.get("host")) != (pid, host):
+        return False
+    silent = beats.silent_for(run_dir)
+    return silent is not None and silent > beats.STALE_S
 
 
 def _alive(pid: int | None, host: str | None) -> bool:

@@ -3,6 +3,7 @@ study's name is marked failed and cannot drive the other run's study on a resume
 owned by another user is alive; a moved run folder finds its own default study (a resume from
 the old path crashed and left an empty database there); a damaged search.json is named."""
 
+import json
 import os
 import shutil
 
@@ -87,3 +88,33 @@ def test_a_damaged_search_json_is_named(tmp_path):
     (tmp_path / "search.json").write_text('{"state": "runn')
     with pytest.raises(RayloadError, match=r"search.json is damaged"):
         read_state(str(tmp_path))
+
+
+def test_a_pid_reused_by_another_process_does_not_keep_the_run_from_resuming(tmp_path, monkeypatch):
+    """On this machine the pid alone said the driver was alive: a pid taken by another process
+    (after a reboot, in a container) kept the run "running" and refused every resume."""
+    import socket
+    import time
+
+    from rayload import _tune_beat as beats
+    from rayload._tune_runs import _refuse_live_driver
+
+    run = str(tmp_path)
+    other = os.getppid()  # alive, and not this process
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    open_study(url, "s", "min", _sampler, create=True)
+    write_state(run, state="running", pid=other, host=socket.gethostname(), storage=url, study="s", total=1,
+                metric="value", mode="min")
+    beat = beats.Beat(run)
+    beat.beat()
+    beat_file = os.path.join(run, beats.BEAT_FILE)
+    with open(beat_file) as f:  # the beat of that pid, as its driver wrote it
+        record = json.loads(f.read())
+    with open(beat_file, "w") as f:
+        f.write(json.dumps({**record, "pid": other}))
+    with pytest.raises(tuning.SearchRunningError):  # beating recently: alive
+        _refuse_live_driver(run, read_state(run))
+    old = time.time() - beats.STALE_S - 30
+    os.utime(beat_file, (old, old))
+    _refuse_live_driver(run, read_state(run))  # silent for over a minute: not its driver any more
+    assert status(run)["state"].startswith("interrupted")
