@@ -230,10 +230,12 @@ class RaySession(Session):
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         import ray.train.torch
 
-        if self.device.type == "cpu" and self.world_size > 1:
-            # Ray's prepare_model would move the model to the (logical) GPU it assigned; the
-            # CPU fallback wraps DDP itself, on the CPU, over the gloo group Ray set up.
-            return torch.nn.parallel.DistributedDataParallel(model.to(self.device))
+        if self.device.type == "cpu":
+            # Ray's prepare_model would move the model to the (logical) GPU it assigned, also for
+            # one worker (it failed there: "Torch not compiled with CUDA"); the CPU fallback wraps
+            # DDP itself, on the CPU, over the gloo group Ray set up.
+            model = model.to(self.device)
+            return torch.nn.parallel.DistributedDataParallel(model) if self.world_size > 1 else model
         return ray.train.torch.prepare_model(model)
 
 

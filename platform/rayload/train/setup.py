@@ -5,6 +5,7 @@ shape. `train.loop` imports these names, so either module can be named for them.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import random
 
@@ -18,6 +19,8 @@ from ..spec import JobSpec
 from . import transfer
 from .session import Session
 from .sparse_sync import keep_out_of_ddp, sparse_tables
+
+log = logging.getLogger(__name__)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -64,7 +67,11 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
         transfer.init_weights(model, spec.train.init_from)
         transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if session.device.type == "cpu":  # a GPU worker fallen back to its CPU: SyncBatchNorm runs on GPUs only
+            log.warning("train.sync_bn: this worker fell back to the CPU (resources.cpu_fallback), where PyTorch cannot "
+                        "synchronise batch norm; plain batch norm, with rank 0's statistics shared before validation")
+        else:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     tables = sparse_tables(model)
     table_ids = {id(p) for _, p in tables}
     if not any(p.requires_grad and id(p) not in table_ids for p in model.parameters()):

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .._ray import embedded, ensure_ray
-from .._spec_checks import check_early_stopping
+from .._spec_checks import check_job
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError, SpecError
 from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
@@ -56,7 +56,7 @@ def run_name_for(spec: JobSpec) -> str:
 
 
 def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
-    if issues := check_early_stopping(spec):  # load_spec refuses it; a spec built in code too, before any work
+    if issues := check_job(spec):  # load_spec's checks, for a spec built in code too (sparse tables on GPUs were let through)
         raise SpecError(issues)
     ensure_ray(address)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
