@@ -22,7 +22,7 @@ from ..ab_spec import ABSpec, weight_issues
 from ..errors import RayloadError, SpecError
 from ..paths import runs_root
 from .ingress import check_direct_ingress, direct_ingress_env, ingress_urls
-from .serve_config import app_args, deploy, resolve_checkpoints, serve_config
+from .serve_config import NotRunningError, app_args, deploy, resolve_checkpoints, serve_config
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,19 @@ def parts(config: dict) -> tuple[dict, dict]:
 def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) -> Deployment:
     """Train what is missing, deploy the experiment, record it in the run folder
     (`runs/ab/<name>/` unless a pipeline stage gives its own)."""
-    import ray
-
     from .._ray import ensure_ray
 
     ensure_ray(address, env=direct_ingress_env() if spec.serving.ingress == "direct" else None)
     run_dir = run_dir or run_dir_for(spec)
     os.makedirs(run_dir, exist_ok=True)
     args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
+    with _locked(run_dir):  # a controller's decision during the restart is neither lost nor overwritten
+        return _start_locked(spec, run_dir, args)
+
+
+def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
+    import ray
+
     kept = _earlier_state(run_dir, args)
     args["generation"] = parts(kept["config"])[0].get("generation") if kept else new_generation()
     config = serve_config(args)
@@ -128,15 +133,31 @@ def _earlier_state(run_dir: str, args: dict) -> dict | None:
         log.warning("%s: the experiment there had other %s; it starts afresh (the earlier decision log is dropped)",
                     path, ", ".join(changed))
         return None
+    _older_state(state, args)
     log.info("%s: restarting %s with its weights, champion and decisions in force (%d decisions, final: %s)", path,
              args["experiment"], len(state.get("decisions") or []), (state.get("final") or {}).get("decision"))
     return state
+
+
+def _older_state(state: dict, args: dict) -> None:
+    """A serve.json written before `final` and `ramp_step` were kept: its promote or rollback is
+    the last decision of the log when the weights in force are that decision's (else a restart
+    ramped the demoted arm back in), and a ramp step under way counts its units from the next
+    look (else the first look after the restart took the next step with no new units)."""
+    weights = parts(state["config"])[1].get("weights")
+    if "final" not in state:
+        last = (state.get("decisions") or [None])[-1]
+        state["final"] = last if last and last.get("decision") in FINAL and last.get("weights") == weights else None
+    if "ramp_step" not in state and weights != args.get("weights"):
+        state["ramp_step"] = {"weights": weights, "units": None}
 
 
 def save_state(run_dir: str, state: dict) -> None:
     path = os.path.join(run_dir, "serve.json")
     with open(path + ".tmp", "w") as f:
         json.dump(state, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())  # a restart after a crash reads it: never an empty file renamed into place
     os.replace(path + ".tmp", path)
 
 
@@ -145,7 +166,10 @@ def load_state(run: str) -> tuple[str, dict]:
         path = os.path.join(folder, "serve.json")
         if os.path.exists(path):
             with open(path) as f:
-                return os.path.abspath(folder), json.load(f)
+                try:
+                    return os.path.abspath(folder), json.load(f)
+                except ValueError as exc:  # a bare JSONDecodeError named no file
+                    raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
     raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
 
 
@@ -191,14 +215,18 @@ def _apply(run_dir: str, state: dict, weights: dict[str, float], champion: str |
     now = time.time()  # a final decision rides in the user_config too: the router's GET /experiment reports it
     final = {"decision": decision, "reason": reason, "time": now} if decision in FINAL else None
     user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion, final=final)
-    _redeploy(config, state["address"])
-    state["config"] = config
     entry = {"time": now, "decision": decision or "set-weights", "weights": user["weights"], "champion": champion,
              "reason": reason}
-    state.setdefault("decisions", []).append(entry)
-    state["final"] = entry if final else None
-    state["ramp_step"] = {"weights": user["weights"], "units": step_units}
-    save_state(run_dir, state)
+    after = {**state, "config": config, "decisions": [*(state.get("decisions") or []), entry], "final": entry if final else None,
+             "ramp_step": {"weights": user["weights"], "units": step_units}}
+    try:
+        _redeploy(config, state["address"])
+    except NotRunningError:
+        # Serve has the new config (a rollback of an unhealthy challenger is exactly when its app
+        # does not come up): recorded, or the next look would act on the old weights and undo it
+        save_state(run_dir, after)
+        raise
+    save_state(run_dir, after)
     return user
 
 
@@ -230,10 +258,14 @@ def _decide(run: str, decision: str, reason: str) -> dict:
     run_dir, _ = load_state(run)
     with _locked(run_dir):
         _, state = load_state(run_dir)
-        if (state.get("final") or {}).get("decision") == decision:
+        weights, champion = _final_weights(state, decision, parts(state["config"])[0]["champion"])
+        user = parts(state["config"])[1]
+        # the same decision already in force: nothing to change. By name alone, a promote by hand after
+        # the controller promoted in swapped roles (the other arm) was a no-op, with no way to promote B
+        if (state.get("final") or {}).get("decision") == decision and user.get("weights") == weights and user.get("champion") == champion:
             log.info("%s: already decided %s (%s); nothing changed", run_dir, decision, state["final"]["reason"])
-            return parts(state["config"])[1]
-        return _apply(run_dir, state, *_final_weights(state, decision, parts(state["config"])[0]["champion"]), reason, decision)
+            return user
+        return _apply(run_dir, state, weights, champion, reason, decision)
 
 
 def _final_weights(state: dict, decision: str, champion: str) -> tuple[dict[str, float], str]:

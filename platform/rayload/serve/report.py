@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 
 from .analysis import Analysis
 
@@ -75,11 +76,17 @@ def lift_over_time(result: Analysis, frame=None) -> list[tuple[float, float]]:
     return [(t, lift) for t, lift in points if lift is not None]
 
 
+def _n(value, spec: str) -> str:
+    """A figure as `spec` formats it, or n/a where it has none (NaN: an arm with no exposures yet)."""
+    return format(value, spec) if value is not None and math.isfinite(value) else "n/a"
+
+
 def render(result: Analysis, frame=None) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(a.arm)}</td><td>{result.weights.get(a.arm, 0):.2f}</td><td>{a.units}</td><td>{a.exposures}</td>"
-        f"<td>{a.clicks}</td><td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td><td>{a.error_rate:.2%}</td>"
-        f"<td>{a.p99_ms:.1f}</td><td>{'ok' if a.guardrail_ok else html.escape('; '.join(a.guardrail_reasons))}</td></tr>"
+        f"<td>{a.clicks}</td><td>{_n(a.ctr, '.4f')}</td><td>[{_n(a.ctr_ci[0], '.4f')}, {_n(a.ctr_ci[1], '.4f')}]</td>"
+        f"<td>{_n(a.error_rate, '.2%')}</td><td>{_n(a.p99_ms, '.1f')}</td>"
+        f"<td>{'ok' if a.guardrail_ok else html.escape('; '.join(a.guardrail_reasons))}</td></tr>"
         for a in result.arms)
     images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result, frame).items())
     lift = ""

@@ -128,7 +128,15 @@ def deploy(config: dict, wait_s: float = 300) -> None:
               if name != ours and app.get("deployed_app_config")]
     schema = ServeDeploySchema.model_validate({**config, "applications": others + config["applications"]})
     client.deploy_apps(schema, _blocking=False)
-    wait_running(ours, wait_s)
+    try:
+        wait_running(ours, wait_s)
+    except RayloadError as exc:
+        raise NotRunningError(str(exc)) from exc
+
+
+class NotRunningError(RayloadError):
+    """Serve took the new config, and the app did not come up running with it in time: what is
+    deployed is that config, whatever became of its replicas (serve/control.py records it)."""
 
 
 def wait_running(app: str, wait_s: float) -> None:

@@ -1,0 +1,134 @@
+"""A/B controller lifecycle review fixes (2026-11-27), without Ray: a serve.json from before
+`final` and `ramp_step` keeps its promote and its ramp step over a restart; a restart holds the
+state lock (a decision taken meanwhile was overwritten); a config Serve took whose app did not
+come up is recorded; a promote by hand after one in swapped roles promotes; a damaged serve.json
+is named; the report of an empty experiment says n/a."""
+
+import threading
+import types
+
+import pytest
+
+from _ab_control import control_run, events, spec_of, user
+from rayload.errors import RayloadError
+from rayload.serve import control
+from rayload.serve.serve_config import NotRunningError
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    return control_run(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def restartable(run, monkeypatch):
+    """control.start without Ray: the first start's app args again, a deploy that records."""
+    import ray
+
+    import rayload._ray
+
+    def make(spec, frame):
+        run_dir = run(spec, frame)
+        args = control.parts(control.load_state(run_dir)[1]["config"])[0]
+        monkeypatch.setattr(rayload._ray, "ensure_ray", lambda *a, **k: None)
+        monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(gcs_address="127.0.0.1:1"))
+        monkeypatch.setattr(control, "resolve_checkpoints", lambda spec, address=None: {})
+        monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(args, spec=spec.model_dump(mode="json"),
+                                                                                          salt=spec.experiment_salt))
+        monkeypatch.setattr(control, "ingress_urls", lambda serving, app, **k: ["http://127.0.0.1:8000"])
+        monkeypatch.setattr(control, "check_direct_ingress", lambda serving: None)
+        return run_dir
+
+    return make
+
+
+def _as_older_version(run_dir, weights, decisions):
+    """serve.json as a version before `final` and `ramp_step` wrote it."""
+    _, state = control.load_state(run_dir)
+    control.parts(state["config"])[1].update(weights=weights, champion=decisions[-1]["champion"] if decisions else "A")
+    state["decisions"] = decisions
+    for key in ("final", "ramp_step"):
+        state.pop(key, None)
+    control.save_state(run_dir, state)
+
+
+def test_an_older_serve_json_keeps_its_promote_and_its_ramp_step_over_a_restart(restartable, monkeypatch):
+    deployed = []
+    monkeypatch.setattr(control, "deploy", lambda config: deployed.append(control.parts(config)[1]))
+    run_dir = restartable(spec_of(0.5), events(3_000, {"A": 0.1, "B": 0.13}, {"A": 0.0, "B": 1.0}))
+    control.start(spec_of(0.5), run_dir=run_dir)  # the first start
+    _as_older_version(run_dir, {"A": 0.0, "B": 1.0}, [{"time": 1.0, "decision": "promote", "weights": {"A": 0.0, "B": 1.0},
+                                                      "champion": "B", "reason": "by hand"}])
+    control.start(spec_of(0.5), run_dir=run_dir)
+    assert control.load_state(run_dir)[1]["final"]["decision"] == "promote"
+    control.step(run_dir)
+    assert user(run_dir)["weights"] == {"A": 0.0, "B": 1.0}  # was ramped back to 5% for the demoted arm
+    # a ramp at 25% (no ramp_step): the next step waits for the units of this step, counted from now
+    run_dir = restartable(spec_of(0.95), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.75, "B": 0.25}))
+    control.start(spec_of(0.95), run_dir=run_dir)
+    _as_older_version(run_dir, {"A": 0.75, "B": 0.25}, [])
+    control.start(spec_of(0.95), run_dir=run_dir)
+    assert control.load_state(run_dir)[1]["ramp_step"] == {"weights": {"A": 0.75, "B": 0.25}, "units": None}
+
+
+def test_a_restart_holds_the_state_lock_so_a_decision_taken_meanwhile_stays(restartable, monkeypatch):
+    run_dir = restartable(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    in_deploy, release = threading.Event(), threading.Event()
+
+    def slow_deploy(config):
+        in_deploy.set()
+        release.wait(10)
+
+    monkeypatch.setattr(control, "deploy", slow_deploy)
+    restart = threading.Thread(target=lambda: control.start(spec_of(0.5), run_dir=run_dir))
+    restart.start()
+    assert in_deploy.wait(10)
+    looked = []
+    controller = threading.Thread(target=lambda: looked.append(control.step(run_dir)[0]))
+    controller.start()
+    controller.join(1.0)
+    assert controller.is_alive()  # it waits for the restart to finish with serve.json
+    release.set()
+    restart.join(10)
+    controller.join(10)
+    _, state = control.load_state(run_dir)
+    assert looked == ["promote"] and state["final"]["decision"] == "promote" and user(run_dir)["weights"] == {"A": 0.0, "B": 1.0}
+
+
+def test_a_config_serve_took_whose_app_did_not_come_up_is_recorded(run, monkeypatch):
+    run_dir = run(spec_of(0.75), events(2_000, {"A": 0.1, "B": 0.1}, {"A": 0.75, "B": 0.25}))
+
+    def not_running(config, address):
+        raise NotRunningError("the A/B app t was not running after 300 s (B: UNHEALTHY)")
+
+    monkeypatch.setattr(control, "_redeploy", not_running)
+    with pytest.raises(NotRunningError):
+        control.rollback(run_dir)
+    _, state = control.load_state(run_dir)
+    assert state["final"]["decision"] == "rollback" and user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+
+
+def test_a_promote_by_hand_after_one_in_swapped_roles_promotes_the_challenger(run):
+    run_dir = run(spec_of(0.5), events(100, {"A": 0.1, "B": 0.1}, {"A": 0.5, "B": 0.5}))
+    control.promote(run_dir)  # B takes all
+    control.set_weights(run_dir, {"A": 0.5, "B": 0.5}, champion="B")  # a new ramp, B champion
+    control.set_weights(run_dir, {"A": 1.0, "B": 0.0}, champion="A", decision="promote", reason="controller")  # A wins back
+    control.promote(run_dir)  # in the experiment's own roles: B
+    assert user(run_dir)["weights"] == {"A": 0.0, "B": 1.0} and user(run_dir)["champion"] == "B"
+    before = control.load_state(run_dir)[1]["decisions"]
+    control.promote(run_dir)  # the same again: nothing changes
+    assert control.load_state(run_dir)[1]["decisions"] == before
+
+
+def test_a_damaged_serve_json_is_named_and_an_empty_experiments_report_says_n_a(tmp_path):
+    (tmp_path / "serve.json").write_text('{"config": {"applications": [')
+    with pytest.raises(RayloadError, match=r"serve.json is damaged"):
+        control.load_state(str(tmp_path))
+    import pandas as pd
+
+    from rayload.serve.analysis import analyze
+    from rayload.serve.report import render
+
+    frame = pd.DataFrame(columns=["request_id", "unit_id", "arm", "model_version", "score", "status", "latency_ms", "layout", "ts", "outcome"])
+    page = render(analyze(frame, spec_of(0.5), {"A": 0.5, "B": 0.5}, "A"))
+    assert "nan" not in page and "n/a" in page
