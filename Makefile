@@ -43,8 +43,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_training.py
 	$(BIN)/python benchmarks/bench_train_floor.py
 	$(BIN)/python benchmarks/bench_movielens_accuracy.py
-	$(BIN)/python benchmarks/bench_serve.py
-	$(BIN)/python benchmarks/bench_serve.py --ingress direct
+	$(BIN)/python benchmarks/bench_serve.py --client aiohttp
+	$(BIN)/python benchmarks/bench_serve.py --client aiohttp --ingress direct
+	$(BIN)/python benchmarks/bench_serve_parts.py
+	$(BIN)/python benchmarks/bench_tune.py overhead
+	$(BIN)/python benchmarks/bench_tune.py branin
+	$(BIN)/python benchmarks/bench_tune.py asha-stream --target 0.8056 --budget 360
 	$(BIN)/python benchmarks/bench_compress.py
 	$(BIN)/python benchmarks/bench_demo.py
 

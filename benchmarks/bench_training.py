@@ -541,6 +541,8 @@ def main(argv=None) -> int:
         return 0
     os.environ["RAYLOAD_HOME"] = args.home
     only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if unknown := sorted(only - {"ddp", "ingest", "accum"}):  # a typo measured nothing and exited 0, after the preprocess
+        raise SystemExit(f"--only: unknown measurement(s) {unknown}; choose from ddp, ingest, accum")
     work = tempfile.mkdtemp(prefix="rayload-bench-training-")
     t0 = time.perf_counter()
     try:
