@@ -69,6 +69,7 @@ class RetrainResult:
     gate_positives: int = 0
     gain_ci: tuple[float, float] | None = None  # 95% interval of auc_new - auc_champion (DeLong, paired)
     gain_p: float | None = None  # two-sided p-value of a zero gain
+    unlogged: int = 0  # ok exposures of the window left out: their features were not logged (events.log_features off)
 
     @property
     def passed(self) -> bool:
@@ -105,14 +106,16 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     champion = args["checkpoints"][user["champion"]]
     _check_champion(champion, user["champion"], from_events)
     now = time.time() if now is None else now
-    stamp = _dt.datetime.fromtimestamp(now).strftime("%Y%m%d-%H%M%S")
+    # UTC: local time repeats an hour when the clocks go back, and two retrains shared one folder and name
+    stamp = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     name = name or next_name(args["experiment"], stamp)
     # The next experiment is built and checked before anything is read or trained (the retrained
     # checkpoint stands in for itself): a spec it would refuse fails now, not after the fine-tune.
     next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
-    out = os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}")
-    os.makedirs(out, exist_ok=True)
-    table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now)
+    out = _new_folder(os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}"))
+    unlogged: list[int] = []
+    table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now,
+                          unlogged)
     path = os.path.join(out, "events.parquet")
     pq.write_table(table, path)
     label = _label_column(champion)
@@ -123,7 +126,7 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     ab_path = None
     outcome = RetrainResult(out, args["experiment"], champion, checkpoint, table.num_rows, positives, gate.auc_champion, gate.auc_new,
                             min_auc_gain, None, warm_start=retrain_job.train.init_from, gate_rows=gate.rows,
-                            gate_positives=gate.positives, gain_ci=gate.gain_ci, gain_p=gate.gain_p)
+                            gate_positives=gate.positives, gain_ci=gate.gain_ci, gain_p=gate.gain_p, unlogged=sum(unlogged))
     if outcome.passed:
         ab_path = write_ab_spec(out, args, user["champion"], champion, checkpoint, name, challenger_weight)
         outcome = RetrainResult(**{**asdict(outcome), "ab_spec": ab_path})
@@ -136,8 +139,24 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
 def next_name(experiment: str, stamp: str) -> str:
     """The next experiment's default name: the experiment's, its retrain stamp (-rYYYYMMDD-HHMMSS)
     replaced rather than appended, so rounds of retraining do not grow it without end (it is
-    stored in the event tables' experiment column, 128 characters)."""
-    return f"{_STAMP.sub('', experiment)}-r{stamp}"
+    stored in the event tables' experiment column, 128 characters: a longer name is cut to fit,
+    or a legal 120-character name could never be retrained under its default name)."""
+    from .ab_spec import MAX_NAME
+
+    suffix = f"-r{stamp}"
+    return f"{_STAMP.sub('', experiment)[: MAX_NAME - len(suffix)]}{suffix}"
+
+
+def _new_folder(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ... when a retrain of the same second made it already."""
+    for n in range(1, 1000):
+        candidate = path if n == 1 else f"{path}-{n}"
+        try:
+            os.makedirs(candidate)
+            return candidate
+        except FileExistsError:
+            continue
+    raise RayloadError(f"{path}: a thousand retrains of this experiment in one second")
 
 
 def _check_champion(champion: str, arm: str, run: str) -> None:
@@ -154,20 +173,28 @@ def _label_column(champion: str) -> str:
     return FittedFeatures.load(os.path.join(localize(champion), "features.json")).label.column
 
 
-def training_rows(args: dict, champion: str, window_s: float | None, attribution_s: float | None, now: float) -> pa.Table:
-    """The labelled rows: one per exposure in the window whose label is known."""
+def training_rows(args: dict, champion: str, window_s: float | None, attribution_s: float | None, now: float,
+                  unlogged: list[int] | None = None) -> pa.Table:
+    """The labelled rows: one per exposure in the window whose label is known, of the experiment's
+    current generation. `unlogged` gets the count of exposures left out for lack of features."""
     from .ab_spec import ABSpec
     from .features import FittedFeatures
     from .data.validate import python_array, read_values
     from .serve.events import EventReader
 
     spec = ABSpec.model_validate(args["spec"])
-    reader = EventReader(args["events_url"])
+    reader = EventReader(args["events_url"], must_exist=True)
+    since, generation = None if window_s is None else now - window_s, args.get("generation")
     try:
-        frame = reader.training_frame(args["experiment"], since=None if window_s is None else now - window_s, until=now,
-                                      event=spec.analysis.event)
+        frame = reader.training_frame(args["experiment"], since=since, until=now, event=spec.analysis.event, generation=generation)
+        skipped = reader.unlogged_count(args["experiment"], since, now, generation)
     finally:
         reader.close()
+    if skipped:
+        log.warning("%d exposure(s) of %s in the window were logged without their features (events.log_features off) and are "
+                    "left out of the retrain", skipped, args["experiment"])
+    if unlogged is not None:
+        unlogged.append(skipped)
     frame, labels = _labelled(frame, attribution_s, now)
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
     rows = [json.loads(text) for text in frame["features"]]

@@ -79,5 +79,5 @@ def test_retrain_writes_the_next_shadow_experiment_under_a_name_that_does_not_gr
     stub_fit(monkeypatch, tmp_path, [])
     result = retrain(job(str(tmp_path / "unused.parquet")), ab_run(tmp_path, prior, "a"), attribution="30m", now=NOW)
     spec = yaml.safe_load(open(result.ab_spec))
-    assert spec["name"] == next_name("exp", retraining._dt.datetime.fromtimestamp(NOW).strftime("%Y%m%d-%H%M%S"))
+    assert spec["name"] == next_name("exp", retraining._dt.datetime.fromtimestamp(NOW, retraining._dt.timezone.utc).strftime("%Y%m%d-%H%M%S"))
     assert spec["shadow"] is True and [a["weight"] for a in spec["arms"]] == [1.0, 0.0]

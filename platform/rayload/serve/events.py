@@ -196,7 +196,15 @@ def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
 class EventReader:
     """Reads for feedback checks and analysis."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, must_exist: bool = False):
+        """`must_exist`: a store that is not there is an error naming it (a retrain read a missing
+        SQLite file as a new, empty store, created it, and asked for a wider --window)."""
+        if must_exist and url.startswith("sqlite:///"):
+            path = url[len("sqlite:///"):].split("?")[0]
+            if path and path != ":memory:" and not os.path.exists(path):
+                from ..errors import RayloadError
+
+                raise RayloadError(f"the event store {path} does not exist (was the A/B run folder moved or deleted?)")
         self.engine = engine_for(url)
         create_schema(self.engine)
 
@@ -239,12 +247,15 @@ class EventReader:
             arm_out["error_rate"] = arm_out["errors"] / arm_out["requests"]
         return out
 
-    def training_frame(self, experiment: str | None, since: float | None, until: float | None = None, event: str = "click"):
+    def training_frame(self, experiment: str | None, since: float | None, until: float | None = None, event: str = "click",
+                       generation: str | None = None):
         """Exposures with their logged features and the time of their first `event` outcome, for retraining.
 
         Only an outcome with a value > 0 counts (outcome_ts stays null otherwise): the A/B
         analysis counts a click as outcome > 0, so a feedback call with value 0 (or less) is
-        no click to the retrained model either."""
+        no click to the retrained model either. `generation`: only the exposures of that start of
+        the experiment, as its analysis reads them (None: all, as before generations); an earlier
+        generation served other models, and its rows reached the retrain and its gate."""
         import pandas as pd
 
         clicked = sa.and_(outcomes.c.request_id == exposures.c.request_id, outcomes.c.event == event, outcomes.c.value > 0)
@@ -255,12 +266,28 @@ class EventReader:
              .group_by(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features))
         if experiment is not None:
             q = q.where(exposures.c.experiment == experiment)
+        if generation is not None:
+            q = q.where(exposures.c.generation == generation)
         if since is not None:
             q = q.where(exposures.c.ts >= since)
         if until is not None:
             q = q.where(exposures.c.ts < until)
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(q).mappings().all(), columns=[c.name for c in q.selected_columns])
+
+    def unlogged_count(self, experiment: str, since: float | None, until: float | None, generation: str | None = None) -> int:
+        """Ok exposures in the window whose features were not logged (events.log_features off):
+        training_frame leaves them out, and a retrain says how many."""
+        q = sa.select(sa.func.count()).select_from(exposures).where(
+            exposures.c.experiment == experiment, exposures.c.status == "ok", exposures.c.features.is_(None))
+        if generation is not None:
+            q = q.where(exposures.c.generation == generation)
+        if since is not None:
+            q = q.where(exposures.c.ts >= since)
+        if until is not None:
+            q = q.where(exposures.c.ts < until)
+        with self.engine.connect() as conn:
+            return int(conn.execute(q).scalar_one())
 
     def drift(self, experiment: str) -> dict[str, list[dict]]:
         """arm -> every replica's drift snapshot ({model_version, rows, counts})."""
