@@ -52,3 +52,19 @@ def test_fit_runs_the_spec_checks_on_a_spec_built_in_code(monkeypatch):
                                    "resources": spec.resources.model_copy(update={"gpus_per_worker": 1.0})})
     with pytest.raises(SpecError, match="model.sparse_embeddings: sparse embedding gradients are synchronised on CPU"):
         trainer.fit(spec)
+
+
+def test_a_state_saved_unfused_resumed_by_a_fused_optimizer_gets_its_steps_on_the_parameters_device():
+    """load_state_dict places step counts by the saved groups' settings: a CPU run's (unfused)
+    kept them on the CPU when a GPU's fused AdamW resumed it. A parameter on the meta device
+    stands in for a CUDA one."""
+    from rayload.train.loop import place_steps
+
+    p = nn.Parameter(torch.empty(3, device="meta"))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    opt.state[p] = {"step": torch.tensor(7.0), "exp_avg": torch.empty(3, device="meta"), "exp_avg_sq": torch.empty(3, device="meta")}
+    place_steps(opt)  # unfused: steps stay where load_state_dict put them (the CPU, as PyTorch wants)
+    assert opt.state[p]["step"].device.type == "cpu"
+    opt.param_groups[0]["fused"] = True
+    place_steps(opt)
+    assert opt.state[p]["step"].device.type == "meta" and opt.state[p]["step"].dtype == torch.float32

@@ -250,6 +250,7 @@ class Trainer:
                 # decay, betas) are this spec's, and the kernel choice this device's. The saved
                 # groups' lr would otherwise override the spec's for the rest of the run.
                 group.update(keep)
+            place_steps(opt)
         saved = raw["scheduler"]
         if saved is not None:  # a list per scheduled optimizer; one dict (the dense one's) before
             for scheduler, sd in zip(self.schedulers, saved if isinstance(saved, list) else [saved]):
@@ -303,6 +304,20 @@ class Trainer:
         else:
             self.state.bad_epochs += 1
         return rule is not None and self.state.bad_epochs >= rule.patience
+
+
+def place_steps(opt: torch.optim.Optimizer) -> None:
+    """Step counts where a fused (or capturable) group's kernel reads them: on its parameters'
+    device, as float32. load_state_dict places them by the *saved* groups' settings, so a state
+    saved by an unfused optimizer (a CPU run, a CPU-fallback worker) kept them on the CPU when
+    resumed on a GPU, where this device's fused AdamW takes over."""
+    for group in opt.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if state and torch.is_tensor(state.get("step")) and state["step"].device != p.device:
+                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
 
 
 class Fault:
