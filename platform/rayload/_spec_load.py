@@ -69,7 +69,13 @@ def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], 
             issues.append(SpecIssue("--set", "overrides look like section.field=value", item, True))
             continue
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = yaml.load(text, Loader=_UniqueKeys) if text.strip() else ""  # noqa: S506 - a SafeLoader subclass
+        except yaml.constructor.ConstructorError as exc:
+            if "twice" not in str(exc.problem):
+                value = text
+            else:  # a key written twice in a value, as in a file: the first was lost without a word
+                issues.append(SpecIssue("--set", f"{exc.problem}", item, True))
+                continue
         except yaml.YAMLError:
             value = text
         parts = keyed_path(raw, key.strip().split("."), keyed or {})

@@ -158,7 +158,9 @@ def tune(spec, stage, folder, outputs, address, progress) -> dict:
         # this stage keeps the name, and a rerun (--force, changed inputs) was refused as existing
         search = search.model_copy(update={"name": f"{search.name}-{os.path.basename(os.path.dirname(folder))}-{stage.name}-"
                                                    f"{uuid.uuid4().hex[:8]}"})
-    found = run(search, resume=resume, address=address, run_dir=search_dir)
+    # a resume runs the spec the search was started with (search.json), its name included: the
+    # stage's fingerprint already says the search spec did not change since
+    found = run(None if resume else search, resume=resume, address=address, run_dir=search_dir)
     out = {"run_dir": found.run_dir, "metric": found.metric, "mode": found.mode, "trials": len(found.trials), "counts": found.counts(),
            "best": None, "history": [{"number": t["number"], "state": t["state"], "value": t["value"]} for t in found.trials]}
     if not found.best:

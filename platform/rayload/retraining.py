@@ -48,7 +48,7 @@ from .paths import is_remote, localize, runs_root
 log = logging.getLogger(__name__)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
-_STAMP = re.compile(r"-r\d{8}-\d{6}$")  # the suffix a default retrain name ends with
+_STAMP = re.compile(r"-r\d{8}-\d{6}(?:-\d+)?$")  # the suffix a default retrain name ends with (-2: the second of a second)
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,15 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     now = time.time() if now is None else now
     # UTC: local time repeats an hour when the clocks go back, and two retrains shared one folder and name
     stamp = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    # a second retrain of the same second gets its own folder, training run and next name (-2, ...)
+    free = _free_folder(os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}"))
+    stamp = os.path.basename(free)[len(args["experiment"]) + 1:]
     name = name or next_name(args["experiment"], stamp)
     # The next experiment is built and checked before anything is read or trained (the retrained
     # checkpoint stands in for itself): a spec it would refuse fails now, not after the fine-tune.
     next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
-    out = _new_folder(os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}"))
+    out = _new_folder(free)
+    stamp = os.path.basename(out)[len(args["experiment"]) + 1:]  # the training run's name below
     unlogged: list[int] = []
     table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now,
                           unlogged)
@@ -147,15 +151,23 @@ def next_name(experiment: str, stamp: str) -> str:
     return f"{_STAMP.sub('', experiment)[: MAX_NAME - len(suffix)]}{suffix}"
 
 
-def _new_folder(path: str) -> str:
-    """`path`, or `path-2`, `path-3`, ... when a retrain of the same second made it already."""
+def _free_folder(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ... : the first that does not exist yet."""
     for n in range(1, 1000):
         candidate = path if n == 1 else f"{path}-{n}"
-        try:
-            os.makedirs(candidate)
+        if not os.path.exists(candidate):
             return candidate
+    raise RayloadError(f"{path}: a thousand retrains of this experiment in one second")
+
+
+def _new_folder(path: str) -> str:
+    """Make `path` (or, if another retrain made it meanwhile, the next free one) and return it."""
+    for _ in range(1000):
+        try:
+            os.makedirs(path)
+            return path
         except FileExistsError:
-            continue
+            path = _free_folder(path)
     raise RayloadError(f"{path}: a thousand retrains of this experiment in one second")
 
 

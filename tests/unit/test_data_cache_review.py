@@ -86,3 +86,13 @@ def test_a_moved_cache_entry_reads_its_shards_where_it_is_now(tmp_path, monkeypa
 def test_a_path_with_glob_characters_that_exists_is_read_as_written(tmp_path):
     path = _csv(tmp_path / "exports[2024]" / "events.csv")
     assert _expand(path, "csv")[1] == [path]
+
+
+def test_a_glob_naming_folders_reads_their_files_as_a_folder_source_does(tmp_path):
+    events = tmp_path / "events"
+    for day in ("dt=2024-06-01", "dt=2024-06-02", "dt=2024-07-01"):
+        _csv(events / day / "part-0.csv")
+        (events / day / "_SUCCESS").write_text("")
+    _csv(events / "dt=2024-06-01" / ".hidden" / "x.csv")
+    found = [os.path.relpath(p, events) for p in _expand(str(events / "dt=2024-06-*"), "csv")[1]]
+    assert sorted(found) == ["dt=2024-06-01/part-0.csv", "dt=2024-06-02/part-0.csv"]

@@ -83,3 +83,22 @@ def test_mlp_sizes_below_one_are_refused_naming_the_field(field, value):
 
     with pytest.raises(ValidationError, match=rf"{field}\.\d+\s+Input should be greater than or equal to 1"):
         ModelSpec.model_validate({"name": "dlrm", field: value})
+
+
+def test_a_column_constant_in_the_calibration_rows_is_not_pinned_to_that_constant():
+    """Clamped per column, a column always 0 in the calibration rows (a rare flag, a unit that
+    never fired) was held at 0 when served, and the int8 model ignored it. One range per layer."""
+    fp32 = _mlp()
+    ranges = quantized.InputRanges(fp32)
+    calibration = torch.randn(2000, 64, generator=torch.Generator().manual_seed(2))
+    calibration[:, 0] = 0.0
+    with torch.no_grad():
+        fp32(calibration)
+    ranges.remove()
+    lo, hi = ranges.bounds()["0"]
+    assert lo.dim() == 0 and hi.dim() == 0 and lo < 0 < hi
+    clamped = quantized.build(_mlp(), *quantized.quantize(_mlp(), ranges.bounds()))
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(3))
+    x[:, 0] = 2.0  # inside the layer's range, never seen in column 0
+    with torch.no_grad():
+        assert (clamped(x) - fp32(x)).abs().max() < 0.01

@@ -116,3 +116,32 @@ def test_a_tune_stage_on_a_named_storage_gives_each_new_search_its_own_study(tmp
         with pytest.raises(Stop):
             runners.tune(pipeline, pipeline.stages[0], str(tmp_path / "runs" / "r1" / "hpo"), {}, None, None)
     assert names[0][0] != names[1][0] and all(n.startswith("s-r1-hpo-") for n, _ in names)
+
+
+def test_an_interrupted_tune_stage_on_a_named_storage_resumes_the_search_it_started(tmp_path, monkeypatch):
+    """The new search's name had the stage's suffix; the resume handed the spec's own name, which
+    the run refused as another spec, so the stage failed on every rerun."""
+    from rayload import tuning
+    from rayload.pipeline_spec import load_pipeline
+
+    base = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "movielens_deepfm.yaml")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "base": base, "storage": f"sqlite:///{tmp_path / 'shared.db'}",
+                                                     "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}}}))
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "p", "stages": [{"name": "hpo", "kind": "tune", "search": "s.yaml"}]}))
+    pipeline = load_pipeline(str(tmp_path / "p.yaml"))
+    folder = tmp_path / "runs" / "r1" / "hpo"
+    (folder / "search").mkdir(parents=True)
+    (folder / "search" / "search.json").write_text("{}")  # a search that was started here
+    given = []
+
+    class Stop(Exception):
+        pass
+
+    def tune(search, resume=None, address=None, run_dir=None):
+        given.append((search, resume))
+        raise Stop
+
+    monkeypatch.setattr(tuning, "tune", tune)
+    with pytest.raises(Stop):
+        runners.tune(pipeline, pipeline.stages[0], str(folder), {}, None, None)
+    assert given == [(None, str(folder / "search"))]  # the stored spec, its own name included

@@ -73,3 +73,19 @@ def test_two_retrains_of_one_second_get_two_folders_and_a_long_name_gets_a_defau
     named = next_name(long, "20270115-080000")
     assert len(named) == MAX_NAME and named.endswith("-r20270115-080000")
     assert retraining._STAMP.sub("", named) == long[: MAX_NAME - 17]
+
+
+def test_the_second_retrain_of_a_second_trains_its_own_run_under_its_own_next_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    run = ab_run(tmp_path, _spec(tmp_path), "a")
+    runs = []
+    stub_fit(monkeypatch, tmp_path, [])
+    real = retraining.job_for
+    monkeypatch.setattr(retraining, "job_for", lambda *a: runs.append(a[-1]) or real(*a))
+    import yaml
+
+    names = [yaml.safe_load(open(retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW).ab_spec))["name"]
+             for _ in range(2)]
+    assert runs == ["retrain-exp-20270115-080000", "retrain-exp-20270115-080000-2"]
+    assert names == ["exp-r20270115-080000", "exp-r20270115-080000-2"]
+    assert next_name(names[1], "20270116-080000") == "exp-r20270116-080000"  # a later round replaces the whole stamp

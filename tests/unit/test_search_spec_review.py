@@ -139,3 +139,11 @@ def test_a_cluster_that_cannot_be_reached_leaves_no_empty_run_folder(no_ray):
     with pytest.raises(AssertionError, match="Ray was started"):
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}})
     assert not (no_ray / "tune").exists()
+
+
+def test_a_key_written_twice_in_a_set_value_is_refused_as_in_a_file():
+    from rayload.spec import load_spec
+
+    with pytest.raises(SpecError, match=r"--set: found the key 'patience' twice"):
+        load_spec(BASE, ["train.early_stopping={metric: auc, patience: 2, patience: 5}"])
+    assert load_spec(BASE, ["train.early_stopping={metric: auc, patience: 5}"]).train.early_stopping.patience == 5

@@ -67,7 +67,7 @@ def _expand(item: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
         fs, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(item))
     # a path that exists as written is that path, glob characters or not (exports[2024]/events.csv)
     globbed = _GLOB & set(path) and fs.get_file_info(path).type == pafs.FileType.NotFound
-    paths = _glob(fs, path) if globbed else _walk(fs, path, item, fmt)
+    paths = _glob(fs, path, fmt) if globbed else _walk(fs, path, item, fmt)
     if not paths:
         raise DataError(f"data.source.path: no {fmt} files match {item!r}")
     return fs, paths
@@ -82,16 +82,27 @@ def _glob_base(path: str) -> str:
     return path
 
 
-def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
+def _glob(fs: pafs.FileSystem, pattern: str, fmt: str) -> list[str]:
     """Shell-style: `*`, `?` and `[...]` match within one path component, `**` any number of
     folders; names starting with . or _ only where the pattern's part starts so too. (Matching
     the whole path with fnmatch let `*` cross folders: `data/*.csv` read data/old/b.csv and
-    data/.a.csv, and `*.parquet` in a project folder read the cache's own shards on the next run.)"""
+    data/.a.csv, and `*.parquet` in a project folder read the cache's own shards on the next run.)
+    A folder the pattern matches is read as a folder source is (`events/dt=2024-06-*`: each
+    partition's files of the format, hidden names skipped)."""
     base = _glob_base(pattern)
     wanted = pattern[len(base):].strip("/").split("/")
     infos = fs.get_file_info(pafs.FileSelector(base or "/", recursive=True, allow_not_found=True))
-    return [i.path for i in infos if i.type == pafs.FileType.File and not _ours(fs, base, i.path)
-            and _match(i.path[len(base):].strip("/").split("/"), wanted)]
+    out = []
+    for i in infos:
+        if i.type != pafs.FileType.File or _ours(fs, base, i.path):
+            continue
+        parts = i.path[len(base):].strip("/").split("/")
+        if _match(parts, wanted):
+            out.append(i.path)
+        elif i.base_name.endswith(_EXTENSIONS[fmt]) and any(
+                _match(parts[:k], wanted) and not any(p.startswith((".", "_")) for p in parts[k:]) for k in range(1, len(parts))):
+            out.append(i.path)  # inside a folder the pattern names
+    return out
 
 
 def _match(parts: list[str], wanted: list[str]) -> bool:
