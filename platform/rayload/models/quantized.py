@@ -118,8 +118,9 @@ class Int8Linear(nn.Module):
             qweight = torch.quantize_per_channel(q.float() * scale.unsqueeze(1), scale.double(),
                                                  torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.float())
-        self.register_buffer("lo", None if lo is None else lo.float().clone(), persistent=False)
-        self.register_buffer("hi", None if hi is None else hi.float().clone(), persistent=False)
+        # plain floats: torch.clamp with 0-d tensor bounds measured 6x slower than with numbers (109 vs 17 us at 256 x 832)
+        self.lo = None if lo is None else float(lo.min())
+        self.hi = None if hi is None else float(hi.max())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
