@@ -145,3 +145,56 @@ def test_the_pipelines_ab_stage_sends_the_routers_api_key(monkeypatch, tmp_path)
     stage = SimpleNamespace(champion=None, challenger=None, traffic="simulate", keep_serving=False)
     runners.ab(None, stage, str(tmp_path), {}, None, lambda f: None)
     assert sent["key"] == "secret"
+
+
+def test_a_unit_id_names_the_same_movielens_user_whatever_the_simulate_seed():
+    """The unit id was an index into the user order a seed shuffles: u0 was another person in a
+    run with another seed, into the same event store."""
+    rows = [{"userId": u, "movieId": m, "year": 2000, "rating": float(1 + (u + m) % 5)} for u in range(30) for m in range(3)]
+    seen = {}
+    for seed in (0, 1):
+        world = sim.MovieLensWorld(rows, ["userId", "movieId", "year"], seed=seed)
+        r = Router()
+        try:
+            sim.simulate(r.url, world, users=30, requests=60, concurrency=2, seed=seed)
+        finally:
+            r.close()
+        for unit, candidates in r.exposures.values():
+            seen.setdefault(unit, set()).update(c["userId"] for c in json.loads(candidates))
+    assert all(len(users) == 1 and unit == f"u{next(iter(users))}" for unit, users in seen.items())
+
+
+def test_a_world_without_users_is_named_and_an_unreadable_200_is_counted_once():
+    with pytest.raises(RayloadError, match="the simulated MovieLens world has no user"):
+        sim.MovieLensWorld([{"userId": 1, "movieId": 2, "year": 2000, "rating": 5.0}], ["userId", "movieId", "year"])
+
+    class Html(JsonReplies, BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            return self._send(200, b"<html>not json</html>")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = sim.simulate(f"http://127.0.0.1:{server.server_address[1]}", sim.SyntheticWorld(PARAMS, seed=1, pool_rows=2000),
+                           users=5, requests=10, concurrency=2)
+    except RayloadError:
+        out = None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out is None or sum(out.status.values()) == 10
+
+
+def test_the_synthetic_pool_starts_past_every_arm_of_the_same_seed_and_candidates_fit_the_router():
+    from rayload.serve.world import _pool_start
+
+    champion = SynthParams(rows=2000, missing_rate=0.05, seed=3)
+    from rayload.spec import SyntheticSource
+
+    source = SyntheticSource(kind="synthetic-ctr", rows=20_000, missing_rate=0.06, seed=3)
+    challenger = SimpleNamespace(data=SimpleNamespace(source=source))
+    assert _pool_start(champion, [challenger]) == 20_000  # was 2,000: 95% of the pool were the challenger's training rows
+    world = sim.SyntheticWorld(PARAMS, candidates=5, seed=1, pool_rows=2000)
+    rows, _ = world.request(0, sim.request_rng(1, 0, 0))
+    assert len(rows) == 5

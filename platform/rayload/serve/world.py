@@ -16,6 +16,12 @@ import os
 import pyarrow.parquet as pq
 
 from ..ab_spec import ABSpec
+from ..errors import RayloadError
+
+
+class SourceError(RayloadError, ValueError):
+    """simulate.source does not fit the arms' data: a user error the CLI prints (a ValueError too,
+    for the callers that catch one)."""
 
 
 def world_for(ab: ABSpec, args: dict):
@@ -29,16 +35,20 @@ def world_for(ab: ABSpec, args: dict):
     others = [other for other in others if other is not None]
     if sim.source == "synthetic-ctr":
         if job.data.source.kind != "synthetic-ctr":
-            raise ValueError(f"simulate.source synthetic-ctr needs arms trained on synthetic-ctr, not {job.data.source.kind}")
+            raise SourceError(f"simulate.source synthetic-ctr needs arms trained on synthetic-ctr, not {job.data.source.kind}; "
+                              "set simulate.source in the A/B spec to the arms' source")
         params = _synth_params(job.data.source)
-        return SyntheticWorld(params, seed=sim.seed, drift_seed=sim.drift_seed, start=_pool_start(params, others))
+        # never more candidates than the router takes (serving.max_candidates): each request was a 422
+        return SyntheticWorld(params, candidates=min(10, ab.serving.max_candidates), seed=sim.seed, drift_seed=sim.drift_seed,
+                              start=_pool_start(params, others))
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
     for other in others:  # an arm split another way held other rows out: replay only what every arm held out
         if other.data.source.kind == "movielens" and (other.data, other.split) != (job.data, job.split):
             kept = {(str(r["userId"]), str(r["movieId"])) for r in held_out_rows(other)}
             rows = [r for r in rows if (str(r["userId"]), str(r["movieId"])) in kept]
-    return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed)
+    return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed,
+                          max_candidates=min(20, ab.serving.max_candidates))
 
 
 def _arm_job(checkpoint: str, source: str):
@@ -63,13 +73,11 @@ def _pool_start(params, others) -> int:
     """The first generator row the world may show: past the champion's data and past every arm's
     trained on the same generator (its row count does not change the planted model, so a
     challenger trained on more rows of it holds the pool rows the champion never saw)."""
-    import dataclasses
-
-    def model(p):
-        return dataclasses.replace(p, rows=1, shard_rows=1)
-
+    # Which rows come out depends on the seed alone: an arm of the same seed trained on the same
+    # rows whatever its other settings (a missing_rate of 0.06 instead of 0.05 started the pool
+    # at the champion's end, 95% of it rows the challenger had trained on)
     same = [_synth_params(o.data.source) for o in others if o.data.source.kind == "synthetic-ctr"]
-    return max([params.rows] + [p.rows for p in same if model(p) == model(params)])
+    return max([params.rows] + [p.rows for p in same if p.seed == params.seed])
 
 
 def world_checkpoint(checkpoint: str, source: str, limit: int = 100):
@@ -111,7 +119,8 @@ def held_out_rows(job) -> list[dict]:
     from ..paths import cache_root
 
     if job.data.source.kind != "movielens":
-        raise ValueError(f"simulate.source movielens replays the movielens source, not {job.data.source.kind}")
+        raise SourceError(f"simulate.source movielens replays the movielens source, not {job.data.source.kind}; set "
+                          "simulate.source in the A/B spec to the arms' source (simulate: {source: synthetic-ctr})")
     table = pq.read_table(materialize(job.data.source, cache_root())[0])
     schema = Schema.from_spec(job.data)
     checked, good, _ = check_table(table, schema, "movielens")
