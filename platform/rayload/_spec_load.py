@@ -18,25 +18,35 @@ Check = Callable[[BaseModel], list[SpecIssue]]
 class _UniqueKeys(yaml.SafeLoader):
     """safe_load that refuses a key written twice in one mapping: PyYAML keeps the last one,
     so the first value (a search range, a job setting) was lost without a word. Keys a merge
-    (`<<: *anchor`) brings in may still be overridden, as YAML intends."""
+    (`<<: *anchor`) brings in may still be overridden, as YAML intends. Each mapping is checked as
+    written, once, before PyYAML flattens its merges (flattening a mapping that merges another
+    copies the other's merged keys into that other node, which a later check read as repeats)."""
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: the constructor below says so
-                    continue
-                seen[key] = key_node.start_mark.line + 1
-                if first is not None:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found the key {key!r} twice (first on line {first}); the first value would be lost", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node):
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            self._refuse_repeats(node)
+        super().flatten_mapping(node)
+
+    def _refuse_repeats(self, node) -> None:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the constructor says so
+                continue
+            seen[key] = key_node.start_mark.line + 1
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} twice (first on line {first}); the first value would be lost", key_node.start_mark)
 
 
 def read_yaml(path: str) -> dict:
@@ -68,17 +78,18 @@ def apply_overrides(raw: dict, overrides: Sequence[str], defaults: Callable[[], 
         if not sep or not key.strip():
             issues.append(SpecIssue("--set", "overrides look like section.field=value", item, True))
             continue
+        parts = keyed_path(raw, key.strip().split("."), keyed or {})
         try:
             value = yaml.load(text, Loader=_UniqueKeys) if text.strip() else ""  # noqa: S506 - a SafeLoader subclass
         except yaml.constructor.ConstructorError as exc:
-            if "twice" not in str(exc.problem):
-                value = text
+            text_only = model_cls is not None and _text_field(_annotation_at(model_cls, parts, keyed or {}), {})
+            if "twice" not in str(exc.problem) or text_only:
+                value = text  # a text field takes the text as given ({a, a} included)
             else:  # a key written twice in a value, as in a file: the first was lost without a word
                 issues.append(SpecIssue("--set", f"{exc.problem}", item, True))
                 continue
         except yaml.YAMLError:
             value = text
-        parts = keyed_path(raw, key.strip().split("."), keyed or {})
         if model_cls is not None and not isinstance(value, str) and _text_field(_annotation_at(model_cls, parts, keyed or {}), value):
             value = text
         _set_path(raw, parts, value, issues, defaults)

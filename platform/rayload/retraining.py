@@ -109,14 +109,18 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
     # UTC: local time repeats an hour when the clocks go back, and two retrains shared one folder and name
     stamp = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     # a second retrain of the same second gets its own folder, training run and next name (-2, ...)
-    free = _free_folder(os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}"))
-    stamp = os.path.basename(free)[len(args["experiment"]) + 1:]
+    # the folder first: its name (-2, ... for a retrain of the same second) gives the training run's
+    # and the next experiment's, so two retrains never share either
+    out = _new_folder(os.path.join(runs_root(), "retrain", f"{args['experiment']}-{stamp}"))
+    stamp = os.path.basename(out)[len(args["experiment"]) + 1:]
     name = name or next_name(args["experiment"], stamp)
     # The next experiment is built and checked before anything is read or trained (the retrained
     # checkpoint stands in for itself): a spec it would refuse fails now, not after the fine-tune.
-    next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
-    out = _new_folder(free)
-    stamp = os.path.basename(out)[len(args["experiment"]) + 1:]  # the training run's name below
+    try:
+        next_ab_spec(args, user["champion"], champion, champion, name, challenger_weight)
+    except Exception:
+        os.rmdir(out)  # empty: nothing was written yet
+        raise
     unlogged: list[int] = []
     table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now,
                           unlogged)
@@ -151,23 +155,16 @@ def next_name(experiment: str, stamp: str) -> str:
     return f"{_STAMP.sub('', experiment)[: MAX_NAME - len(suffix)]}{suffix}"
 
 
-def _free_folder(path: str) -> str:
-    """`path`, or `path-2`, `path-3`, ... : the first that does not exist yet."""
+def _new_folder(path: str) -> str:
+    """Make `path`, or `path-2`, `path-3`, ... when a retrain of the same second made it already."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     for n in range(1, 1000):
         candidate = path if n == 1 else f"{path}-{n}"
-        if not os.path.exists(candidate):
-            return candidate
-    raise RayloadError(f"{path}: a thousand retrains of this experiment in one second")
-
-
-def _new_folder(path: str) -> str:
-    """Make `path` (or, if another retrain made it meanwhile, the next free one) and return it."""
-    for _ in range(1000):
         try:
-            os.makedirs(path)
-            return path
+            os.mkdir(candidate)
+            return candidate
         except FileExistsError:
-            path = _free_folder(path)
+            continue
     raise RayloadError(f"{path}: a thousand retrains of this experiment in one second")
 
 

@@ -89,3 +89,17 @@ def test_the_second_retrain_of_a_second_trains_its_own_run_under_its_own_next_na
     assert runs == ["retrain-exp-20270115-080000", "retrain-exp-20270115-080000-2"]
     assert names == ["exp-r20270115-080000", "exp-r20270115-080000-2"]
     assert next_name(names[1], "20270116-080000") == "exp-r20270116-080000"  # a later round replaces the whole stamp
+
+
+def test_a_next_spec_refused_leaves_no_retrain_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    run = ab_run(tmp_path, _spec(tmp_path), "a")
+    stub_fit(monkeypatch, tmp_path, [])
+
+    def refused(*a, **k):
+        raise RayloadError("the next experiment's spec is refused")
+
+    monkeypatch.setattr(retraining, "next_ab_spec", refused)
+    with pytest.raises(RayloadError, match="refused"):
+        retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
+    assert os.listdir(tmp_path / "runs" / "retrain") == []

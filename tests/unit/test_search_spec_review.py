@@ -147,3 +147,21 @@ def test_a_key_written_twice_in_a_set_value_is_refused_as_in_a_file():
     with pytest.raises(SpecError, match=r"--set: found the key 'patience' twice"):
         load_spec(BASE, ["train.early_stopping={metric: auc, patience: 2, patience: 5}"])
     assert load_spec(BASE, ["train.early_stopping={metric: auc, patience: 5}"]).train.early_stopping.patience == 5
+
+
+def test_merges_of_merges_load_and_a_text_field_takes_a_repeated_key_as_its_text(tmp_path):
+    """Flattening a mapping that merges another copied the other's merged keys into it, which the
+    repeated-key check then read as keys written twice (yaml.safe_load reads it fine)."""
+    from rayload._spec_load import read_yaml
+    from rayload.spec import load_spec
+
+    path = tmp_path / "m.yaml"
+    path.write_text("l: [&base {x: 0}, &mid {<<: *base, x: 1}]\ntop: {<<: *mid, y: 1}\n")
+    assert read_yaml(str(path)) == {"l": [{"x": 0}, {"x": 1}], "top": {"x": 1, "y": 1}}
+    from rayload._spec_load import apply_overrides
+    from rayload.spec import JobSpec
+
+    raw = {"data": {"label": {"column": "y"}}}
+    assert apply_overrides(raw, ["data.label.column={a, a}"], model_cls=JobSpec) == []
+    assert raw["data"]["label"]["column"] == "{a, a}"  # a text field takes the text as given
+    assert load_spec is not None

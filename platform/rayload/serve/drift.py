@@ -183,11 +183,14 @@ def _numeric_bins(state) -> Bins:
         edges, shares = hist["edges"], hist["shares"]
     else:  # older features.json: the deciles split the values evenly, tied deciles into one bin
         q = state.stats["quantiles"]
-        edges = sorted(set(q[1:-1]))
         # a share per bin by where its edges sit among the deciles: an even share per distinct edge
         # gave a bin of eight tied deciles (a column 70% zeros) a fifth of the reference, and
-        # traffic from the training data itself a PSI near 3 (always flagged)
-        cdf = [0.0, *(q.index(e) / (len(q) - 1) for e in edges), 1.0]  # the share below each edge: its first decile
+        # traffic from the training data itself a PSI near 3 (always flagged). The share below an
+        # edge is its first decile's, exact for a value held once and for one tied at the minimum;
+        # below a value tied inside the range (60% zeros among signed values) it lies anywhere
+        # within a decile, so that edge is left out and its two bins are one
+        edges = [e for e in sorted(set(q[1:-1])) if q.count(e) == 1 or q.index(e) == 0]
+        cdf = [0.0, *(q.index(e) / (len(q) - 1) for e in edges), 1.0]
         shares = [max(b - a, 0.0) for a, b in zip(cdf, cdf[1:])]
     # searchsorted(side="right") as in the fit's histogram: a value equal to an edge is counted above it
     labels = ["missing", f"< {edges[0]:g}" if edges else "all"] + [f">= {e:g}" for e in edges]

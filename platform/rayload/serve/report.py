@@ -119,7 +119,7 @@ def drift_table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         oov = f"{r['oov_rate']:.2%}" if "oov_rate" in r else ""
-        status, css = ("DRIFT", ' class="flagged"') if r["flagged"] else ("ok", "")
+        status, css = ("DRIFT", ' class="flagged"') if r["flagged"] else ("ok" if r.get("judged", True) else "too few rows", "")
         body.append(f"<tr{css}><td>{html.escape(r['arm'])}</td><td>{html.escape(r['feature'])}</td><td>{r['rows']}</td>"
                     f"<td>{r['psi']:.4f}</td><td>{oov}</td><td>{status}</td></tr>")
     return ('<h2>Feature drift</h2><table id="drift"><tr><th>arm</th><th>feature</th><th>rows</th><th>PSI</th><th>OOV rate</th>'
