@@ -97,7 +97,10 @@ def _ranked(acc: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     counts = pa.concat_tables(acc["counts"]).group_by("value").aggregate([("count", "sum")])
     values = counts.column("value").to_numpy(zero_copy_only=False)
     freq = counts.column("count_sum").to_numpy()
-    return values, freq, np.lexsort((values.astype(str), -freq))
+    # ties by the exact text: NumPy's fixed-width strings (astype(str)) drop trailing NULs, so "a"
+    # and "a\x00" tied, in the batches' order
+    order = pc.sort_indices(counts, sort_keys=[("count_sum", "descending"), ("value", "ascending")]).to_numpy()
+    return values, freq, order.astype(np.int64)
 
 
 def _heavy_hitters(acc: dict) -> dict:

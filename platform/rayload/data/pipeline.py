@@ -249,7 +249,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
                "shard_names": "per-source", "rebalance_unit": "row",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
