@@ -9,10 +9,8 @@ import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .errors import RayloadError, SpecError, SpecIssue
-
-# Never uploaded with a job: local runs, the virtual environment, caches, VCS data.
-UPLOAD_EXCLUDES = ["runs/", ".venv/", "**/__pycache__/", ".pytest_cache/", "benchmarks/out/", ".git/", "*.egg-info/"]
+from ._upload import UPLOAD_EXCLUDES, check_spec  # noqa: F401  (never uploaded with a job; the pre-upload check)
+from .errors import RayloadError
 
 
 def token() -> str | None:
@@ -31,73 +29,6 @@ def token() -> str | None:
 def entrypoint(spec: str, extra: list[str]) -> list[str]:
     """`rayload run SPEC` (any spec kind) with the uploaded code (`python -m rayload`)."""
     return ["python", "-m", "rayload", "run", spec, *extra]
-
-
-def check_spec(spec: str, sets=(), working_dir: str | None = None) -> None:
-    """The spec loads here as `rayload run` will load it on the cluster (every stage's spec, the
-    `--set` values applied): a broken one fails before anything is uploaded, naming the field.
-    With `working_dir`, every file the run reads (each stage's spec, a search's base job, an A/B
-    arm's job or local checkpoint) must be uploaded with it: one outside it or in an excluded
-    folder (runs/, ...) was found missing on the cluster, after the upload."""
-    from .pipeline_spec import _FILE_FIELD, load_pipeline
-
-    pipeline = load_pipeline(spec, list(sets))
-    if working_dir is None:
-        return
-    # (field, path, given relative): a path given absolute may lie on storage the cluster shares,
-    # so only its being in an excluded folder of the upload is refused
-    files = [("spec", spec, True)]
-    for i, stage in enumerate(pipeline.stages):
-        field = _FILE_FIELD.get(stage.kind)
-        if not field:
-            continue
-        given = getattr(stage, field)
-        path = pipeline.path(given)
-        where = f"stages[{i}] ({stage.name}).{field}"
-        files.append((where, path, not os.path.isabs(os.path.expanduser(given))))
-        files += [(w, p, False) for w, p in _read_by(stage.kind, path, where)]
-    issues = []
-    for where, path, relative in files:
-        why = None if "://" in path else _not_uploaded(path, working_dir)
-        if why and (relative or not why.startswith("outside")):
-            issues.append(SpecIssue(where, f"{why}: it would not be uploaded with --working-dir {working_dir}", path, True))
-    if issues:
-        raise SpecError(issues, file=spec)
-
-
-def _read_by(kind: str, path: str, where: str) -> list[tuple[str, str]]:
-    """The files a stage's own spec names in turn: a search's base job, an A/B arm's job or checkpoint."""
-    if kind == "tune":
-        from .search_job import load_search_spec
-
-        return [(f"{where} -> base", load_search_spec(path).base)]
-    if kind == "ab":
-        from .ab_spec import load_ab_spec
-
-        return [(f"{where} -> arms[{j}].{'job' if arm.job else 'checkpoint'}", arm.job or arm.checkpoint)
-                for j, arm in enumerate(load_ab_spec(path).arms) if arm.job or arm.checkpoint]
-    return []
-
-
-def _not_uploaded(path: str, working_dir: str) -> str | None:
-    """Why `path` is not part of the upload of `working_dir` (UPLOAD_EXCLUDES as Ray reads
-    them, gitignore style: a folder pattern without an inner slash matches at any depth), or None."""
-    import fnmatch
-
-    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(working_dir))
-    if relative == ".." or relative.startswith(".." + os.sep):
-        return "outside the working directory"
-    parts = relative.split(os.sep)
-    for pattern in UPLOAD_EXCLUDES:
-        body = pattern.rstrip("/").removeprefix("**/")
-        folders = parts[:-1] if pattern.endswith("/") else parts
-        if "/" in body:  # anchored at the root: benchmarks/out
-            depth = body.count("/") + 1
-            if len(folders) >= depth and fnmatch.fnmatch("/".join(folders[:depth]), body):
-                return f"in an excluded folder ({pattern})"
-        elif any(fnmatch.fnmatch(part, body) for part in folders):
-            return f"in an excluded folder ({pattern})"
-    return None
 
 
 def check_job_api(address: str, auth: str | None, timeout: float = 10.0) -> None:

@@ -188,7 +188,7 @@ def training_rows(args: dict, champion: str, window_s: float | None, attribution
     current generation. `unlogged` gets the count of exposures left out for lack of features."""
     from .ab_spec import ABSpec
     from .features import FittedFeatures
-    from .data.validate import python_array, read_values
+    from .data.json_values import python_array, read_values
     from .serve.events import EventReader
 
     spec = ABSpec.model_validate(args["spec"])

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._ray import ensure_ray
+from ._tune_function import _cpus_issues, _function_trial, _ship_by_value, function_result  # noqa: F401  (function_result: public here)
 from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # noqa: F401  (SearchResourceError: public here)
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
@@ -234,58 +235,6 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
                     total=trials_wanted(spec), metric=metric, mode=spec.score_mode)  # the mode the search ranks by (mode=None: the metric's)
         study = _run(plan, _function_trial, {"fn": fn, "metric": metric}, resume=bool(resume))
         return _finish(plan, study, None)
-
-
-def _cpus_issues(cpus) -> list[SpecIssue]:
-    """tune_function's `cpus` (each trial's CPUs): a positive finite number. -1 reached the
-    resource check inside the run as a ResourcesSpec error about cpus_per_worker."""
-    import math
-    import numbers
-
-    if isinstance(cpus, numbers.Real) and not isinstance(cpus, bool) and math.isfinite(cpus) and cpus > 0:
-        return []
-    return [SpecIssue("cpus", "each trial's CPUs: a number > 0 (fractions share a CPU between trials)", cpus, True)]
-
-
-def _ship_by_value(fn) -> None:
-    """Trial processes may not import the objective's module (a script, a test file, a
-    notebook): send its code along instead of a reference, unless it is an installed package."""
-    import sys
-    import sysconfig
-
-    from ray import cloudpickle
-
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    path = getattr(module, "__file__", None) or ""
-    installed = path.startswith((sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]))
-    if module is not None and module.__name__ != "__main__" and path and not installed:
-        cloudpickle.register_pickle_by_value(module)
-
-
-def _function_trial(config: dict, fn, metric: str) -> None:
-    import ray.tune
-
-    out = fn(dict(config["params"]))
-    if out is not None:
-        # done=True ends the trial with this result; otherwise Tune asks once more and waits
-        # up to 0.2 s (its result-queue timeout) to notice the function has returned.
-        ray.tune.report({**function_result(out, metric), "done": True})
-
-
-def function_result(out: Any, metric: str) -> dict:
-    """What an objective returned, as the result Tune is told: a number, or a dict holding the
-    metric; the metric becomes a Python float (numpy float32 and other reals included). Anything
-    else raises here, in the trial, which then fails with that reason while the search goes on."""
-    import numbers
-
-    result = dict(out) if isinstance(out, dict) else {metric: out}
-    if metric not in result:
-        raise RayloadError(f"the objective returned a dict without the metric {metric!r} (keys: {', '.join(map(str, result)) or 'none'}); "
-                           f"return {{{metric!r}: value, ...}} or the value itself")
-    value = result[metric]
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise RayloadError(f"the objective's {metric!r} is {value!r} ({type(value).__name__}), not a real number")
-    return {**result, metric: float(value)}
 
 
 # ---------------------------------------------------------------- the search itself

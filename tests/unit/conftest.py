@@ -23,6 +23,21 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(trainer, "preprocess", lambda *a, **k: pytest.fail("preprocessed before the cheap checks"))
 
 
+@pytest.fixture
+def tune_before_ray(monkeypatch, tmp_path):
+    """tune_function up to Ray: runs under tmp_path (RAYLOAD_HOME), and starting Ray fails the
+    call with AssertionError("Ray was started"), so a test sees its checks ran first."""
+    from rayload import tuning
+
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+
+    def ensure_ray(address):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(tuning, "ensure_ray", ensure_ray)
+    return tmp_path
+
+
 @pytest.fixture()
 def fake_runners(monkeypatch):
     """`rayload run`'s stage runners as fakes that record what they were given (no Ray): a train

@@ -340,15 +340,20 @@ def test_a_bad_row_fails_only_its_own_waiter_in_a_group_commit(url):
 # ---------------------------------------------------------------- schema version 4, outcome inserts
 
 
+def _older_store(conn, version: int, last_columns: str) -> None:
+    """ab_meta at `version` and ab_exposures as that version made it (its last columns given)."""
+    conn.execute(sa.text("CREATE TABLE ab_meta (key VARCHAR(64) PRIMARY KEY, value TEXT)"))
+    conn.execute(sa.text(f"INSERT INTO ab_meta VALUES ('schema_version', '{version}')"))
+    conn.execute(sa.text("CREATE TABLE ab_exposures (request_id VARCHAR(64) PRIMARY KEY, experiment VARCHAR(128) NOT NULL, "
+                         "unit_id VARCHAR(256) NOT NULL, arm VARCHAR(64) NOT NULL, model_version VARCHAR(128) NOT NULL, score FLOAT, "
+                         "status VARCHAR(16) NOT NULL, latency_ms FLOAT NOT NULL, layout VARCHAR(256) NOT NULL, ts FLOAT NOT NULL, "
+                         f"{last_columns})"))
+
+
 def test_a_version_3_store_is_migrated_to_4_and_keeps_its_rows(url):
     engine = sa.create_engine(url)
     with engine.begin() as conn:  # the version-3 layout of the tables version 4 changed
-        conn.execute(sa.text("CREATE TABLE ab_meta (key VARCHAR(64) PRIMARY KEY, value TEXT)"))
-        conn.execute(sa.text("INSERT INTO ab_meta VALUES ('schema_version', '3')"))
-        conn.execute(sa.text("CREATE TABLE ab_exposures (request_id VARCHAR(64) PRIMARY KEY, experiment VARCHAR(128) NOT NULL, "
-                             "unit_id VARCHAR(256) NOT NULL, arm VARCHAR(64) NOT NULL, model_version VARCHAR(128) NOT NULL, score FLOAT, "
-                             "status VARCHAR(16) NOT NULL, latency_ms FLOAT NOT NULL, layout VARCHAR(256) NOT NULL, ts FLOAT NOT NULL, "
-                             "features TEXT)"))
+        _older_store(conn, 3, "features TEXT")
         conn.execute(sa.text("CREATE TABLE ab_shadow (request_id VARCHAR(64), arm VARCHAR(64), model_version VARCHAR(128) NOT NULL, "
                              "score FLOAT, ts FLOAT NOT NULL, PRIMARY KEY (request_id, arm))"))
         conn.execute(sa.text("INSERT INTO ab_exposures VALUES ('old', 'e', 'u', 'a', 'v', 0.5, 'ok', 1.0, '{}', 1.0, NULL)"))
@@ -399,12 +404,7 @@ def test_a_version_4_store_takes_the_weights_of_many_long_named_arms_after_its_m
 
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE ab_meta (key VARCHAR(64) PRIMARY KEY, value TEXT)"))
-        conn.execute(sa.text("INSERT INTO ab_meta VALUES ('schema_version', '4')"))
-        conn.execute(sa.text("CREATE TABLE ab_exposures (request_id VARCHAR(64) PRIMARY KEY, experiment VARCHAR(128) NOT NULL, "
-                             "unit_id VARCHAR(256) NOT NULL, arm VARCHAR(64) NOT NULL, model_version VARCHAR(128) NOT NULL, score FLOAT, "
-                             "status VARCHAR(16) NOT NULL, latency_ms FLOAT NOT NULL, layout VARCHAR(256) NOT NULL, ts FLOAT NOT NULL, "
-                             "features TEXT, generation VARCHAR(64))"))
+        _older_store(conn, 4, "features TEXT, generation VARCHAR(64)")
     layout = json.dumps({f"{c}" * 64: w for c, w in zip("abcd", (0.4, 0.2, 0.2, 0.2))}, sort_keys=True)
     assert len(layout) > 256
     writer = EventWriter(url)

@@ -58,7 +58,7 @@ def test_a_state_saved_unfused_resumed_by_a_fused_optimizer_gets_its_steps_on_th
     """load_state_dict places step counts by the saved groups' settings: a CPU run's (unfused)
     kept them on the CPU when a GPU's fused AdamW resumed it. A parameter on the meta device
     stands in for a CUDA one."""
-    from rayload.train.loop import place_steps
+    from rayload.train.setup import place_steps
 
     p = nn.Parameter(torch.empty(3, device="meta"))
     opt = torch.optim.AdamW([p], lr=0.1)

@@ -44,7 +44,7 @@ def test_overlapping_searched_paths_and_a_fixed_value_under_a_searched_one_are_r
 
 
 @pytest.mark.parametrize("bounds", [[0.001, math.inf], [-math.inf, 0.1], [0.0, math.nan]])
-def test_infinite_or_nan_bounds_are_refused_naming_the_path(tmp_path, bounds, no_ray):
+def test_infinite_or_nan_bounds_are_refused_naming_the_path(tmp_path, bounds, tune_before_ray):
     msg = _problems(tmp_path, space={"model.dropout": {"uniform": bounds}})
     assert "space.model.dropout: uniform bounds must be finite numbers" in msg, msg
     with pytest.raises(SpecError, match="space.x: loguniform bounds must be finite"):
@@ -96,18 +96,7 @@ def test_best_yaml_writes_an_integer_field_drawn_from_a_stepped_uniform_range_as
     assert load_spec(str(tmp_path / "best.yaml"), []).model.embedding_dim == 40
 
 
-@pytest.fixture
-def no_ray(monkeypatch, tmp_path):
-    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
-
-    def ensure_ray(address):
-        raise AssertionError("Ray was started")
-
-    monkeypatch.setattr(tuning, "ensure_ray", ensure_ray)
-    return tmp_path
-
-
-def test_tune_function_without_mode_maximises_a_metric_known_to_be_maximised(no_ray, monkeypatch):
+def test_tune_function_without_mode_maximises_a_metric_known_to_be_maximised(tune_before_ray, monkeypatch):
     made = []
     from rayload import _spec_load
 
@@ -128,17 +117,17 @@ def test_tune_function_without_mode_maximises_a_metric_known_to_be_maximised(no_
 
 
 @pytest.mark.parametrize("cpus", [-1, 0, math.nan, "2", True])
-def test_tune_function_refuses_bad_cpus_naming_it_before_ray_and_leaves_no_run_folder(no_ray, cpus):
+def test_tune_function_refuses_bad_cpus_naming_it_before_ray_and_leaves_no_run_folder(tune_before_ray, cpus):
     with pytest.raises(SpecError) as info:
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, cpus=cpus)
     assert "cpus: each trial's CPUs: a number > 0" in str(info.value)
-    assert not (no_ray / "tune").exists()
+    assert not (tune_before_ray / "tune").exists()
 
 
-def test_a_cluster_that_cannot_be_reached_leaves_no_empty_run_folder(no_ray):
+def test_a_cluster_that_cannot_be_reached_leaves_no_empty_run_folder(tune_before_ray):
     with pytest.raises(AssertionError, match="Ray was started"):
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}})
-    assert not (no_ray / "tune").exists()
+    assert not (tune_before_ray / "tune").exists()
 
 
 def test_a_key_written_twice_in_a_set_value_is_refused_as_in_a_file():

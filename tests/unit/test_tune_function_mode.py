@@ -10,45 +10,33 @@ from rayload.errors import SpecError
 SPACE = {"x": {"uniform": [0, 1]}}
 
 
-@pytest.fixture
-def no_ray(monkeypatch, tmp_path):
-    """Fails the test if tune_function gets as far as starting Ray; stops it right after the checks otherwise."""
-    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
-
-    def ensure_ray(address):
-        raise AssertionError("Ray was started")
-
-    monkeypatch.setattr(tuning, "ensure_ray", ensure_ray)
-    return tmp_path
-
-
 @pytest.mark.parametrize("metric", ["value", "error", "val_calibration"])
-def test_mode_none_with_a_metric_of_no_known_direction_is_refused_before_ray(no_ray, metric):
+def test_mode_none_with_a_metric_of_no_known_direction_is_refused_before_ray(tune_before_ray, metric):
     with pytest.raises(SpecError) as exc:
-        tuning.tune_function(lambda c: c["x"], SPACE, metric=metric, mode=None, storage=f"sqlite:///{no_ray}/s.db")
+        tuning.tune_function(lambda c: c["x"], SPACE, metric=metric, mode=None, storage=f"sqlite:///{tune_before_ray}/s.db")
     text = str(exc.value)
     assert text.startswith("1 problem(s):") and "mode:" in text and repr(metric) in text
     assert "mode='min' or mode='max'" in text and "(got None)" in text
-    assert not (no_ray / "tune").exists()  # no run folder was made either
+    assert not (tune_before_ray / "tune").exists()  # no run folder was made either
 
 
 @pytest.mark.parametrize("metric, mode", [("val_auc", "max"), ("loss", "min"), ("train_loss", "min"), ("val_rmse", "min")])
-def test_mode_none_with_a_known_metric_takes_its_direction(no_ray, metric, mode):
+def test_mode_none_with_a_known_metric_takes_its_direction(tune_before_ray, metric, mode):
     with pytest.raises(AssertionError, match="Ray was started"):
-        tuning.tune_function(lambda c: c["x"], SPACE, metric=metric, mode=None, storage=f"sqlite:///{no_ray}/s.db")
+        tuning.tune_function(lambda c: c["x"], SPACE, metric=metric, mode=None, storage=f"sqlite:///{tune_before_ray}/s.db")
     assert tuning.SearchSpec(name="f", base="-", space=SPACE, metric=metric).score_mode == mode
 
 
 @pytest.mark.parametrize("mode", ["min", "max"])
-def test_an_explicit_mode_is_used_whatever_the_metric(no_ray, mode):
+def test_an_explicit_mode_is_used_whatever_the_metric(tune_before_ray, mode):
     with pytest.raises(AssertionError, match="Ray was started"):
-        tuning.tune_function(lambda c: c["x"], SPACE, metric="value", mode=mode, storage=f"sqlite:///{no_ray}/s.db")
+        tuning.tune_function(lambda c: c["x"], SPACE, metric="value", mode=mode, storage=f"sqlite:///{tune_before_ray}/s.db")
 
 
-def test_a_search_started_before_the_check_resumes_in_the_direction_its_study_was_made_with(no_ray):
+def test_a_search_started_before_the_check_resumes_in_the_direction_its_study_was_made_with(tune_before_ray):
     from rayload._tune_runs import write_state
 
-    run = no_ray / "old-run"
+    run = tune_before_ray / "old-run"
     spec = tuning.SearchSpec(name="function", base="<python function>", space=SPACE, strategy="random", num_samples=3,
                              metric="value", mode=None, max_failures=0)
     write_state(str(run), kind="function", spec=spec.model_dump(mode="json"), mode=spec.score_mode)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import DataError
-from .validate import python_array, read_values
+from .json_values import python_array, read_values
 
 
 def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, list[tuple[str, str]]]:

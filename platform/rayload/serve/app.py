@@ -17,10 +17,8 @@ the background after the answer.
 
 
 import asyncio
-import dataclasses
 import hashlib
 import hmac
-import json
 import logging
 import os
 import time
@@ -31,11 +29,11 @@ from pydantic import BaseModel, ValidationError
 from ray import serve
 
 from ..errors import DataError, RayloadError
-from .assign import Layout
 from .batch_scoring import ModelDeployment, ModelError, Models, drift_flusher, monitor_args
 from .event_writer import is_row_error
 from .http_io import (AssignBody, FeedbackBody, PredictBody, RequestIds, _features_json, _loads, _ok, _problem,  # noqa: F401
                       _validation_detail)
+from .router_config import RouterConfig, config_issues
 from .shadow import ShadowScoring
 
 log = logging.getLogger(__name__)
@@ -55,38 +53,6 @@ def _failure_detail(arm: str, error: BaseException) -> str:
     internal), also where Ray wraps one raised in a separate deployment; otherwise generic."""
     cause = error if type(error) is ModelError else getattr(error, "cause", None)
     return str(cause) if isinstance(cause, ModelError) else f"the model of arm {arm} failed"
-
-
-def config_issues(config: dict, arms: list[str]) -> list[str]:
-    """What is wrong with a router user_config (weights, champion, shadow, final), as ab_spec checks a spec's."""
-    from ..ab_spec import weight_issues
-
-    weights, champion = config.get("weights"), config.get("champion")
-    if not isinstance(weights, dict):
-        return [f"user_config.weights: must map each arm {arms} to its share (got {weights!r})"]
-    if champion not in arms:
-        return [f"user_config.champion: must be one of the arms {arms} (got {champion!r})"]
-    final = config.get("final")
-    if final is not None and not (isinstance(final, dict) and final.get("decision") in ("promote", "rollback")
-                                  and isinstance(final.get("reason"), str) and isinstance(final.get("time"), (int, float))):
-        # a hand-edited one was kept, and every GET /experiment then failed reading it (a 500)
-        return [f"user_config.final: null, or {{decision: promote | rollback, reason: text, time: seconds}} (got {final!r})"]
-    return [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
-
-
-@dataclasses.dataclass(frozen=True)
-class RouterConfig:
-    """The user_config in force, published by one assignment (ABRouter.config) and read once per
-    request: Serve runs a sync reconfigure on a thread beside the requests, and with the fields
-    set one by one a request could be assigned under one config and logged under another's
-    weights (550 of 2,000 exposures in a probe), or read shadow and champion from two."""
-
-    weights: dict
-    champion: str
-    shadow: bool
-    layout: Layout
-    layout_json: str
-    final: dict | None
 
 
 @serve.deployment
@@ -155,11 +121,7 @@ class ABRouter(ShadowScoring):
         self.started, self.config_refused = True, None
 
     def _apply(self, config: dict) -> None:
-        weights = {a: float(config["weights"][a]) for a in self.order}
-        champion, shadow = config["champion"], bool(config.get("shadow", False))
-        # final: a promote or rollback (decision, reason, time) that ended the automatic steps
-        self.config = RouterConfig(weights, champion, shadow, Layout.build(weights, champion, self.order),
-                                   json.dumps(weights, sort_keys=True), config.get("final"))
+        self.config = RouterConfig.of(config, self.order)
 
     # the config in force, for callers that read one field (a request reads self.config once)
     weights = property(lambda self: self.config.weights)

@@ -11,17 +11,16 @@ proxy, or each replica's own port with direct ingress) is `ingress.py`.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..ab_spec import ABSpec, weight_issues
 from ..errors import RayloadError, SpecError
 from ..paths import runs_root
 from .ingress import check_direct_ingress, direct_ingress_env, ingress_urls
+from .run_state import _locked, load_state, new_generation, save_state  # noqa: F401  (load_state, save_state: public here)
 from .serve_config import NotRunningError, app_args, deploy, resolve_checkpoints, serve_config
 
 log = logging.getLogger(__name__)
@@ -103,18 +102,6 @@ _KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.jso
 _SAME = ("experiment", "salt", "arms", "checkpoints", "shadow")  # what makes a restart the same experiment
 
 
-def new_generation() -> str:
-    """An experiment's generation: when it started (UTC) and a random part. Its router stamps each
-    exposure with it, and the analysis, SRM check and ramp read only the current generation's:
-    the name's events from before a fresh start (other models, salt, arms or shadow mode) share
-    the store but not the experiment. A stamp, not a time bound on `ts`: the old generation's
-    replicas keep answering (and logging) while Serve rolls the new ones out, and replicas on
-    other nodes write their own clocks' time."""
-    import secrets
-
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
-
-
 def _earlier_state(run_dir: str, args: dict) -> dict | None:
     """serve.json of this experiment's earlier start, when it is the same experiment (same
     name, arms, models, salt and shadow mode): `rayload serve SPEC` again after a crash, a
@@ -152,44 +139,7 @@ def _older_state(state: dict, args: dict) -> None:
         state["ramp_step"] = {"weights": weights, "units": None}
 
 
-def save_state(run_dir: str, state: dict) -> None:
-    path = os.path.join(run_dir, "serve.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())  # a restart after a crash reads it: never an empty file renamed into place
-    os.replace(path + ".tmp", path)
-
-
-def load_state(run: str) -> tuple[str, dict]:
-    for folder in (run, os.path.join(runs_root(), "ab", run)):
-        path = os.path.join(folder, "serve.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                try:
-                    return os.path.abspath(folder), json.load(f)
-                except ValueError as exc:  # a bare JSONDecodeError named no file
-                    raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
-    raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
-
-
 FINAL = ("promote", "rollback")  # decisions that end an experiment's automatic steps
-
-
-@contextmanager
-def _locked(run_dir: str):
-    """One writer of an experiment's state at a time: the serve loop's controller, `ab
-    simulate`'s and a by-hand command each read serve.json, decide and write it back under
-    this lock (an flock on a file beside it, released if the holder dies), so none acts on a
-    state another has just changed."""
-    import fcntl
-
-    with open(os.path.join(run_dir, "serve.lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def set_weights(run: str, weights: dict[str, float], champion: str | None = None, reason: str = "by hand",

@@ -64,7 +64,7 @@ class Bins:
         if self.kind == "numeric":
             return self._numeric(values)
         if self.multi:  # a bag sent as a JSON array: its text form, as the model's validation reads it
-            from ..data.validate import bag_values
+            from ..data.json_values import bag_values
 
             values = bag_values(values, self.separator)
         if self.kind == "missing-only":

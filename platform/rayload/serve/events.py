@@ -193,6 +193,20 @@ def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
         conn.execute(insert_or_ignore(conn.dialect.name, table), rows)
 
 
+def _in_window(q, experiment: str | None, since: float | None, until: float | None, generation: str | None):
+    """`q` narrowed to one experiment's exposures (None: all), of one generation (None: all), with
+    since <= ts < until (None: open)."""
+    if experiment is not None:
+        q = q.where(exposures.c.experiment == experiment)
+    if generation is not None:
+        q = q.where(exposures.c.generation == generation)
+    if since is not None:
+        q = q.where(exposures.c.ts >= since)
+    if until is not None:
+        q = q.where(exposures.c.ts < until)
+    return q
+
+
 class EventReader:
     """Reads for feedback checks and analysis."""
 
@@ -264,28 +278,15 @@ class EventReader:
              .select_from(exposures.outerjoin(outcomes, clicked))
              .where(exposures.c.status == "ok", exposures.c.features.is_not(None))
              .group_by(exposures.c.request_id, exposures.c.experiment, exposures.c.arm, exposures.c.ts, exposures.c.features))
-        if experiment is not None:
-            q = q.where(exposures.c.experiment == experiment)
-        if generation is not None:
-            q = q.where(exposures.c.generation == generation)
-        if since is not None:
-            q = q.where(exposures.c.ts >= since)
-        if until is not None:
-            q = q.where(exposures.c.ts < until)
+        q = _in_window(q, experiment, since, until, generation)
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(q).mappings().all(), columns=[c.name for c in q.selected_columns])
 
     def unlogged_count(self, experiment: str, since: float | None, until: float | None, generation: str | None = None) -> int:
         """Ok exposures in the window whose features were not logged (events.log_features off):
         training_frame leaves them out, and a retrain says how many."""
-        q = sa.select(sa.func.count()).select_from(exposures).where(
-            exposures.c.experiment == experiment, exposures.c.status == "ok", exposures.c.features.is_(None))
-        if generation is not None:
-            q = q.where(exposures.c.generation == generation)
-        if since is not None:
-            q = q.where(exposures.c.ts >= since)
-        if until is not None:
-            q = q.where(exposures.c.ts < until)
+        q = sa.select(sa.func.count()).select_from(exposures).where(exposures.c.status == "ok", exposures.c.features.is_(None))
+        q = _in_window(q, experiment, since, until, generation)
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
 

@@ -28,7 +28,8 @@ from .batch import Batch, Layout
 from .sparse_sync import SparseGradSync, clip_grad_norm_
 from .session import RaySession, Session, scratch_dir
 # set-up names, re-exported: callers and tests name them as train.loop's
-from .setup import lr_lambda, make_model, make_optimizers, resolve_precision, seed_rank, steps_per_epoch  # noqa: F401
+from .fault import Fault
+from .setup import lr_lambda, make_model, make_optimizers, place_steps, resolve_precision, seed_rank, steps_per_epoch  # noqa: F401
 
 log = logging.getLogger(__name__)
 LOWER_IS_BETTER = {"logloss", "rmse"}
@@ -304,51 +305,6 @@ class Trainer:
         else:
             self.state.bad_epochs += 1
         return rule is not None and self.state.bad_epochs >= rule.patience
-
-
-def place_steps(opt: torch.optim.Optimizer) -> None:
-    """Step counts where a fused (or capturable) group's kernel reads them: on its parameters'
-    device, as float32. load_state_dict places them by the *saved* groups' settings, so a state
-    saved by an unfused optimizer (a CPU run, a CPU-fallback worker) kept them on the CPU when
-    resumed on a GPU, where this device's fused AdamW takes over."""
-    for group in opt.param_groups:
-        if not (group.get("fused") or group.get("capturable")):
-            continue
-        for p in group["params"]:
-            state = opt.state.get(p)
-            if state and torch.is_tensor(state.get("step")) and state["step"].device != p.device:
-                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
-
-
-class Fault:
-    """Fault injection for recovery tests and drills: $RAYLOAD_FAULT="epoch=1,rank=1,batch=50,marker=/p[,delay=5][,always=1]".
-
-    It fires before the given batch of the epoch (default 0): mid-epoch, as real crashes do.
-    The driver copies the variable into the loop's context (workers do not inherit the
-    driver's environment). "once" exits the worker process hard (os._exit) unless the marker
-    exists, creating it first; "always" raises on every attempt.
-    """
-
-    def __init__(self, text: str | None):
-        self.conf = dict(part.partition("=")[::2] for part in text.split(",")) if text else {}
-
-    @classmethod
-    def from_context(cls, context: dict) -> "Fault":
-        return cls(context.get("fault"))
-
-    def maybe_fail(self, epoch: int, rank: int, batch: int) -> None:
-        conf = self.conf
-        if not conf or int(conf.get("epoch", -1)) != epoch or int(conf.get("rank", 0)) != rank or int(conf.get("batch", 0)) != batch:
-            return
-        if "always" in self.conf:
-            raise RuntimeError(f"injected failure at epoch {epoch} on rank {rank}")
-        marker = self.conf["marker"]
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            # delay=S: Ray Train registers a reported checkpoint asynchronously; a drill that
-            # must resume from it waits that long (a busy machine can take seconds).
-            time.sleep(float(conf.get("delay", 0)))
-            os._exit(1)  # a hard crash: no exception, no cleanup, like a killed process
 
 
 def _resume_point(context: dict) -> str | None:

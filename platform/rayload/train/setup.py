@@ -128,3 +128,17 @@ def lr_lambda(spec: JobSpec, total_steps: int):
         return 0.5 * (1 + math.cos(math.pi * progress)) if t.lr_decay == "cosine" else 1.0 - progress
 
     return factor
+
+
+def place_steps(opt: torch.optim.Optimizer) -> None:
+    """Step counts where a fused (or capturable) group's kernel reads them: on its parameters'
+    device, as float32. load_state_dict places them by the *saved* groups' settings, so a state
+    saved by an unfused optimizer (a CPU run, a CPU-fallback worker) kept them on the CPU when
+    resumed on a GPU, where this device's fused AdamW takes over."""
+    for group in opt.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if state and torch.is_tensor(state.get("step")) and state["step"].device != p.device:
+                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)

@@ -1,0 +1,62 @@
+"""An A/B experiment's state on disk (serve.json in its run folder): written whole and fsynced,
+read with a clear error when it is missing or damaged, one writer at a time under a lock, and
+the generation stamp that tells one start of an experiment from the next."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+
+from ..errors import RayloadError
+from ..paths import runs_root
+
+
+def new_generation() -> str:
+    """An experiment's generation: when it started (UTC) and a random part. Its router stamps each
+    exposure with it, and the analysis, SRM check and ramp read only the current generation's:
+    the name's events from before a fresh start (other models, salt, arms or shadow mode) share
+    the store but not the experiment. A stamp, not a time bound on `ts`: the old generation's
+    replicas keep answering (and logging) while Serve rolls the new ones out, and replicas on
+    other nodes write their own clocks' time."""
+    import secrets
+
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def save_state(run_dir: str, state: dict) -> None:
+    path = os.path.join(run_dir, "serve.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(state, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())  # a restart after a crash reads it: never an empty file renamed into place
+    os.replace(path + ".tmp", path)
+
+
+def load_state(run: str) -> tuple[str, dict]:
+    for folder in (run, os.path.join(runs_root(), "ab", run)):
+        path = os.path.join(folder, "serve.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                try:
+                    return os.path.abspath(folder), json.load(f)
+                except ValueError as exc:  # a bare JSONDecodeError named no file
+                    raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
+    raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
+
+
+@contextmanager
+def _locked(run_dir: str):
+    """One writer of an experiment's state at a time: the serve loop's controller, `ab
+    simulate`'s and a by-hand command each read serve.json, decide and write it back under
+    this lock (an flock on a file beside it, released if the holder dies), so none acts on a
+    state another has just changed."""
+    import fcntl
+
+    with open(os.path.join(run_dir, "serve.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
