@@ -8,10 +8,31 @@ __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth
            "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult",
            "compress", "retrain", "CompressResult", "RetrainResult", "load_checkpoint"]
 
-from . import evaluate as _evaluate_module  # noqa: F401  (bind the submodule before `evaluate` below)
-from . import train as _train_package  # noqa: F401  (bind the subpackage before `train` below)
+import inspect as _inspect
+import types as _types
+
+from . import evaluate as _evaluate_module
+from . import train as _train_package
 from .errors import DataError, SpecError
 from .spec import load_spec
+
+
+class _CallableModule(_types.ModuleType):
+    """A submodule that is also an SDK function. `rayload.train` and `rayload.evaluate` are both:
+    `rayload.train(spec)` trains, and `rayload.train.checkpoint` (also as `import
+    rayload.train.checkpoint as ckpt`, which a plain function in the module's place broke: that
+    form of import reaches the submodule through the attribute) is the subpackage's module."""
+
+    def __call__(self, *args, **kwargs):
+        return self.__sdk_function__(*args, **kwargs)
+
+
+def _callable(module: _types.ModuleType, function):
+    module.__class__ = _CallableModule
+    module.__sdk_function__ = function
+    module.__signature__ = _inspect.signature(function)  # inspect.signature(rayload.train) is the SDK's
+    module.__doc__ = f"{function.__doc__}\n\n{module.__doc__ or ''}".rstrip()  # the call first, then the module
+    return module
 
 
 def _job(spec, overrides=()):
@@ -33,6 +54,9 @@ def train(spec, address: str | None = None, evaluate_test: bool = True, *, overr
     return fit(_job(spec, overrides), address=address, evaluate_test=evaluate_test)
 
 
+train = _callable(_train_package, train)
+
+
 def preprocess(spec, out: str | None = None, address: str | None = None, engine: str = "ray", on_stage=None, *, overrides=()):
     """Validate, split, fit the preprocessor and write preprocessed shards for a job spec (a
     JobSpec or a YAML path, with `overrides` as `--set`); returns a PreprocessResult (cached by
@@ -46,12 +70,13 @@ def evaluate(spec, checkpoint: str, split: str = "test", address: str | None = N
     """Offline metrics of a checkpoint on a split ("train", "val" or "test") of a job spec's
     preprocessed data (a JobSpec or a YAML path, with `overrides` as `--set`), as `rayload
     evaluate SPEC --checkpoint PATH --split SPLIT`; returns rayload.evaluate's Metrics. For a
-    dataset of your own: `from rayload.evaluate import evaluate_checkpoint`. (Until this was a
-    function, `rayload.evaluate` was evaluate_checkpoint until the submodule's first import
-    replaced it with the module.)"""
+    dataset of your own: `from rayload.evaluate import evaluate_checkpoint`."""
     from .evaluate import evaluate_split
 
     return evaluate_split(_job(spec, overrides), checkpoint, split, address=address)
+
+
+evaluate = _callable(_evaluate_module, evaluate)
 
 
 def load_checkpoint(path: str, device: str = "cpu"):

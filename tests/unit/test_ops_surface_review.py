@@ -209,3 +209,26 @@ def test_a_regression_domain_with_low_above_high_is_refused_and_a_scalar_path_ov
         load_spec(str(tmp_path / "r.yaml"), [])
     (tmp_path / "j.yaml").write_text(JOB)
     assert load_spec(str(tmp_path / "j.yaml"), ["data.source.path=2024-06-01"]).data.source.path == "2024-06-01"
+
+
+def test_the_sdk_functions_train_and_evaluate_are_also_their_modules():
+    """`import rayload.train.checkpoint as ckpt` failed (ImportError: cannot import name
+    'checkpoint' from 'train'): that form of import walks attributes, and `rayload.train` was
+    the SDK function. Both names are now the module, callable as the SDK function."""
+    import importlib
+    import inspect
+    import subprocess
+    import sys
+
+    import rayload
+
+    code = ("import rayload.train.checkpoint as ckpt, rayload.evaluate as ev, rayload;"
+            "print(ckpt.__name__, ev.__name__, rayload.train.checkpoint is ckpt, callable(rayload.train), callable(ev))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["rayload.train.checkpoint", "rayload.evaluate", "True", "True", "True"]
+    assert rayload.train is importlib.import_module("rayload.train") and rayload.evaluate is importlib.import_module("rayload.evaluate")
+    assert list(inspect.signature(rayload.train).parameters) == ["spec", "address", "evaluate_test", "overrides"]
+    assert rayload.train.__doc__.startswith("Preprocess and train a job spec")
+    from rayload.train import fit, load  # the subpackage's own names
+
+    assert callable(fit) and callable(load)
