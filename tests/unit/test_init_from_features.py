@@ -238,3 +238,29 @@ def test_a_retrain_records_the_features_section_its_champion_was_trained_with(ch
     retrain_job = job_for(spec, folder, _events(tmp_path), "y", "r2")
     assert retrain_job.features == _champion_spec(path).features
     assert pipeline.preprocess(retrain_job, out=str(tmp_path / "pre"), engine="local").counts["good"] == 600
+
+
+def test_init_from_a_checkpoint_whose_bags_have_another_separator_is_refused_naming_both(tmp_path):
+    """The job's separator read the bags and the checkpoint's split them: with "," declared
+    against a checkpoint fitted with "|", every training bag became one unknown token (ID 1)
+    while serving the model split the same rows into their real IDs."""
+    rng = np.random.default_rng(0)
+    tags = [list(rng.choice(["a", "b", "c", "d"], 2, replace=False)) for _ in range(400)]
+    pq.write_table(pa.table({"tags": pa.array(tags, pa.list_(pa.string())), "x": rng.normal(size=400),
+                             "y": (rng.random(400) < 0.3).astype(float)}), str(tmp_path / "a.parquet"))
+
+    def spec(separator: str, init_from: str | None = None) -> JobSpec:
+        return JobSpec.model_validate({
+            "name": "t", "data": {"source": {"kind": "parquet", "path": str(tmp_path / "a.parquet")}, "label": {"column": "y"},
+                                  "columns": [{"name": "tags", "role": "multi_categorical", "separator": separator},
+                                              {"name": "x", "role": "numeric"}]},
+            **({"train": {"init_from": init_from}} if init_from else {})})
+
+    fitted = pipeline.preprocess(spec("|"), out=str(tmp_path / "fit"), engine="local")
+    os.makedirs(tmp_path / "ck")
+    shutil.copy(os.path.join(fitted.out_dir, "features.json"), tmp_path / "ck")
+    with pytest.raises(DataError, match=r"tags \(separator '\|' in the checkpoint, ',' here\)"):
+        pipeline.preprocess(spec(",", str(tmp_path / "ck")), out=str(tmp_path / "bad"), engine="local")
+    same = pipeline.preprocess(spec("|", str(tmp_path / "ck")), out=str(tmp_path / "ok"), engine="local")
+    bags = pq.read_table(os.path.join(same.out_dir, "train")).column("tags").to_pylist()
+    assert all(len(bag) == 2 and 1 not in bag for bag in bags)  # the same separator: every tag known

@@ -111,3 +111,13 @@ def test_integers_past_2_53_and_fine_timestamps_become_the_nearest_float():
         assert validate_table(one, BINARY)[0].column("t").to_pylist() == [ticks * 86400.0 if kind == "date32" else 1e17]
     served = validate_request([{"x": 2**60}, {"x": 2**63 - 1}], [{"name": "x", "role": "numeric"}])
     assert served.column("x").to_pylist() == [float(2**60), float(2**63 - 1)]
+
+
+def test_a_negative_zero_label_is_zero():
+    """"-0" in a CSV (or -0.0 in a float column) passed the binary check and stayed -0.0: the
+    class counts keyed it "-0.0", and the loss, which looks up class 0's weight under "0.0",
+    trained class 0 at weight 1.0 instead of its rebalancing weight."""
+    raw = pa.table({"x": ["1", "2", "3"], "c": ["a", "b", "c"], "t": ["1", "2", "3"], "y": ["-0", "1", "-0.0"]})
+    good, bad = validate_table(raw, BINARY)
+    assert bad.num_rows == 0
+    assert [str(v) for v in good.column("y").to_pylist()] == ["0.0", "1.0", "0.0"]

@@ -112,10 +112,16 @@ def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:
     missing = [n for n in needed if n not in roles]
     retyped = [f"{n} ({needed[n]} in the checkpoint, {roles[n]} here)" for n in needed if n in roles and roles[n] != needed[n]]
     extra = [n for n, role in roles.items() if role in FEATURE_ROLES and n not in needed]
+    # A bag is read with data.columns' separator and split by the checkpoint's: with two
+    # separators every training bag would be one unknown token while serving splits it
+    separators = {c["name"]: c.get("separator") or "|" for c in fixed.columns if c["role"] == "multi_categorical"}
+    declared_separators = {c.name: c.separator for c in declared if c.role == "multi_categorical"}
+    retyped += [f"{n} (separator {separators[n]!r} in the checkpoint, {declared_separators[n]!r} here)"
+                for n in separators if n in declared_separators and declared_separators[n] != separators[n]]
     if not (missing or retyped or extra):
         return
     found = "; ".join(f"{what}: {', '.join(names)}" for what, names in (
-        ("missing", missing), ("declared with another role", retyped), ("not in the checkpoint", extra)) if names)
+        ("missing", missing), ("declared with another role or separator", retyped), ("not in the checkpoint", extra)) if names)
     expected = ", ".join(f"{n}: {r}" for n, r in needed.items())
     raise DataError(f"{where} transforms the data with the checkpoint's fitted features, which were fitted on other columns than "
                     f"data.columns declares ({found}). Declare the checkpoint's columns ({expected}; plus this data's label), or "

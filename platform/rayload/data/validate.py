@@ -236,7 +236,7 @@ def _validate_label(column, label: dict, reasons: _Reasons) -> tuple[pa.Array, p
     reasons.add(missing, f"{name}: missing label")
     reasons.add(~missing & np.isnan(y), f"{name}: label is NaN")
     reasons.add(np.isinf(y), f"{name}: label is infinite")
-    y = np.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0)
+    y = np.nan_to_num(y, nan=0.0, posinf=0.0, neginf=0.0) + 0.0  # + 0.0: a label -0.0 ("-0" in a CSV) is 0.0 (class counts and weights key on its text)
     raw = pa.array(y, pa.float64())
     if label["task"] == "binary":
         if label.get("threshold") is not None:
@@ -297,6 +297,14 @@ def validate_request(rows: list[dict], columns: list[dict], needed: set[str] = f
                 reasons.values[i] = reasons.values[i] or f"{col['name']}: {reason}"
         raw[col["name"]] = python_array(values)
     out = {c["name"]: _validate_column(raw[c["name"]], dict(c, required=c.get("required", False)), reasons) for c in feature_cols}
+    # An id or timestamp column the model does not read may come along (and is logged with the
+    # exposure): one value each, as in a column that is read (a list nested 1,000 deep failed
+    # the exposure's JSON, and with it every request of its batch)
+    for col in columns:
+        if col["role"] in ("id", "timestamp") and col not in feature_cols and any(col["name"] in r for r in rows):
+            for i, reason in enumerate(read_values([r.get(col["name"]) for r in rows], col)[1]):
+                if reason:
+                    reasons.values[i] = reasons.values[i] or f"{col['name']}: {reason}"
     if reasons.bad.any():
         i = int(np.flatnonzero(reasons.bad)[0])
         raise DataError(f"request row {i}: {reasons.values[i]}")
