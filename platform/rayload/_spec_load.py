@@ -52,11 +52,15 @@ class _UniqueKeys(yaml.SafeLoader):
 def read_yaml(path: str) -> dict:
     if not os.path.exists(path):
         raise SpecError([SpecIssue("", f"spec file not found: {path}")], file=path)
+    if os.path.isdir(path):
+        raise SpecError([SpecIssue("", f"{path} is a folder, not a spec file")], file=path)
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:  # bytes: YAML is UTF-8 (or -16/-32 with a BOM) whatever the locale says
             raw = yaml.load(f, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
+    except yaml.YAMLError as exc:  # a byte that is not UTF-8 is a yaml.reader.ReaderError, naming its position
         raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
+    except OSError as exc:
+        raise SpecError([SpecIssue("", f"cannot read the spec file: {exc.strerror or exc}")], file=path) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -217,14 +221,74 @@ def validate_model(model_cls: type[BaseModel], raw: dict, check: Check | None = 
     return model
 
 
+# pydantic's errors for a value that matches no type of a union: one per type, not about the value's content
+_MISMATCH = {"int_type", "int_parsing", "int_from_float", "float_type", "float_parsing", "string_type", "bool_type",
+             "bool_parsing", "list_type", "tuple_type", "dict_type", "model_type", "model_attributes_type", "literal_error"}
+
+
+def _union_errors(errors: list[dict], model_cls: type[BaseModel]) -> list[dict]:
+    """The errors with the union member tags pydantic puts in a location (`workers.int`,
+    `workers.function-after[_order(), ElasticWorkers]`, `source.csv.path.str`) taken out, so
+    each names a spec path, and for a value no member of a union took, only the errors of the
+    members whose shape the value has: {min: 3, max: 2} for `int | ElasticWorkers` is
+    ElasticWorkers' error, not also "should be a valid integer". When no member got past the
+    type check, the members' type errors become one."""
+    groups: dict[tuple, list] = {}  # (union's loc, member tag) of each error inside a union
+    out = []
+    for err in errors:
+        loc, union_at, tag = _clean_loc(err["loc"], model_cls)
+        err = dict(err, loc=tuple(loc), tagged_loc=err["loc"])
+        if union_at is None:
+            out.append(err)
+        else:
+            groups.setdefault(tuple(loc[:union_at]), []).append((tag, err))
+    for at, members in groups.items():
+        fitting = [e for _, e in members if e["type"] not in _MISMATCH or len(e["loc"]) > len(at)]
+        if fitting:
+            out.extend(fitting)
+        else:  # one error: what the value could have been
+            what = [e["msg"].removeprefix("Input should be ") for _, e in members]
+            out.append(dict(members[0][1], msg="Input should be " + " or ".join(dict.fromkeys(what))))
+    return out
+
+
+def _clean_loc(loc, model_cls) -> tuple[list[str], int | None, str | None]:
+    """(the location without union member tags, the index where the innermost one was, that tag)."""
+    tp: object = model_cls
+    out, union_at, tag = [], None, None
+    for part in map(str, loc):
+        members = [c for c in _candidates(tp) if c is not type(None)]
+        branch = _member(members, part) if len(members) > 1 else None
+        if branch is not None:
+            union_at, tag = len(out), part
+            tp = branch
+            continue
+        out.append(part)
+        tp = _descend(tp, part) if tp is not None else None
+    return out, union_at, tag
+
+
+def _member(members: list, part: str):
+    """The member of a union that pydantic's location tag `part` names, None if it names none."""
+    for c in members:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            kinds = c.model_fields.get("kind")
+            if part == c.__name__ or part.endswith(f", {c.__name__}]") or (
+                    kinds is not None and part in typing.get_args(kinds.annotation)):
+                return c
+        elif part.removeprefix("constrained-") == (c.__name__ if isinstance(c, type) else str(c)):  # int with ge=1: constrained-int
+            return c
+    return None
+
+
 def pydantic_issues(exc: ValidationError, model_cls: type[BaseModel]) -> list[SpecIssue]:
     out = []
-    for err in exc.errors(include_url=False):
+    for err in _union_errors(exc.errors(include_url=False), model_cls):
         loc = [str(p) for p in err["loc"]]
         path = ".".join(loc)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            allowed = _fields_at(model_cls, loc[:-1])
+            allowed = _fields_at(model_cls, [str(p) for p in err.get("tagged_loc", loc)][:-1])  # the tags pick a union's member
             near = difflib.get_close_matches(loc[-1], allowed, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             msg = f"unknown field; allowed: {', '.join(allowed)}{hint}" if allowed else "unknown field"
@@ -263,7 +327,7 @@ def _descend(tp, part: str):
             return typing.get_args(cand)[0]
         if origin is dict:
             return typing.get_args(cand)[1]
-    return None
+    return _member([c for c in _candidates(tp) if c is not type(None)], part)  # a union member's tag
 
 
 def _candidates(tp) -> list:

@@ -74,14 +74,14 @@ class Serving(_Spec):
 
 class Events(_Spec):
     url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite (WAL) in the run folder")
-    flush_ms: float = Field(default=1.0, ge=0, description="how long the writer waits after an event for others to share its commit; "
+    flush_ms: float = Field(default=1.0, ge=0, le=60_000, description="how long the writer waits after an event for others to share its commit; "
                              "0: commit at once (what arrives during a commit still shares the next)")
     max_batch: int = Field(default=512, ge=1)
     log_features: bool = Field(default=True, description="keep each exposure's raw features: `rayload retrain` learns from them")
     sync: Literal["normal", "full"] = Field(
         default="normal", description="SQLite: normal = an answer waits for the commit into the WAL (safe against a killed "
         "replica) and the WAL is fsynced within fsync_s; full = an fsync per commit (serve/event_writer.py)")
-    fsync_s: float = Field(default=1.0, gt=0, description="SQLite with sync normal: the longest a commit waits for its fsync "
+    fsync_s: float = Field(default=1.0, gt=0, le=86_400, description="SQLite with sync normal: the longest a commit waits for its fsync "
                            "(bounds what a machine crash can lose)")
 
     @field_validator("url")
@@ -130,7 +130,7 @@ class Drift(_Spec):
     enabled: bool = True
     threshold: float = Field(default=0.2, gt=0, description="PSI above which a feature is flagged")
     min_rows: int = Field(default=500, ge=1, description="rows a feature needs before it can be flagged")
-    flush_s: float = Field(default=5.0, gt=0, description="how often each replica writes its counts to the event store")
+    flush_s: float = Field(default=5.0, gt=0, le=86_400, description="how often each replica writes its counts to the event store")
     window_s: float | None = Field(default=86_400.0, ge=60, description="the served traffic compared: the last window_s seconds "
                                    "(counted in 24 periods; null: everything since each replica started)")
 
@@ -142,7 +142,7 @@ class Ramp(_Spec):
     steps: list[float] = Field(default_factory=lambda: [0.05, 0.25, 0.5])
     min_units_per_step: int = Field(default=500, ge=1)
     auto: bool = True
-    interval_s: float = Field(default=5.0, gt=0, description="how often the controller looks")
+    interval_s: float = Field(default=5.0, gt=0, le=86_400, description="how often the controller looks")
 
     @field_validator("steps")
     @classmethod

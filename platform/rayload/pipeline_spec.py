@@ -60,7 +60,7 @@ class ABStage(_Stage):
     champion: str | None = None
     challenger: str | None = None
     traffic: Literal["simulate", "live"] = "simulate"
-    interval_s: float = Field(default=30.0, gt=0)
+    interval_s: float = Field(default=30.0, gt=0, le=86_400)  # sleeps: bounded (1e300 overflowed time.sleep)
     max_minutes: float = Field(default=60.0, gt=0)
     keep_serving: bool = False  # leave the experiment deployed after the stage (on a cluster)
     set: list[str] = Field(default_factory=list)

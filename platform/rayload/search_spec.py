@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from ._quantities import RayQuantity
 from .errors import SpecIssue
 from .paths import NAME_PATTERN
 from .spec import _Spec as _JobSpecBase
@@ -149,6 +150,8 @@ class Param(_Spec):
         if (kind == "loguniform" or self.log) and self.step is not None:
             out.append(f"{'loguniform' if kind == 'loguniform' else 'log'} and step cannot be combined: a log scale is not "
                        "quantised; use uniform with step, or drop step")
+        if kind == "int" and not (-2**63 <= low and high < 2**63):
+            out.append(f"int bounds must fit in 64 bits (got [{low}, {high}])")
         if kind == "int" and self.step is not None and self.step != _int(self.step):
             out.append(f"an int range steps by a whole number (got step={self.step:g})")
         elif self.step is not None and low < high and not out:
@@ -178,8 +181,8 @@ class Asha(_Spec):
 
 class TrialResources(_Spec):
     workers: int = Field(default=1, ge=1, description="1: the loop runs inside the trial; more: a TorchTrainer per trial")
-    cpus_per_worker: float | None = Field(default=None, gt=0, description="default: the base job's")
-    gpus_per_worker: float | None = Field(default=None, ge=0, description="default: the base job's")
+    cpus_per_worker: RayQuantity | None = Field(default=None, gt=0, description="default: the base job's")
+    gpus_per_worker: RayQuantity | None = Field(default=None, ge=0, description="default: the base job's")
 
 
 class SearchSpec(_Spec):
@@ -254,7 +257,10 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
                                         "samples, so write it as {choice: [...]}"))
     if spec.sampler and spec.strategy != "bayes":
         issues.append(SpecIssue("sampler", f"sampler is for strategy: bayes, not {spec.strategy}", spec.sampler, True))
-    if spec.strategy == "grid" and spec.num_samples is not None and spec.num_samples != grid_size(spec):
+    if spec.strategy == "grid" and grid_size(spec) > MAX_GRID:
+        issues.append(SpecIssue("space", f"the grid has {grid_size(spec):,} points, each a trial; a grid search runs every one "
+                                f"(at most {MAX_GRID:,}): list fewer values, or sample the space with strategy random or bayes"))
+    elif spec.strategy == "grid" and spec.num_samples is not None and spec.num_samples != grid_size(spec):
         issues.append(SpecIssue("num_samples", f"a grid search runs its grid exactly once: {grid_size(spec)} trials; leave num_samples out",
                                 spec.num_samples, True))
     sched = spec.scheduler
@@ -301,12 +307,15 @@ def _overlap_issues(spec: SearchSpec) -> list[SpecIssue]:
     return issues
 
 
+MAX_GRID = 100_000  # trials a grid search may hold: Tune expands the whole grid up front
+
+
 def grid_size(spec: SearchSpec) -> int:
     size = 1
     for p in spec.space.values():
         if p.kind == "int":
-            low, high = p.int
-            size *= len(range(low, high + 1, int(p.step or 1)))
+            low, high = p.int  # counted, not ranged: len(range) overflows past 2**63 values
+            size *= max(0, (high - low) // max(1, _int(p.step or 1)) + 1)
         else:
             size *= len(p.values) if p.kind in ("choice", "grid") else 1
     return size

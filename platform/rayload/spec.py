@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ._quantities import RayQuantity
 from .data.builtin import builtin_columns, builtin_label
 from .errors import FieldValueError
 from .paths import NAME_PATTERN
@@ -210,7 +211,7 @@ class CategoricalFeature(_Spec):
     encode: Literal["vocab", "hash", "onehot"] = "vocab"
     top_k: int | None = Field(default=None, gt=0)
     min_count: int = Field(default=1, ge=1)
-    buckets: int = Field(default=100_000, ge=2, description="hash buckets (encode=hash)")
+    buckets: int = Field(default=100_000, ge=2, lt=2**31, description="hash buckets (encode=hash)")
     max_onehot: int = Field(default=64, ge=1)
     max_bag: int = Field(default=16, ge=1, description="IDs kept per row of a multi_categorical column")
     # Adds two dense features fitted on train: the smoothed label mean of the value and the log
@@ -232,7 +233,7 @@ class DerivedFeature(_Spec):
 
 class CrossFeature(_Spec):
     columns: list[str] = Field(min_length=2)
-    buckets: int = Field(default=100_000, ge=2)
+    buckets: int = Field(default=100_000, ge=2, lt=2**31)  # an embedding table's rows
 
 
 class FeatureSpec(_Spec):
@@ -350,21 +351,15 @@ class ElasticWorkers(_Spec):
 
 
 class ResourcesSpec(_Spec):
-    workers: int | ElasticWorkers = Field(default=1)
-    cpus_per_worker: float = Field(default=1.0, gt=0.0)
-    gpus_per_worker: float = Field(default=0.0, ge=0.0)
+    workers: Annotated[int, Field(ge=1)] | ElasticWorkers = Field(default=1)
+    cpus_per_worker: RayQuantity = Field(default=1.0, gt=0.0)
+    gpus_per_worker: RayQuantity = Field(default=0.0, ge=0.0)
     accelerator_type: str | None = None
     # A job that asks for more than the cluster has fails after this long instead of hanging.
-    placement_timeout_s: float = Field(default=60.0, gt=0.0)
+    placement_timeout_s: float = Field(default=60.0, gt=0.0, le=86_400)
     # GPU workers whose GPUs CUDA cannot see (logical GPUs of a fake multi-node cluster) train
     # on CPU with a warning, over gloo; without this they stop with an error.
     cpu_fallback: bool = False
-
-    @model_validator(mode="after")
-    def _workers(self) -> "ResourcesSpec":
-        if isinstance(self.workers, int) and self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
-        return self
 
 
 class EvalSpec(_Spec):
