@@ -456,3 +456,47 @@ def test_a_malformed_final_decision_in_a_user_config_is_refused_and_the_experime
     assert router.config_refused is None and router.final["decision"] == "promote"
     code, report = answer(run(get_experiment(router)))
     assert code == 200 and report["decision"] == "promote"
+
+
+def test_a_nested_value_in_a_column_the_model_does_not_read_is_a_422_that_fails_no_other_request(run, make_router, models):
+    """A timestamp column is a known feature name the model need not read, so its value went
+    unchecked into the exposure's logged JSON: nested 1,000 deep, the JSON failed, and with it
+    every request of the batch (500s logged as both arms' errors); a unit_id nested so deep
+    failed the 422's own message (RecursionError, a 500)."""
+    router = make_router()
+    _, rows = models
+    row = rows[0]
+    assert "ts" in row and "ts" in router.feature_names
+
+    def deep(depth: int):
+        return json.loads("[" * depth + "]" * depth)
+
+    async def go():
+        both = await asyncio.gather(router.predict(request({"unit_id": "x", "features": row})),
+                                    router.predict(request({"unit_id": "u", "features": {**row, "ts": deep(900)}})))
+        alone = [await router.predict(request({"unit_id": "u", "features": {**row, "ts": value}}))
+                 for value in (deep(3), {"not": "a timestamp"})]
+        unit = await router.predict(request({"unit_id": deep(900), "features": row}))
+        return [answer(r) for r in (*both, *alone, unit)]
+
+    good, *bad, unit = run(go())
+    assert good[0] == 200
+    for code, body in bad:
+        assert code == 422 and body["detail"][0]["msg"].startswith("request row 0: ts: "), body
+    assert unit[0] == 422 and unit[1]["detail"][0]["loc"] == ["body", "unit_id"] and "got list [[[" in unit[1]["detail"][0]["msg"]
+    assert rows_of(router, "select unit_id, status from ab_exposures") == [("x", "ok")]
+
+
+def test_the_api_docs_routes_are_not_served():
+    """/docs, /redoc and /openapi.json answered 200 without the API key every route needs."""
+    import httpx
+
+    from rayload.serve.app import api
+
+    assert (api.docs_url, api.redoc_url, api.openapi_url) == (None, None, None)
+
+    async def get(path):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://router") as client:
+            return (await client.get(path)).status_code
+
+    assert [asyncio.run(get(path)) for path in ("/docs", "/redoc", "/openapi.json")] == [404, 404, 404]

@@ -37,7 +37,8 @@ from .router_config import RouterConfig, config_issues
 from .shadow import ShadowScoring
 
 log = logging.getLogger(__name__)
-api = FastAPI(title="rayload A/B router")
+# No /docs, /redoc or /openapi.json: they answered without the API key that every route needs
+api = FastAPI(title="rayload A/B router", docs_url=None, redoc_url=None, openapi_url=None)
 
 
 class EventStoreError(RuntimeError):
@@ -266,7 +267,12 @@ class ABRouter(ShadowScoring):
             layout = exposure[4] if len(exposure) > 4 else self.layout_json  # as assigned (predict passes it)
             scores, version = result
             top = _top(scores)
-            features = _features_json(rows[top], fast) if self.log_features else None
+            try:
+                features = _features_json(rows[top], fast) if self.log_features else None
+            except (TypeError, ValueError, RecursionError) as exc:  # its own failure, not the batch's
+                results = list(results)
+                results[i] = EventStoreError(f"the exposure's features cannot be written as JSON: {exc!r}")
+                continue
             events.append(("exposure", self._exposure_row(request_id, unit, arm, version, scores[top], "ok", (perf - start) * 1000,
                                                           now, features, layout)))
             logged.append(i)
