@@ -485,3 +485,59 @@ def test_the_failure_comparison_against_the_champion_is_anytime_valid():
     assert ever(1.0).mean() <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 500)
     assert ever(3.0).mean() > 0.95  # a challenger failing three times as often is found
     assert stats.failures_above_p(np.ones(0), np.ones(0)) == 1.0
+
+
+def _frame(n: int, weights: dict, arm: np.ndarray, clicked: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"request_id": [f"r{i}" for i in range(n)], "unit_id": [f"u{i}" for i in range(n)], "arm": arm,
+                         "model_version": "v", "score": 0.5, "status": "ok", "latency_ms": 5.0,
+                         "layout": json.dumps(weights, sort_keys=True), "ts": np.arange(n, dtype=float), "outcome": clicked.astype(float)})
+
+
+def test_a_difference_far_beyond_any_threshold_keeps_the_analysis_working():
+    """The mixture likelihood ratio overflowed math.exp past |z| ~ 38 (25% against 45% CTR
+    after ~60k rows): every later analysis raised, the decision included, since looks are kept."""
+    assert stats.msprt_lambda(0.05, 1e-6, 0.01) == math.exp(700.0)
+    assert stats.always_valid_p([stats.msprt_lambda(0.05, 1e-6, 0.01)]) < 1e-300
+    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
+                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}]})
+    rng = np.random.default_rng(0)
+    n = 60_000
+    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
+    clicked = rng.random(n) < np.where(arm == "challenger", 0.45, 0.25)
+    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, clicked), spec, now=1e9)
+    assert result.decision == "promote" and result.sequential_p < 1e-100
+
+
+def test_units_in_an_arm_of_weight_0_are_a_sample_ratio_mismatch():
+    """They were left out of the chi-square: with one weighted arm left there was no test
+    (p = 1), the results stayed valid and the analysis promoted on traffic that should not exist."""
+    assert stats.srm_p_value([({"control": 5000, "challenger": 5000}, {"control": 1.0, "challenger": 0.0})]) == 0.0
+    assert stats.srm_p_value([({"control": 5000, "stray": 3}, {"control": 1.0})]) == 0.0  # an arm the layout does not name
+    assert stats.srm_p_value([({"control": 5000, "challenger": 0}, {"control": 1.0, "challenger": 0.0})]) == 1.0
+    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 1.0, "checkpoint": "/x"},
+                                               {"name": "challenger", "weight": 0.0, "checkpoint": "/y"}],
+                         "analysis": {"min_units": 200}, "guardrails": {"min_requests": 100}})
+    rng = np.random.default_rng(0)
+    n = 4000
+    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
+    clicked = rng.random(n) < np.where(arm == "challenger", 0.14, 0.10)
+    result = analyze(_frame(n, {"challenger": 0.0, "control": 1.0}, arm, clicked), spec, now=1e9)
+    assert result.srm_flagged and not result.valid and result.decision != "promote"
+
+
+def test_the_power_calculator_refuses_an_effect_no_rate_can_have_and_the_analysis_asks_for_a_drop_near_1():
+    """0.95 + 0.1 answered 75 units, 0.02 - 0.05 answered 124: effects that take the CTR
+    outside [0, 1]. At a CTR within mde of 1 the analysis sizes the test for a drop of mde."""
+    for p_base, mde in ((0.95, 0.1), (0.02, -0.05)):
+        with pytest.raises(ValueError, match=r"mde .* outside \[0, 1\]"):
+            stats.sample_size(p_base, mde)
+        with pytest.raises(ValueError, match=r"mde .* outside \[0, 1\]"):
+            stats.msprt_sample_size(p_base, mde)
+    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
+                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
+                         "analysis": {"mde": 0.05}})
+    rng = np.random.default_rng(1)
+    n = 2000
+    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
+    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, rng.random(n) < 0.98), spec, now=1e9)
+    assert result.units_needed is not None and result.sequential_units_needed is not None

@@ -197,10 +197,11 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     base = _base_rate(control.x + treatment.x, control.y + treatment.y, a.alpha)
     unit_var = (control.unit_variance(base), treatment.unit_variance(base))
     n = sum(result.compared_units.values())
-    needed = stats.sample_size(base, a.mde, a.alpha, a.power, share, unit_var)
+    mde = a.mde if base + a.mde <= 1 else -a.mde  # at a CTR within mde of 1 only a drop of mde can happen
+    needed = stats.sample_size(base, mde, a.alpha, a.power, share, unit_var)
     result.units_needed = None if needed is None else max(0, needed - n)
     result.mde_now = stats.minimum_detectable_effect(n, base, a.alpha, a.power, share, unit_var)
-    needed = stats.msprt_sample_size(base, a.mde, a.alpha, a.power, share, unit_var, a.tau)
+    needed = stats.msprt_sample_size(base, mde, a.alpha, a.power, share, unit_var, a.tau)
     result.sequential_units_needed = None if needed is None else max(0, needed - n)
     result.sequential_mde_now = stats.msprt_mde(n, base, a.alpha, a.power, share, unit_var, a.tau)
 

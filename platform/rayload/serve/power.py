@@ -28,6 +28,9 @@ def _check(**args) -> None:
             raise ValueError(f"{name} must be {'> 0' if name == 'tau' else 'in [0, 1]'}, got {value!r}")
         if name == "n_total" and value < 0:
             raise ValueError(f"n_total is a count of units, got {value!r}")
+    p_base, mde = args.get("p_base"), args.get("mde")
+    if p_base is not None and mde is not None and not 0 <= p_base + mde <= 1:  # 0.95 + 0.1 answered 75 units
+        raise ValueError(f"mde {mde!r} takes the rate {p_base!r} to {p_base + mde:.6g}, outside [0, 1]: no arm can reach it")
 
 
 def _z(alpha: float) -> float:

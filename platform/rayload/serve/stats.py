@@ -282,7 +282,10 @@ def msprt_lambda(diff: float, var: float, tau: float) -> float:
     if not (math.isfinite(diff) and math.isfinite(var) and var > 0):
         return 1.0
     t2 = tau * tau
-    return math.sqrt(var / (var + t2)) * math.exp(t2 * diff * diff / (2 * var * (var + t2)))
+    # In logs, capped: exp overflowed past |z| ~ 38 (a broken arm after ~27k rows), and every
+    # later analysis raised with it, since the looks are kept. e**700 is p = 1e-304 all the same.
+    log_lam = 0.5 * math.log(var / (var + t2)) + t2 * diff * diff / (2 * var * (var + t2))
+    return math.exp(min(log_lam, 700.0))
 
 
 def always_valid_p(lambdas: list[float]) -> float:
@@ -298,8 +301,12 @@ def srm_statistic(units: dict[str, int], weights: dict[str, float]) -> tuple[flo
     shares (arms with weight > 0). (0, 0), no test, while an arm expects fewer than
     SRM_MIN_EXPECTED units: the chi-square distribution is no approximation there (the first
     unit of a 5% arm, a 1-in-20 event, read as p = 1e-5), and a mismatch large enough to matter
-    shows once the counts are."""
+    shows once the counts are. Units in an arm the weights give no share (weight 0, or not
+    named) are a mismatch outright: (inf, 1), p = 0. Leaving them out of the test let a
+    broken assignment that sent half the units to a weight-0 arm pass with p = 1."""
     arms = [a for a, w in weights.items() if w > 0]
+    if any(n > 0 and a not in arms for a, n in units.items()):
+        return (math.inf, max(1, len(arms) - 1))
     total = sum(units.get(a, 0) for a in arms)
     if len(arms) < 2 or total == 0:
         return (0.0, 0)
