@@ -754,3 +754,18 @@ def test_the_best_ray_checkpoint_is_picked_among_those_that_report_the_score():
     assert _best_reported(reported, "val_auc", "min", "run")[0] == "a"
     with pytest.raises(TrainingError, match="no checkpoint with val_auc was written in run; a validation split with one class has no AUC"):
         _best_reported([("b", {"val_logloss": 0.5})], "val_auc", "max", "run")
+
+
+def test_the_epochs_train_loss_is_the_mean_over_its_rows_with_a_short_last_step():
+    """The per-step losses were averaged as equals: 513 rows in steps of 256, 256 and 1 made the
+    lone last row a third of the reported loss (0.427 against 0.566 over the rows)."""
+    from rayload.train.loop import binary_loss
+
+    t = table(513, 0)
+    trainer = Trainer(job(batch_size=256, lr=1e-30), features(), MemorySession(t, t, "."), 3)  # the weights stay put
+    reported = trainer.train_epoch(0)["train_loss"]
+    batch = collate(t, Layout(("x",), ("c",), ("b",)))
+    trainer.model.train()
+    with torch.no_grad():
+        over_rows = binary_loss(trainer.model(*batch.inputs()).float(), batch.label, None).item()
+    assert reported == pytest.approx(over_rows, rel=1e-5)

@@ -197,12 +197,15 @@ class Trainer:
             group.append(batch)
             rows += len(batch)
             if len(group) == k:
-                losses.append(self.step(group))
+                losses.append((self.step(group), sum(len(b) for b in group)))
                 group = []
         if group:  # a short last group still steps; every rank has the same count
-            losses.append(self.step(group))
+            losses.append((self.step(group), sum(len(b) for b in group)))
         seconds = time.perf_counter() - start
-        return {"train_loss": float(np.mean(losses)) if losses else None, "train_rows": rows * self.session.world_size,
+        # The mean over this rank's rows: a step's loss is its rows' mean, so a short last step
+        # (one row of 513) weighs its rows, not a third of the epoch
+        loss = sum(value * n for value, n in losses) / sum(n for _, n in losses) if losses else None
+        return {"train_loss": loss, "train_rows": rows * self.session.world_size,
                 "samples_per_s": rows * self.session.world_size / seconds if seconds else None}
 
     @torch.no_grad()
