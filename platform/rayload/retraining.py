@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass
 
@@ -41,12 +42,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from .errors import DataError, RayloadError
+from .errors import RayloadError
 from .retrain_gate import GATE_SPLIT, Gate, gate_aucs
+from .retrain_rows import check_rows, input_columns, training_rows, windows
 from .paths import is_remote, localize, runs_root
 
 log = logging.getLogger(__name__)
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
 _STAMP = re.compile(r"-r\d{8}-\d{6}(?:-\d+)?$")  # the suffix a default retrain name ends with (-2: the second of a second)
 
@@ -79,16 +80,6 @@ class RetrainResult:
         return {**asdict(self), "passed": self.passed}
 
 
-def parse_duration(text: str, field: str) -> float | None:
-    """'7d', '12h', '30m', '45s', '2w' to seconds; 'all' to None (no limit)."""
-    if text == "all":
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
-    if not m:
-        raise RayloadError(f"{field} must look like 30s, 15m, 12h, 7d or 2w (or 'all'), got {text!r}")
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
 def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m", min_auc_gain: float = 0.0,
             challenger_weight: float | None = None, name: str | None = None, overrides=(), address: str | None = None,
             now: float | None = None) -> RetrainResult:
@@ -100,6 +91,7 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
         # NaN was taken, and a full fine-tune later refused a model however much it gained
         raise RayloadError(f"--min-auc-gain must be a finite number (a negative one accepts a small loss), got {min_auc_gain}")
 
+    window_s, attribution_s = windows(window, attribution)  # refused before anything is read
     job = spec if isinstance(spec, JobSpec) else load_spec(spec, list(overrides))
     run, state = load_state(from_events)
     args, user = parts(state["config"])
@@ -122,13 +114,16 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
         os.rmdir(out)  # empty: nothing was written yet
         raise
     unlogged: list[int] = []
-    table = training_rows(args, champion, parse_duration(window, "--window"), parse_duration(attribution, "--attribution"), now,
-                          unlogged)
     path = os.path.join(out, "events.parquet")
-    pq.write_table(table, path)
-    label = _label_column(champion)
-    positives = int(pa.compute.sum(table.column(label)).as_py() or 0)
-    _check_rows(table.num_rows, positives, from_events)
+    try:
+        table = training_rows(args, champion, window_s, attribution_s, now, unlogged)
+        pq.write_table(table, path)
+        label = _label_column(champion)
+        positives = int(pa.compute.sum(table.column(label)).as_py() or 0)
+        check_rows(table.num_rows, positives, from_events)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)  # too few rows (or none readable) leaves no retrain folder behind
+        raise
     retrain_job = job_for(job, champion, path, label, f"retrain-{args['experiment']}-{stamp}")
     gate, checkpoint = _fit_and_gate(retrain_job, champion, address)
     ab_path = None
@@ -182,65 +177,6 @@ def _label_column(champion: str) -> str:
     return FittedFeatures.load(os.path.join(localize(champion), "features.json")).label.column
 
 
-def training_rows(args: dict, champion: str, window_s: float | None, attribution_s: float | None, now: float,
-                  unlogged: list[int] | None = None) -> pa.Table:
-    """The labelled rows: one per exposure in the window whose label is known, of the experiment's
-    current generation. `unlogged` gets the count of exposures left out for lack of features."""
-    from .ab_spec import ABSpec
-    from .features import FittedFeatures
-    from .data.json_values import python_array, read_values
-    from .serve.events import EventReader
-
-    spec = ABSpec.model_validate(args["spec"])
-    reader = EventReader(args["events_url"], must_exist=True)
-    since, generation = None if window_s is None else now - window_s, args.get("generation")
-    try:
-        frame = reader.training_frame(args["experiment"], since=since, until=now, event=spec.analysis.event, generation=generation)
-        skipped = reader.unlogged_count(args["experiment"], since, now, generation)
-    finally:
-        reader.close()
-    if skipped:
-        log.warning("%d exposure(s) of %s in the window were logged without their features (events.log_features off) and are "
-                    "left out of the retrain", skipped, args["experiment"])
-    if unlogged is not None:
-        unlogged.append(skipped)
-    frame, labels = _labelled(frame, attribution_s, now)
-    features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
-    rows = [json.loads(text) for text in frame["features"]]
-    # as serving read them: mixed types (python_array), a bag's JSON arrays as its joined text
-    columns = {c["name"]: python_array(read_values([r.get(c["name"]) for r in rows], c)[0]) for c in _input_columns(features)}
-    columns[features.label.column] = pa.array(labels, pa.float64())
-    columns["request_id"] = pa.array(list(frame["request_id"]), pa.string())
-    return pa.table(columns)
-
-
-def _labelled(frame, attribution_s: float | None, now: float):
-    """(the exposures whose attribution window has fully elapsed, their labels: 1.0 when an
-    outcome came within the window). A younger exposure is left out even when its outcome has
-    already arrived: keeping those and dropping the ones still waiting would make the recent
-    rows all positive. With no attribution limit ('all') every exposure counts."""
-    delay = frame["outcome_ts"] - frame["ts"]
-    within = delay.notna() & ((delay <= attribution_s) if attribution_s is not None else True)
-    known = (now - frame["ts"]) >= (attribution_s or 0.0)
-    return frame[known], within[known].astype("float64").to_numpy()
-
-
-def _input_columns(features) -> list[dict]:
-    """The raw columns a request carries, as serving reads them (`request_columns`: no id or
-    timestamp column that no derived feature is computed from, so a logged exposure lacks them,
-    and declaring them here, where they are required, would quarantine every row), less the
-    derived columns."""
-    from .data.validate import request_columns
-
-    return [c for c in request_columns(features.columns, features.derived_sources) if c["name"] not in features.derived]
-
-
-def _check_rows(rows: int, positives: int, run: str) -> None:
-    if rows < 50 or positives == 0 or positives == rows:
-        raise DataError(f"A/B run {run} has {rows} labelled exposures ({positives} with an outcome) in the window: too few, or one "
-                        "class only, to retrain on; widen --window, wait for more traffic, or check that events.log_features is on")
-
-
 def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     """SPEC's model and training settings on the event rows, warm-started from the champion."""
     from .features import FittedFeatures
@@ -248,7 +184,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     from .train.identity import read_manifest
 
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
-    columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in _input_columns(features)]
+    columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in input_columns(features)]
     raw = job.model_dump(mode="json", exclude_none=True)
     raw["name"] = run_name
     raw["data"] = {"source": {"kind": "parquet", "path": events_path},

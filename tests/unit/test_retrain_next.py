@@ -1,11 +1,14 @@
 """The experiment `rayload retrain` registers next: its arms, its challenger's weight, and the
 checks it passes before any training (the fine-tune itself is replaced by a stub here)."""
 
+import os
+
 import pytest
 import yaml
 
 from helpers import job
 from rayload import retraining
+from rayload.errors import DataError
 from rayload.retraining import next_ab_spec, retrain
 from _retrain import NOW, ab_run, placeholder_checkpoint, stub_fit
 
@@ -65,3 +68,31 @@ def test_a_weight_the_next_experiment_would_refuse_is_named_before_anything_is_t
     with pytest.raises(retraining.RayloadError, match=message):
         retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", challenger_weight=weight, now=NOW)
     assert calls == []
+
+
+@pytest.mark.parametrize("window, attribution, message", [
+    ("0d", "30m", r"--window and --attribution must be durations above 0 \(or 'all'\); got --window 0d --attribution 30m"),
+    ("7d", "0s", r"must be durations above 0"),
+    ("1h", "2h", r"--window 1h must be longer than --attribution 2h: only exposures older than the attribution"),
+])
+def test_windows_that_can_label_no_exposure_are_refused_before_the_events_are_read(tmp_path, monkeypatch, window, attribution, message):
+    """They were taken: the events were read and written, then "too few rows; widen --window, wait
+    for more traffic" (which cannot help), and each try left a retrain folder behind."""
+    champion, other = placeholder_checkpoint(tmp_path / "champion"), placeholder_checkpoint(tmp_path / "b")
+    run = ab_run(tmp_path, {"name": "exp", "champion": "a", "arms": [{"name": "a", "weight": 0.9, "checkpoint": champion},
+                                                                     {"name": "b", "weight": 0.1, "checkpoint": other}]}, "a")
+    calls = []
+    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    with pytest.raises(retraining.RayloadError, match=message):
+        retrain(job(str(tmp_path / "unused.parquet")), run, window=window, attribution=attribution, now=NOW)
+    assert calls == []
+
+
+def test_a_retrain_with_too_few_rows_leaves_no_folder(tmp_path, monkeypatch):
+    champion, other = placeholder_checkpoint(tmp_path / "champion"), placeholder_checkpoint(tmp_path / "b")
+    run = ab_run(tmp_path, {"name": "exp", "champion": "a", "arms": [{"name": "a", "weight": 0.9, "checkpoint": champion},
+                                                                     {"name": "b", "weight": 0.1, "checkpoint": other}]}, "a")
+    stub_fit(monkeypatch, tmp_path, [])
+    with pytest.raises(DataError, match="too few, or one class only"):  # 80 exposures two hours old, none in a 1h window
+        retrain(job(str(tmp_path / "unused.parquet")), run, window="1h", attribution="30m", now=NOW)
+    assert not os.listdir(os.path.join(os.environ["RAYLOAD_HOME"], "retrain"))

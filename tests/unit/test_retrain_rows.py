@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from rayload.data.validate import validate_request
 from rayload.errors import DataError, RayloadError
-from rayload.retraining import _check_rows, _labelled, parse_duration, training_rows
+from rayload.retrain_rows import _labelled, check_rows, parse_duration, training_rows
 from rayload.serve import event_writer, events
 from _loop import features
 
@@ -111,10 +111,10 @@ def test_durations_parse_and_bad_ones_name_the_option():
 
 def test_too_few_or_one_class_rows_are_refused_with_what_to_do():
     with pytest.raises(DataError, match="widen --window"):
-        _check_rows(1000, 0, "exp")
+        check_rows(1000, 0, "exp")
     with pytest.raises(DataError, match="too few"):
-        _check_rows(10, 5, "exp")
-    _check_rows(1000, 100, "exp")
+        check_rows(10, 5, "exp")
+    check_rows(1000, 100, "exp")
 
 
 def test_a_version_1_store_is_migrated_in_place(tmp_path):
@@ -154,12 +154,12 @@ def test_retrain_rows_carry_the_columns_serving_reads_no_id_or_timestamp_it_does
     """Serving reads an id or timestamp column only when a derived feature uses it, so an
     exposure's logged features lack it otherwise; declaring it in the retrain job quarantined
     every row (a missing required value)."""
-    from rayload.retraining import _input_columns
+    from rayload.retrain_rows import input_columns
 
     columns = [{"name": "x", "role": "numeric"}, {"name": "c", "role": "categorical"}, {"name": "sid", "role": "id"},
                {"name": "ts", "role": "timestamp"}, {"name": "y", "role": "label"}]
     fitted = dataclasses.replace(features(), columns=columns, derived=derived)
-    names = [c["name"] for c in _input_columns(fitted)]
+    names = [c["name"] for c in input_columns(fitted)]
     assert names == (["x", "c", "ts"] if derived else ["x", "c"])
     served = validate_request([{"x": 1.0, "c": "3", "sid": "s", "ts": 1.7e9}], columns, {d["source"] for d in derived.values()})
     assert served.column_names == names  # the rule serving reads requests by
