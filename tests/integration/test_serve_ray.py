@@ -204,7 +204,7 @@ def test_a_killed_replica_is_replaced_and_no_acknowledged_event_is_lost(served):
     assert set(acked) <= set(stored) and len(stored) == len(set(stored))
 
 
-def test_overload_gets_503_quickly_instead_of_queueing(served):
+def test_overload_is_refused_by_the_queue_bound_instead_of_queueing(served):
     spec = ab_from_dict({"name": "overload", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
                                                       {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
                          "serving": {"port": PORT, "route_prefix": "/overload", "max_ongoing_requests": 1, "max_queued_requests": 1,
@@ -217,14 +217,17 @@ def test_overload_gets_503_quickly_instead_of_queueing(served):
 
     def call(_):
         r = httpx.post(f"{URL}/overload/predict", json=body, timeout=60)
-        return r.status_code, time.perf_counter()
+        return r.status_code, r.text
 
     with cf.ThreadPoolExecutor(24) as pool:
         results = list(pool.map(call, range(24)))
     codes = [c for c, _ in results]
     assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
-    # Refused, not queued: every 503 is back while an admitted request (200 ms batch wait) is still on its way.
-    assert max(end for c, end in results if c == 503) < max(end for c, end in results if c == 200), results
+    # Refused by the queue bound, not queued until something timed out: Serve's backpressure
+    # answer, naming the bound of this deployment. (This test compared finish times, a
+    # wall-clock ordering a busy machine can break.)
+    refused = [text for c, text in results if c == 503]
+    assert all("Request dropped due to backpressure" in t and "max_queued_requests=1" in t for t in refused), refused[:3]
 
 
 def test_separate_deployments_and_shadow_mode(served):

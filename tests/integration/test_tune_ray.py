@@ -176,6 +176,27 @@ def test_a_time_budget_stops_running_trials_and_a_resume_does_not_spend_it_twice
     assert again.ended == res.ended and len(again.trials) == len(res.trials)  # nothing left of the budget: no new trial
 
 
+def reports_without_the_metric(c):
+    import ray.tune
+
+    ray.tune.report({"other": c["x"]})
+
+
+def test_a_trial_reporting_without_the_metric_fails_the_search_with_tunes_reason(ray_local):
+    """Tune's controller raises when a result lacks the searcher's metric (its strict metric
+    check); the search fails with that reason, its running trial is FAIL in the study, and
+    search.json says failed."""
+    with pytest.raises(rayload.tuning.SearchFailedError, match=r"ValueError: .*did not include the specified metric") as info:
+        rayload.tune_function(reports_without_the_metric, {"x": {"uniform": [0, 1]}}, strategy="random", num_samples=2,
+                              mode="max", max_concurrent=1, name="nometric")
+    run_dir = str(info.value).split("(", 1)[1].split(")", 1)[0]
+    state = rayload.tuning.status(run_dir)
+    assert state["state"] == "failed" and "did not include the specified metric" in state["ended"]
+    trials = optuna.load_study(study_name="nometric", storage=state["storage"]).get_trials()
+    assert trials and trials[0].state == optuna.trial.TrialState.FAIL
+    assert "the search failed" in trials[0].user_attrs["rayload"]["stopped"]
+
+
 def test_study_in_postgresql(ray_local):
     name = f"rayload-test-{os.getpid()}"
     try:

@@ -38,6 +38,29 @@ def tune_before_ray(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def tune_plan(monkeypatch, tmp_path):
+    """tune_function up to the search itself: Ray is not started, the cluster checks pass, and
+    `tuning._run`, which opens the study and runs Tune with `plan.spec.score_mode`, records the
+    plan's direction and search.json's, then raises PlanReached. Returns the record (a dict)."""
+    from _tune_plan import PlanReached
+    from rayload import tuning
+
+    seen = {}
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "ensure_ray", lambda address: None)
+    monkeypatch.setattr(tuning, "_check_shape", lambda *a, **k: None)
+    monkeypatch.setattr(tuning, "_concurrency", lambda *a: 1)
+
+    def run(plan, *a, **k):
+        seen.update(score_mode=plan.spec.score_mode, state_mode=tuning.read_state(plan.run_dir)["mode"], run_dir=plan.run_dir)
+        raise PlanReached()
+
+    monkeypatch.setattr(tuning, "_run", run)
+    seen["tmp"] = tmp_path
+    return seen
+
+
 @pytest.fixture()
 def fake_runners(monkeypatch):
     """`rayload run`'s stage runners as fakes that record what they were given (no Ray): a train
@@ -60,13 +83,15 @@ def fake_runners(monkeypatch):
 @pytest.fixture
 def job_api():
     """A stub Ray job API: `make(auth=False)` answers like a cluster without token auth,
-    `make(auth=True)` refuses requests without a token (401) as Ray's dashboard does. It answers
+    `make(auth=True)` refuses requests without a token (401) as Ray's dashboard does, and with
+    `token=` a request with any other token (403). It answers
     the version and job-list calls, accepts the upload and the submission (job "raysubmit_stub"),
     and returns (url, hits, submitted): each request that reached it as (method, path,
     Authorization header), and each submission's JSON body."""
     servers = []
 
-    def make(auth: bool = False):
+    def make(auth: bool = False, token: str | None = None):
+        """`token`: with auth, the only token accepted; any other is refused (403) as Ray's dashboard does."""
         hits, submitted = [], []
 
         class Handler(JsonReplies, http.server.BaseHTTPRequestHandler):
@@ -76,6 +101,8 @@ def job_api():
                 hits.append((self.command, self.path, self.headers.get("Authorization")))
                 if auth and not self.headers.get("Authorization"):
                     return self._send(401, b"Unauthorized: Missing authentication token")
+                if auth and token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+                    return self._send(403, b"Forbidden: Invalid authentication token")
                 if self.path.startswith("/api/version"):
                     return self._send(200, json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode())
                 if self.path.startswith("/api/jobs/") and self.command == "GET":

@@ -151,15 +151,22 @@ def test_the_token_file_named_by_ray_auth_token_path_is_used(tmp_path, monkeypat
     assert len(enabled) == 1  # no token anywhere: token mode is not switched on
 
 
-def test_a_refused_or_missing_token_names_the_file_really_read(tmp_path, monkeypatch):
-    """The 403 message named ~/.ray/auth_token whatever RAY_AUTH_TOKEN_PATH chose."""
-    import httpx
-
+def test_a_refused_or_missing_token_names_the_file_really_read(tmp_path, monkeypatch, job_api):
+    """The 403 message named ~/.ray/auth_token whatever RAY_AUTH_TOKEN_PATH chose. Against a
+    job API that takes only its own token: a wrong one read from the file is refused (403), no
+    file sends none (401); the right one passes."""
+    url, hits, _ = job_api(auth=True, token="right")
     token = tmp_path / "team-token"
     token.write_text("tok\n")
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-    for status, words in ((403, f"refused the token in {token} (403)"), (401, f"write it to {token}")):
-        monkeypatch.setattr(httpx, "get", lambda url, headers=None, timeout=None, status=status: httpx.Response(status))
-        with pytest.raises(RayloadError, match=re.escape(words)):
-            ops.check_job_api("http://127.0.0.1:1", ops.token())
+    with pytest.raises(RayloadError, match=re.escape(f"refused the token in {token} (403)")):
+        ops.check_job_api(url, ops.token())
+    assert hits[-1][2] == "Bearer tok"  # the file's token was sent
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "absent"))
+    with pytest.raises(RayloadError, match=re.escape(f"write it to {tmp_path / 'absent'}")):
+        ops.check_job_api(url, ops.token())
+    assert hits[-1][2] is None
+    token.write_text("right\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    ops.check_job_api(url, ops.token())
