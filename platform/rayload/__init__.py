@@ -26,6 +26,11 @@ class _CallableModule(_types.ModuleType):
     def __call__(self, *args, **kwargs):
         return self.__sdk_function__(*args, **kwargs)
 
+    def __reduce__(self):  # by reference, as pickle and cloudpickle take a plain module or function
+        import importlib
+
+        return importlib.import_module, (self.__name__,)
+
 
 def _callable(module: _types.ModuleType, function):
     module.__class__ = _CallableModule

@@ -56,8 +56,10 @@ def make_sampler(strategy: str, sampler: str | None, space: dict[str, Param], se
     seeded as the first run was would draw the same random sequence again: a random search,
     and TPE or GP during their start-up trials, would propose the finished trials' parameters
     once more. A resumed sampler gets a seed of its own, derived from the seed and that count
-    (so resuming the same study state proposes the same trials)."""
-    if resumed_after:
+    (so resuming the same study state proposes the same trials). Not a grid: GridSampler
+    shuffles its points by the seed and the study knows finished ones only by their index, so a
+    new seed ran finished points again and left others out; it never repeats a point anyway."""
+    if resumed_after and strategy != "grid":
         seed = (seed * 1_000_003 + resumed_after) % 2**32
     if strategy == "random":
         return optuna.samplers.RandomSampler(seed=seed)

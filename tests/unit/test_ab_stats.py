@@ -541,3 +541,16 @@ def test_the_power_calculator_refuses_an_effect_no_rate_can_have_and_the_analysi
     arm = np.where(rng.random(n) < 0.5, "challenger", "control")
     result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, rng.random(n) < 0.98), spec, now=1e9)
     assert result.units_needed is not None and result.sequential_units_needed is not None
+
+
+def test_an_mde_no_rate_can_move_by_in_either_direction_leaves_the_power_figures_na():
+    """An mde of 0.6 at a pooled CTR near 0.55 reaches neither 1.15 nor -0.05: the calculator
+    refused it, and every live analysis raised with it."""
+    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
+                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
+                         "analysis": {"mde": 0.6}})
+    rng = np.random.default_rng(2)
+    n = 1000
+    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
+    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, rng.random(n) < 0.55), spec, now=1e9)
+    assert result.units_needed is None and result.sequential_units_needed is None and result.decision == "continue"

@@ -55,7 +55,7 @@ def test_pipeline_and_stage_names_of_dots_are_refused(tmp_path):
 
     shutil.copy(DEEPFM, tmp_path / "job.yaml")
     for raw, field in (({"name": ".", "stages": [{"name": "t", "kind": "train", "job": "job.yaml"}]}, "name"),
-                       ({"name": "p", "stages": [{"name": "..", "kind": "train", "job": "job.yaml"}]}, "stages.0.train.name")):
+                       ({"name": "p", "stages": [{"name": "..", "kind": "train", "job": "job.yaml"}]}, "stages.0.name")):
         (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw))
         with pytest.raises(SpecError, match=rf"{field}: String should match pattern"):
             load_pipeline_spec(str(tmp_path / "p.yaml"))
@@ -232,3 +232,9 @@ def test_the_sdk_functions_train_and_evaluate_are_also_their_modules():
     from rayload.train import fit, load  # the subpackage's own names
 
     assert callable(fit) and callable(load)
+    import pickle
+
+    import ray.cloudpickle
+
+    for dumps in (pickle.dumps, ray.cloudpickle.dumps):  # by reference, as a plain function was (Ray ships closures over it)
+        assert pickle.loads(dumps(rayload.train)) is rayload.train and pickle.loads(dumps(rayload.evaluate)) is rayload.evaluate

@@ -113,3 +113,17 @@ def test_a_grid_too_large_to_run_is_refused_by_its_size_not_an_overflow(tmp_path
     with pytest.raises(SpecError, match=r"space: the grid has 1,000,000 points, each a trial.*at most 100,000"):
         load_search_spec(search({"train.epochs": {"int": [1, 1000]}, "train.batch_size": {"int": [1, 1000]}}))
     assert grid_size(load_search_spec(search({"train.epochs": {"int": [2, 10], "step": 4}}))) == 3  # 2, 6, 10
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_search_specs_trial_resources_must_be_finite(tmp_path, value):
+    """A search spec may write numbers as .inf: cpus_per_worker .inf raised OverflowError from
+    the whole-units check, .nan said "cannot convert float NaN to integer"."""
+    from rayload.search_job import load_search_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": JOB, "strategy": "random", "num_samples": 2,
+                                    "space": {"train.lr": {"loguniform": [0.001, 0.01]}},
+                                    "trial_resources": {"cpus_per_worker": value}}))
+    with pytest.raises(SpecError, match=r"trial_resources.cpus_per_worker: must be a finite number"):
+        load_search_spec(str(path))

@@ -302,3 +302,26 @@ def test_searches_starting_together_on_a_fresh_postgresql_database_all_create_th
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         assert sorted(s.study_name for s in storage.get_all_studies()) == [f"search-{i}" for i in range(4)]
         storage.engine.dispose()
+
+
+def test_a_resumed_grid_search_runs_every_grid_point_exactly_once(tmp_path):
+    """The resumed sampler was reseeded like a random one: GridSampler shuffles its points by the
+    seed and the study knows finished ones only by index, so a resume after 4 of 8 points ran
+    finished points again and never ran three others."""
+    space = {"a": Param(grid=[1, 2, 3, 4]), "b": Param(grid=["x", "y"])}
+    storage = f"sqlite:///{tmp_path}/g.db"
+
+    def searcher(create: bool) -> StudySearcher:
+        study = open_study(storage, "g", "min", lambda held: make_sampler("grid", None, space, 0, 3, False, held), create=create)
+        return StudySearcher(study, space, 8, "loss", "min")
+
+    first = searcher(True)
+    for i in range(4):  # the driver dies after 4 of the 8 points
+        first.suggest(f"t{i}")
+        first.on_trial_complete(f"t{i}", {"loss": 1.0, "epochs_done": 1})
+    resumed, i = searcher(False), 0
+    while resumed.suggest(f"u{i}") != resumed.FINISHED:
+        resumed.on_trial_complete(f"u{i}", {"loss": 1.0, "epochs_done": 1})
+        i += 1
+    points = [(t.params["a"], t.params["b"]) for t in resumed.study.get_trials()]
+    assert sorted(points) == [(a, b) for a in (1, 2, 3, 4) for b in "xy"]

@@ -197,7 +197,10 @@ def _power(result: Analysis, control: "stats.ArmSums", treatment: "stats.ArmSums
     base = _base_rate(control.x + treatment.x, control.y + treatment.y, a.alpha)
     unit_var = (control.unit_variance(base), treatment.unit_variance(base))
     n = sum(result.compared_units.values())
-    mde = a.mde if base + a.mde <= 1 else -a.mde  # at a CTR within mde of 1 only a drop of mde can happen
+    # At a CTR within mde of 1 only a drop of mde can happen; past 0.5 maybe neither (n/a then)
+    mde = next((d for d in (a.mde, -a.mde) if 0 <= base + d <= 1), None)
+    if mde is None:
+        return
     needed = stats.sample_size(base, mde, a.alpha, a.power, share, unit_var)
     result.units_needed = None if needed is None else max(0, needed - n)
     result.mde_now = stats.minimum_detectable_effect(n, base, a.alpha, a.power, share, unit_var)
