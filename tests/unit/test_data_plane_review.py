@@ -79,5 +79,5 @@ def test_two_input_files_with_the_same_rows_keep_both_files_rows_and_quarantines
 ])
 def test_synthetic_settings_its_generator_refuses_are_spec_errors_naming_the_field(tmp_path, source, field, message):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "data": {"source": {"kind": "synthetic-ctr", **source}}}))
-    with pytest.raises(SpecError, match=rf"data.source.synthetic-ctr.{field}: {message}"):
+    with pytest.raises(SpecError, match=rf"data.source.{field}: {message}"):
         load_spec(str(tmp_path / "s.yaml"), [])
