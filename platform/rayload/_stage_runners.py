@@ -28,7 +28,7 @@ def plan_for(spec, stage) -> tuple[dict, int | None, str | None]:
             plan["shared_storage"] = shared  # where the run lives: a new place is a new run
         if stage.kind == "train":
             plan.update(_init_identity(job))
-        return plan, job.train.seed, job_cache_key(job)
+        return plan, job.split.seed if stage.kind == "prepare" else job.train.seed, job_cache_key(job)  # the seed that shaped its output
     if stage.kind == "tune":
         from .search_job import base_raw
         from .tuning import job_from

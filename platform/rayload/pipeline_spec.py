@@ -12,18 +12,27 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .errors import SpecError, SpecIssue
 from .paths import NAME_PATTERN
 from .spec import _Spec
 
 # Folders under runs/ that other commands own; a pipeline run may not take their names.
-RESERVED_RUN_IDS = frozenset({"train", "tune", "ab", "cache", "pipelines"})
+RESERVED_RUN_IDS = frozenset({"train", "tune", "ab", "cache", "pipelines", "compressed", "retrain"})
+# Files of a run folder beside its stage folders: a stage may not take their names
+RUN_FILES = frozenset({"manifest.json", "report.html", ".lock"})
 
 
 class _Stage(_Spec):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=128)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_run_file(cls, value: str) -> str:
+        if value in RUN_FILES or value.endswith(".tmp"):  # a stage folder of that name broke the manifest's write
+            raise ValueError(f"names a file of the run folder ({', '.join(sorted(RUN_FILES))}, *.tmp); choose another stage name")
+        return value
 
 
 class PrepareStage(_Stage):
@@ -194,10 +203,11 @@ def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str,
     names = [s.name for s in spec.stages]
     own, per_stage = [], {}
     for item in overrides:
-        head, dot, rest = item.partition(".")
-        if dot and head in names:
-            per_stage.setdefault(head, []).append(rest)
-        elif head.partition("=")[0] in ("name", "stages"):
+        # the longest stage name the item starts with: a stage name may hold dots (base.v2)
+        head = max((n for n in names if item.startswith(n + ".")), key=len, default=None)
+        if head is not None:
+            per_stage.setdefault(head, []).append(item[len(head) + 1:])
+        elif item.partition(".")[0].partition("=")[0] in ("name", "stages"):
             own.append(item)
         else:  # was "model: unknown field; allowed: folder, name, stages", folder being internal
             raise SpecError([SpecIssue("--set", f"the first part names a stage of the pipeline ({', '.join(names)}) or its name; "

@@ -82,6 +82,8 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
     """Run every stage in order; `force` names stages to run even when unchanged.
     `on_event(kind, stage, info)` reports `start`, `progress` (info: fraction done) and `end`."""
     run_id = run_id or spec.name
+    if len(run_id) > 128:  # a folder name past the file system's 255 bytes was an OSError traceback
+        raise RayloadError(f"--run-id must be at most 128 characters (got {len(run_id)})")
     if not re.fullmatch(NAME_PATTERN, run_id):  # "." or ".." made the run folder runs/ or its parent, deleted on a re-run
         raise RayloadError(f"--run-id {run_id!r} must be one folder name: letters, digits, '_', '-' and '.', not starting "
                            "with '.'")
@@ -124,7 +126,9 @@ def _run_stages(spec: PipelineSpec, run_id: str, run_dir: str, address: str | No
             plan, result = _Plan({}), StageResult(stage.name, stage.kind, "failed", 0.0, "", {}, f"{type(exc).__name__}: {exc}",
                                                   user_error=True)
         else:
-            fingerprint = digest({"kind": stage.kind, "stage": stage.model_dump(mode="json"), "spec": plan.spec,
+            # The stage's `set` counts through the spec it resolves to (plan.spec): a --set of the value
+            # already there, or the same sets in another order, re-ran the stage and wiped its outputs
+            fingerprint = digest({"kind": stage.kind, "stage": _without_sets(stage.model_dump(mode="json")), "spec": plan.spec,
                                   "data": plan.data_hash, "upstream": plan.upstream})
             result = _run_stage(spec, stage, folder, plan, fingerprint, done, address, stage.name in force,
                                 lambda frac, name=stage.name: on_event("progress", name, frac))
@@ -215,12 +219,24 @@ def _upstream(result: StageResult):
     return {"fingerprint": result.fingerprint, "execution": result.execution}
 
 
+def _without_sets(stage: dict) -> dict:
+    return {**stage, "set": []} if "set" in stage else stage  # [] as before, so unchanged stages keep their fingerprint
+
+
 def _read_stage(folder: str) -> dict | None:
+    """The stage's record; None without one, or with one that cannot be read (a crash between
+    the write and the disk, a hand edit): its outputs are then of unknown inputs, and the stage
+    runs again from an empty folder."""
     path = os.path.join(folder, "stage.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as exc:
+        log.warning("%s cannot be read (%s): the stage runs again", path, exc)
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _write_stage(folder: str, record: dict) -> None:
@@ -245,13 +261,15 @@ class _Manifest:
         self.path = os.path.join(run_dir, "manifest.json")
         self.body = {"run_id": run_id, "pipeline": spec.name, "started": _now(), "versions": versions(),
                      "git_commit": _git_commit(), "pipeline_spec": spec.model_dump(mode="json", exclude={"folder"}),
-                     "seeds": {}, "data_hashes": {}, "specs": {}, "stages": []}
+                     "seeds": {}, "data_hashes": {}, "data_cache_keys": {}, "specs": {}, "stages": []}
 
     def add(self, name: str, plan: _Plan, result: StageResult) -> None:
         if plan.seed is not None:
             self.body["seeds"][name] = plan.seed
-        if plan.data_hash:
-            self.body["data_hashes"][name] = plan.data_hash
+        if plan.data_hash:  # the inputs' key (paths, sizes, mtimes), which the fingerprint uses
+            self.body["data_cache_keys"][name] = plan.data_hash
+        if data_hash := _content_hash(result.outputs):  # what the prepared data holds, as checkpoints record it
+            self.body["data_hashes"][name] = data_hash
         self.body["specs"][name] = plan.spec
         row = asdict(result)
         row["seconds"] = round(row["seconds"], 3)
@@ -268,3 +286,18 @@ def load_run(run: str) -> tuple[str, dict]:
             with open(path) as f:
                 return os.path.abspath(folder), json.load(f)
     raise RayloadError(f"no pipeline run {run!r}: looked for manifest.json in {run} and {run_dir_for(run)}")
+
+
+def _content_hash(outputs: dict) -> str | None:
+    """A stage's prepared-data content hash: a prepare stage's own, a train or tune stage's from
+    its checkpoint's manifest."""
+    if outputs.get("data_hash"):
+        return outputs["data_hash"]
+    checkpoint = outputs.get("checkpoint")
+    if not isinstance(checkpoint, str) or "://" in checkpoint:
+        return None
+    try:
+        with open(os.path.join(checkpoint, "manifest.json")) as f:
+            return json.load(f).get("data_hash")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -79,7 +79,9 @@ def test_manifest_has_versions_commit_seeds_hashes_specs_and_durations(demo):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert manifest["git_commit"] == head
     assert manifest["seeds"]["baseline"] == 0 and "search" in manifest["seeds"]
-    assert len(manifest["data_hashes"]["prepare"]) == 16 and manifest["data_hashes"]["prepare"] == manifest["data_hashes"]["baseline"]
+    # the prepared data's content hash (sha256), as the checkpoints record it; the inputs' cache key apart
+    assert len(manifest["data_hashes"]["prepare"]) == 64 and manifest["data_hashes"]["prepare"] == manifest["data_hashes"]["baseline"]
+    assert len(manifest["data_cache_keys"]["prepare"]) == 16 and manifest["data_cache_keys"]["prepare"] == manifest["data_cache_keys"]["baseline"]
     assert manifest["specs"]["baseline"]["train"]["epochs"] == 2
     assert [s["name"] for s in manifest["stages"]] == ["prepare", "baseline", "search", "ab", "decide"]
     assert all(s["seconds"] > 0 and s["outcome"] == "ok" for s in manifest["stages"])

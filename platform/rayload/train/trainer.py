@@ -162,7 +162,9 @@ def _git_commit() -> str | None:
     if os.environ.get("RAYLOAD_GIT_COMMIT"):
         return os.environ["RAYLOAD_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        # in rayload's own folder: the working directory may be another repository, or none
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
