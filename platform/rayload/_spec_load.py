@@ -170,7 +170,9 @@ def _set_path(node, parts: list[str], value, issues: list[SpecIssue], defaults: 
                 default = _dumped_at(defaults(), parts[: depth + 1])
                 if isinstance(default, list):
                     node[part] = default
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # a section written `null` loads as one left out: a field inside it starts it
+                node[part] = {}
+            node = node[part]
         else:
             where = ".".join(parts[: depth + 1])
             issues.append(SpecIssue(where, "cannot set a field inside a value that is not a section"))

@@ -278,7 +278,7 @@ def _ramp_issues(spec: ABSpec) -> list[SpecIssue]:
 
 
 def resolve_paths(spec: ABSpec, spec_file: str) -> ABSpec:
-    """Checkpoint and job paths relative to the spec file become absolute."""
+    """Checkpoint and job paths, and a SQLite event store's file, relative to the spec file become absolute."""
     folder = os.path.dirname(os.path.abspath(spec_file))
 
     def fix(path: str | None) -> str | None:
@@ -291,7 +291,12 @@ def resolve_paths(spec: ABSpec, spec_file: str) -> ABSpec:
         return here if os.path.exists(here) else os.path.abspath(path)
 
     arms = [a.model_copy(update={"checkpoint": fix(a.checkpoint), "job": fix(a.job)}) for a in spec.arms]
-    return spec.model_copy(update={"arms": arms})
+    update = {"arms": arms}
+    url = spec.events.url
+    if url and url.startswith("sqlite:///") and not url.startswith("sqlite:////") and not url[len("sqlite:///"):].startswith(":memory:"):
+        # a relative SQLite file: the spec file's folder's, as the readers started elsewhere open it
+        update["events"] = spec.events.model_copy(update={"url": "sqlite:///" + os.path.join(folder, url[len("sqlite:///"):])})
+    return spec.model_copy(update=update)
 
 
 def load_ab_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ABSpec:

@@ -414,3 +414,46 @@ def test_a_version_4_store_takes_the_weights_of_many_long_named_arms_after_its_m
         assert conn.execute(sa.text("SELECT layout FROM ab_exposures")).scalar_one() == layout
         assert conn.execute(sa.text("SELECT value FROM ab_meta WHERE key = 'schema_version'")).scalar_one() == str(SCHEMA_VERSION) == "5"
     engine.dispose()
+
+
+def test_close_commits_what_was_submitted_before_it_within_a_long_flush_window(tmp_path):
+    """close() joined the writer thread for 10 s while it slept out a flush window of up to 60 s,
+    then refused the queued event ("event writer is closed"): an acknowledged submit lost."""
+    from rayload.serve.event_writer import EventWriter
+
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    writer = EventWriter(url, flush_ms=30_000)
+    row = {"request_id": "r1", "experiment": "e", "unit_id": "u", "arm": "a", "model_version": "v", "score": 0.5, "status": "ok",
+           "latency_ms": 1.0, "layout": "{}", "ts": time.time()}
+    future = writer.submit("exposure", row)
+    time.sleep(0.1)  # the thread is inside its flush window
+    writer.close()  # ends the window and commits, instead of refusing the event after a 10 s join
+    assert future.result(timeout=1) is None
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("select request_id from ab_exposures")).scalars().all() == ["r1"]
+    engine.dispose()
+
+
+def test_status_of_a_moved_run_folder_names_the_missing_store_and_creates_none(tmp_path):
+    """serve.json keeps the store's absolute path: after the run folder moved, `ab status` was a
+    500-line traceback, or, where the old folder existed again, a new empty store and 0 exposures."""
+    from rayload.serve import control
+
+    missing = tmp_path / "old" / "events.db"
+    (tmp_path / "old").mkdir()
+    args = {"events_url": f"sqlite:///{missing}", "experiment": "e"}
+    with pytest.raises(RayloadError, match=rf"the event store {missing} does not exist"):
+        control._shadow_summary(args)
+    assert not missing.exists()
+
+
+def test_a_relative_sqlite_store_in_an_ab_spec_is_the_spec_folders(tmp_path, monkeypatch):
+    """It stayed relative, so `ab status` from another directory opened (or made) another file."""
+    from rayload.ab_spec import load_ab_spec
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ab.yaml").write_text("name: ab\nevents: {url: 'sqlite:///ev/events.db'}\narms:\n"
+                                      "  - {name: a, weight: 0.9, checkpoint: ck}\n  - {name: b, weight: 0.1, checkpoint: ck}\n")
+    monkeypatch.chdir("/")
+    assert load_ab_spec(str(tmp_path / "ab.yaml")).events.url == f"sqlite:///{tmp_path}/ev/events.db"

@@ -39,3 +39,36 @@ def test_the_lift_over_time_is_the_analysis_lift_within_ramp_periods_not_a_ratio
     raw = lift_over_time(result)[-1][1]
     assert raw < -0.3  # what the plot showed: the pooled ratio
     assert set(plots(result, frame)) == {"ctr", "lift"}
+
+
+def test_the_ctr_plot_starts_at_the_first_exposure_and_names_arms_starting_with_an_underscore(monkeypatch):
+    """The x axis, "minutes since the first exposure", started at the timeline's first point, a
+    1/30 quantile past it (an hour of traffic ended at minute 58); matplotlib drops legend labels
+    starting with "_", which arm names may."""
+    import matplotlib.axes
+
+    from rayload.serve.analysis import analyze
+    from rayload.serve.report import plots
+
+    frame = events(3601, {"A": 0.1, "B": 0.1}, {"A": 0.5, "B": 0.5})  # one exposure a second for an hour
+    result = analyze(frame, spec_of(0.5), {"A": 0.5, "B": 0.5}, "A")
+    assert result.first_ts == frame["ts"].min() < result.timeline[0]["ts"]
+    drawn = {}
+    real_plot, real_legend = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.legend
+
+    def plot(ax, xs, *args, **kwargs):
+        drawn.setdefault("x_last", []).append(list(xs)[-1])
+        return real_plot(ax, xs, *args, **kwargs)
+
+    def legend(ax, *args, **kwargs):
+        out = real_legend(ax, *args, **kwargs)
+        drawn["labels"] = [t.get_text() for t in out.get_texts()]
+        return out
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    result.arms[0].arm, result.arms[1].arm = "_control", "_new"
+    result.timeline = [{**row, "_control": row["A"], "_new": row["B"]} for row in result.timeline]
+    result.challenger = None  # the CTR plot only
+    assert set(plots(result)) == {"ctr"}
+    assert drawn["x_last"][0] == pytest.approx(60.0) and drawn["labels"] == ["arm _control", "arm _new"]

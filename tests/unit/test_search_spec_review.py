@@ -133,3 +133,16 @@ def test_merges_of_merges_load_and_a_text_field_takes_a_repeated_key_as_its_text
     spec = load_spec(str(path), ["data.label.column={a, a}"])
     assert (spec.train.epochs, spec.train.lr, spec.train.seed) == (2, 0.01, 5)
     assert spec.data.label.column == "{a, a}"  # a text field takes the text as given
+
+
+def test_a_searched_path_inside_a_section_the_base_job_writes_null_starts_that_section(tmp_path):
+    """`early_stopping: null` loads as the section left out, and known_paths took
+    train.early_stopping.patience; then every value failed with "cannot set a field inside a
+    value that is not a section"."""
+    job = yaml.safe_load(open(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")))
+    job["train"]["early_stopping"] = None
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"name": "s", "base": "base.yaml", "strategy": "random", "num_samples": 2,
+                                                     "space": {"train.early_stopping.patience": {"choice": [2, 3]}}}))
+    search = load_search_spec(str(tmp_path / "s.yaml"))
+    assert job_from(base_raw(search, None), {"train.early_stopping.patience": 3}).train.early_stopping.patience == 3

@@ -94,6 +94,7 @@ class Analysis:
     # often than the champion on the same requests (None: too few champion requests to tell)
     guardrail_vs_champion: dict[str, dict] = field(default_factory=dict)
     timeline: list[dict] = field(default_factory=list)
+    first_ts: float | None = None  # the first exposure's time: the timeline's first point is a quantile past it
     drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
     # Shadow mode: per shadow arm, requests it scored and how many failed (EventReader.shadow_summary); filled by the caller
     shadow_scores: dict[str, dict] = field(default_factory=dict)
@@ -147,6 +148,7 @@ def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champi
         window = attribution_window(spec) if attribution_s is None else attribution_s
         _compare(result, ok, champion, challenger, spec, (time.time() if now is None else now) - window)
     result.timeline = timeline(ok, [a.name for a in spec.arms], spec.analysis.alpha)
+    result.first_ts = float(ok["ts"].min()) if len(ok) else None
     result.decision, result.reasons = decide(result, spec)
     return result
 

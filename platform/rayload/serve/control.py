@@ -271,7 +271,7 @@ def _events_frame(args: dict, spec: ABSpec):
     """The current generation's exposures (all of them for a run started before generations)."""
     from .events import EventReader
 
-    reader = EventReader(args["events_url"])
+    reader = EventReader(args["events_url"], must_exist=True)  # a moved run folder: an error, not a new empty store
     try:
         return reader.frame(args["experiment"], spec.analysis.event, args.get("generation"))
     finally:
@@ -281,7 +281,7 @@ def _events_frame(args: dict, spec: ABSpec):
 def _shadow_summary(args: dict) -> dict:
     from .events import EventReader
 
-    reader = EventReader(args["events_url"])
+    reader = EventReader(args["events_url"], must_exist=True)
     try:
         return reader.shadow_summary(args["experiment"], args.get("generation"))
     finally:

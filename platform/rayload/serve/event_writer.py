@@ -154,6 +154,7 @@ class EventWriter:
         self._inserts = {kind: _DriverInsert(self.engine, table) for kind, table in TABLES.items()}
         self._items: collections.deque = collections.deque()  # (kind, row, Future | _Waiter); append/popleft are atomic
         self._wake = threading.Event()
+        self._closing = threading.Event()  # set by close(): ends the flush window early
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rayload-events", daemon=True)
         self._thread.start()
@@ -206,8 +207,8 @@ class EventWriter:
                 timeout = max(0.0, self._unsynced_since + self.fsync_s - time.monotonic())
             if self._wake.wait(timeout):
                 self._wake.clear()  # an event added after this sets it again; one added before is drained below
-                if not self._closed:
-                    time.sleep(self.flush_s)  # what arrives within the window shares the commit
+                if not self._closed:  # what arrives within the window shares the commit; close() ends the wait
+                    self._closing.wait(self.flush_s)  # (a sleep of flush_ms up to 60 s outlasted close's join, which refused the events)
                 while self._items:
                     self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
             if self._closed:
@@ -317,6 +318,7 @@ class EventWriter:
 
     def close(self) -> None:
         self._closed = True
+        self._closing.set()
         self._wake.set()
         self._thread.join(timeout=10)
         self._checkpoint()  # a write_now that passed its closed check while the thread finished

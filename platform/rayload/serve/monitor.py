@@ -78,7 +78,7 @@ def report_for(url: str, experiment: str, checkpoints: dict[str, str], cfg) -> l
     local = {arm: localize(path) for arm, path in checkpoints.items()}
     bins = {arm: drift.bins_for(FittedFeatures.load(os.path.join(path, "features.json"))) for arm, path in local.items()}
     versions = {arm: _version(path) for arm, path in local.items()}
-    reader = EventReader(url)
+    reader = EventReader(url, must_exist=True)
     try:
         snapshots = reader.drift(experiment)
     finally:

@@ -27,14 +27,14 @@ def plots(result: Analysis, frame=None) -> dict[str, str]:
 
     if not result.timeline:
         return {}
-    t0 = result.timeline[0]["ts"]
+    t0 = result.first_ts if result.first_ts is not None else result.timeline[0]["ts"]
     xs = [(row["ts"] - t0) / 60 for row in result.timeline]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for arm in [a.arm for a in result.arms]:
         pts = [(x, row[arm]) for x, row in zip(xs, result.timeline) if row[arm]["ctr"] is not None]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1]["ctr"] for p in pts], label=arm)
+        ax.plot([p[0] for p in pts], [p[1]["ctr"] for p in pts], label=f"arm {arm}")  # matplotlib hides a label starting "_"
         ax.fill_between([p[0] for p in pts], [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], alpha=0.2)
     ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title="CTR per arm (95% band over units, as the table's)")
     ax.legend()
