@@ -215,11 +215,11 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
             # the router's URLs asked again for each slice: a replaced direct-ingress replica has a new port
             key = os.environ.get(experiment.serving.api_key_env) if experiment.serving.api_key_env else None  # as `ab simulate` sends it
             out = simulate_and_decide(dep.run_dir, lambda: control.live_urls(dep.run_dir), world_for(experiment, dep.args), sim.users,
-                                      sim.requests, sim.concurrency, sim.seed, api_key=key,
+                                      sim.requests, sim.concurrency, sim.seed, api_key=key, auto=experiment.ramp.auto,
                                       on_chunk=lambda done, status: progress(done / sim.requests))
             decision, reasons, requests = out.decision, out.reasons, out.requests
         else:
-            decision, reasons = _watch_live(folder, stage, progress)
+            decision, reasons = _watch_live(folder, stage, progress, experiment.ramp.auto)
             requests = None
     finally:
         if not stage.keep_serving:
@@ -228,8 +228,10 @@ def ab(spec, stage, folder, outputs, address, progress) -> dict:
             "champion": experiment.champion_arm, "serving": stage.keep_serving, "checkpoints": dep.args["checkpoints"]}
 
 
-def _watch_live(folder: str, stage, progress) -> tuple[str, list[str]]:
-    """Real traffic: look at the analysis every interval_s until a decision or max_minutes."""
+def _watch_live(folder: str, stage, progress, auto: bool = True) -> tuple[str, list[str]]:
+    """Real traffic: look at the analysis every interval_s until a decision or max_minutes. With
+    `ramp.auto: false` (`auto`) only looked at: the experiment's weights are left to the user
+    (as `rayload serve` and `ab simulate` leave them; a later decide stage acts, or not)."""
     import time
 
     from .serve import control
@@ -238,7 +240,11 @@ def _watch_live(folder: str, stage, progress) -> tuple[str, list[str]]:
     start = time.monotonic()
     decision, reasons = "continue", []
     while time.monotonic() < deadline:
-        decision, reasons = control.step(folder)
+        if auto:
+            decision, reasons = control.step(folder)
+        else:
+            result = control.analysis_for(folder)
+            decision, reasons = result.decision, result.reasons
         progress((time.monotonic() - start) / (stage.max_minutes * 60))
         if decision != "continue":
             break

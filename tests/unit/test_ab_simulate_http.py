@@ -198,3 +198,30 @@ def test_the_synthetic_pool_starts_past_every_arm_of_the_same_seed_and_candidate
     world = sim.SyntheticWorld(PARAMS, candidates=5, seed=1, pool_rows=2000)
     rows, _ = world.request(0, sim.request_rng(1, 0, 0))
     assert len(rows) == 5
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_the_pipelines_ab_stage_ramps_and_decides_only_when_the_spec_says_ramp_auto(monkeypatch, tmp_path, auto):
+    """The stage always ramped, promoted and rolled back (simulate_and_decide's default, and
+    control.step when watching live traffic) although the spec said ramp.auto: false, which
+    `rayload serve` and `ab simulate` honour; a later decide stage with act: false then could not
+    stop a promote that had already happened."""
+    from rayload import _stage_runners as runners
+    from rayload.serve import world as world_module
+
+    template = {"name": "exp", "arms": [{"name": "a", "weight": 0.5, "checkpoint": "x"}, {"name": "b", "weight": 0.5, "checkpoint": "y"}],
+                "ramp": {"auto": auto}}
+    monkeypatch.setattr(runners, "_ab_template", lambda spec, stage: template)
+    monkeypatch.setattr(control, "start", lambda exp, address=None, run_dir=None: SimpleNamespace(run_dir=run_dir, url="u", args={"checkpoints": {}}))
+    monkeypatch.setattr(control, "stop", lambda folder: None)
+    monkeypatch.setattr(world_module, "world_for", lambda exp, args: None)
+    calls = []
+    monkeypatch.setattr(sim, "simulate_and_decide", lambda *a, auto=True, **kw: calls.append(("simulate", auto)) or
+                        sim.Outcome(10, {200: 10}, "continue", []))
+    monkeypatch.setattr(control, "step", lambda folder: calls.append("step") or ("promote", ["won"]))
+    monkeypatch.setattr(control, "analysis_for", lambda folder: calls.append("analysis") or SimpleNamespace(decision="promote", reasons=["won"]))
+    runners.ab(None, SimpleNamespace(champion=None, challenger=None, traffic="simulate", keep_serving=False), str(tmp_path), {}, None,
+               lambda f: None)
+    live = SimpleNamespace(champion=None, challenger=None, traffic="live", keep_serving=False, max_minutes=1, interval_s=0.01)
+    assert runners.ab(None, live, str(tmp_path), {}, None, lambda f: None)["decision"] == "promote"
+    assert calls == [("simulate", auto), "step" if auto else "analysis"]

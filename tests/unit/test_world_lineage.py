@@ -127,3 +127,63 @@ def test_the_movielens_world_replays_only_what_every_arm_held_out(tmp_path):
     both = {key(r) for r in held_out_rows(jobs["a"])} & {key(r) for r in held_out_rows(jobs["b"])}
     replayed = {key(r) for rows in world.by_user.values() for r in rows}
     assert replayed == both and 0 < len(both) < 10_000  # ~4% of the ratings, none either arm trained on
+
+
+def test_each_round_of_retraining_moves_the_synthetic_pool_past_the_rows_shown_before(lineage):
+    """A retrained arm fine-tuned on the exposures of the world's pool, and the next experiment
+    showed it the same pool rows (and their clicks) again: its win was partly those rows."""
+    original, first, second, _ = lineage
+    worlds = {}
+    for name, challenger in (("round 0", original), ("round 1", first), ("round 2", second)):
+        ab = ABSpec.model_validate({"name": "e", "arms": [{"name": "a", "weight": 0.5, "checkpoint": original},
+                                                          {"name": "b", "weight": 0.5, "checkpoint": challenger}],
+                                    "simulate": {"source": "synthetic-ctr"}})
+        worlds[name] = world_for(ab, {"checkpoints": {"a": original, "b": challenger}, "champion": "a"})
+    for rounds, world in enumerate(worlds.values()):
+        ref = SyntheticWorld(_params(SYNTHETIC), pool_rows=world.pool_rows, start=1000 + rounds * world.pool_rows)
+        assert world.rows == ref.rows and (world.truth == ref.truth).all()
+
+
+def test_a_drift_seed_equal_to_the_generators_seed_is_refused(lineage):
+    """It rebuilt the planted model exactly: a drift rehearsal without drift."""
+    original = lineage[0]
+    ab = ABSpec.model_validate({"name": "e", "arms": [{"name": "a", "weight": 0.5, "checkpoint": original},
+                                                      {"name": "b", "weight": 0.5, "checkpoint": original}],
+                                "simulate": {"source": "synthetic-ctr", "drift_seed": 3}})
+    with pytest.raises(RayloadError, match=r"simulate.drift_seed 3 is the arms' data.source.seed"):
+        world_for(ab, {"checkpoints": {"a": original, "b": original}, "champion": "a"})
+
+
+def test_the_movielens_world_drops_the_pairs_a_retrained_arm_fine_tuned_on(tmp_path):
+    """A retrained arm's events are held-out users' shown movies with their clicks: replayed,
+    the next experiment showed it the labels it was fine-tuned on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from _loop import features
+    from rayload.serve.world import held_out_rows
+    from rayload.spec import JobSpec
+
+    raw = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "movielens_deepfm.yaml")))
+    job = JobSpec.model_validate(raw)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps({"spec": job.model_dump(mode="json")}))
+    features().save(str(tmp_path / "a" / "features.json"))  # the champion's label settings
+    key = lambda r: (str(r["userId"]), str(r["movieId"]))  # noqa: E731
+    held = held_out_rows(job)
+    logged = held[:500]  # the exposures the retrain learned from, as its events file holds them
+    pq.write_table(pa.table({"userId": [str(r["userId"]) for r in logged], "movieId": [str(r["movieId"]) for r in logged],
+                             "rating": [1.0] * len(logged)}), str(tmp_path / "events.parquet"))
+    retrained = {**raw, "data": {"source": {"kind": "parquet", "path": str(tmp_path / "events.parquet")},
+                                 "columns": [{"name": "userId", "role": "categorical"}, {"name": "movieId", "role": "categorical"}],
+                                 "label": {"column": "rating", "task": "binary"}},
+                 "train": {**raw.get("train", {}), "init_from": str(tmp_path / "a")}}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text(json.dumps({"spec": JobSpec.model_validate(retrained).model_dump(mode="json")}))
+    arms = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    ab = ABSpec.model_validate({"name": "e", "arms": [{"name": n, "weight": 0.5, "checkpoint": c} for n, c in arms.items()],
+                                "simulate": {"source": "movielens"}})
+    world = world_for(ab, {"checkpoints": arms, "champion": "a", "feature_names": ["userId"]})
+    replayed = {key(r) for rows in world.by_user.values() for r in rows}
+    assert replayed == {key(r) for r in held} - {key(r) for r in logged} and len(replayed) > 19_000

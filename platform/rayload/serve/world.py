@@ -33,22 +33,73 @@ def world_for(ab: ABSpec, args: dict):
     # The other arms' data too: no arm may have trained on what the world shows
     others = [_arm_job(path, sim.source) for name, path in args["checkpoints"].items() if name != args["champion"]]
     others = [other for other in others if other is not None]
+    # Fine-tunes on logged events along each arm's lineage (rayload retrain): their rows were shown
+    # by this world before, so a retrained arm must not be judged on them again
+    retrained = [j for path in args["checkpoints"].values() for j in event_jobs(path, sim.source)]
     if sim.source == "synthetic-ctr":
         if job.data.source.kind != "synthetic-ctr":
             raise SourceError(f"simulate.source synthetic-ctr needs arms trained on synthetic-ctr, not {job.data.source.kind}; "
                               "set simulate.source in the A/B spec to the arms' source")
         params = _synth_params(job.data.source)
+        if sim.drift_seed is not None and sim.drift_seed == params.seed:
+            raise SourceError(f"simulate.drift_seed {sim.drift_seed} is the arms' data.source.seed: the redrawn ground truth would "
+                              "be the one they were trained on; choose another drift_seed")
+        # Each round of retraining moves the pool past the rows the earlier rounds showed
+        # (and logged, and fine-tuned on): fresh draws of the same planted model
+        hops = max((len(event_jobs(path, sim.source)) for path in args["checkpoints"].values()), default=0)
         # never more candidates than the router takes (serving.max_candidates): each request was a 422
         return SyntheticWorld(params, candidates=min(10, ab.serving.max_candidates), seed=sim.seed, drift_seed=sim.drift_seed,
-                              start=_pool_start(params, others))
+                              start=_pool_start(params, others) + hops * POOL_ROWS, pool_rows=POOL_ROWS)
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
+    shown = _shown_pairs(retrained)  # (user, movie) pairs a retrained arm fine-tuned on: replayed, they would leak their labels
+    rows = [r for r in rows if (str(r["userId"]), str(r["movieId"])) not in shown]
     for other in others:  # an arm split another way held other rows out: replay only what every arm held out
         if other.data.source.kind == "movielens" and (other.data, other.split) != (job.data, job.split):
             kept = {(str(r["userId"]), str(r["movieId"])) for r in held_out_rows(other)}
             rows = [r for r in rows if (str(r["userId"]), str(r["movieId"])) in kept]
     return MovieLensWorld(rows, args["feature_names"], features.label.column, features.label.threshold or 4.0, seed=sim.seed,
                           max_candidates=min(20, ab.serving.max_candidates))
+
+
+POOL_ROWS = 20_000  # a synthetic world's candidate rows
+
+
+def event_jobs(checkpoint: str, source: str, limit: int = 100) -> list:
+    """The job specs along `checkpoint`'s `train.init_from` lineage trained on other data than
+    `source` (fine-tunes on logged events), from the checkpoint up to the ancestor that defines
+    the world; [] when any link cannot be read (world_checkpoint names such a champion)."""
+    from ..paths import localize
+    from ..spec import JobSpec
+
+    out, seen = [], set()
+    while checkpoint and checkpoint not in seen and len(seen) < limit:
+        seen.add(checkpoint)
+        try:
+            with open(os.path.join(localize(checkpoint), "manifest.json")) as f:
+                job = JobSpec.model_validate(json.load(f)["spec"])
+        except (OSError, ValueError, KeyError):
+            return out
+        if job.data.source.kind == source:
+            return out
+        out.append(job)
+        checkpoint = job.train.init_from
+    return out
+
+
+def _shown_pairs(jobs) -> set[tuple[str, str]]:
+    """(userId, movieId) of the rows logged events trained these jobs on (their parquet files)."""
+    pairs = set()
+    for job in jobs:
+        src = job.data.source
+        paths = getattr(src, "path", None)
+        for path in ([paths] if isinstance(paths, str) else paths or []):
+            try:
+                table = pq.read_table(path, columns=["userId", "movieId"])
+            except (OSError, ValueError, KeyError):  # no such columns (not MovieLens) or the file is gone: nothing to drop
+                continue
+            pairs |= set(zip(map(str, table.column("userId").to_pylist()), map(str, table.column("movieId").to_pylist())))
+    return pairs
 
 
 def _arm_job(checkpoint: str, source: str):
