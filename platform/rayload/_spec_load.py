@@ -278,6 +278,9 @@ def _member(members: list, part: str):
             if part == c.__name__ or part.endswith(f", {c.__name__}]") or (
                     kinds is not None and part in typing.get_args(kinds.annotation)):
                 return c
+        elif typing.get_origin(c) in (list, dict, tuple):  # list[str], list[constrained-str]
+            if part.startswith(typing.get_origin(c).__name__ + "["):
+                return c
         elif part.removeprefix("constrained-") == (c.__name__ if isinstance(c, type) else str(c)):  # int with ge=1: constrained-int
             return c
     return None

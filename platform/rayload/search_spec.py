@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ._quantities import RayQuantity
+from ._quantities import GpuQuantity, RayQuantity
 from .errors import SpecIssue
 from .paths import NAME_PATTERN
 from .spec import _Spec as _JobSpecBase
@@ -182,7 +182,7 @@ class Asha(_Spec):
 class TrialResources(_Spec):
     workers: int = Field(default=1, ge=1, description="1: the loop runs inside the trial; more: a TorchTrainer per trial")
     cpus_per_worker: RayQuantity | None = Field(default=None, gt=0, description="default: the base job's")
-    gpus_per_worker: RayQuantity | None = Field(default=None, ge=0, description="default: the base job's")
+    gpus_per_worker: GpuQuantity | None = Field(default=None, ge=0, description="default: the base job's")
 
 
 class SearchSpec(_Spec):

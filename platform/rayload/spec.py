@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._quantities import RayQuantity
+from ._quantities import GpuQuantity, RayQuantity
 from .data.builtin import builtin_columns, builtin_label
 from .errors import FieldValueError
 from .paths import NAME_PATTERN
@@ -76,7 +76,9 @@ class LabelSpec(_Spec):
 
 class FileSource(_Spec):
     kind: Literal["parquet", "csv", "jsonl"]
-    path: str | list[str] = Field(description="files, directories or globs; local or a pyarrow URI")
+    # not empty: [] failed in the reader, "" read every file under the working directory
+    path: Annotated[str, Field(min_length=1, pattern=r"\S")] | Annotated[list[Annotated[str, Field(min_length=1, pattern=r"\S")]], Field(min_length=1)] = Field(
+        description="files, directories or globs; local or a pyarrow URI")
 
 
 class MovieLensSource(_Spec):
@@ -353,7 +355,7 @@ class ElasticWorkers(_Spec):
 class ResourcesSpec(_Spec):
     workers: Annotated[int, Field(ge=1)] | ElasticWorkers = Field(default=1)
     cpus_per_worker: RayQuantity = Field(default=1.0, gt=0.0)
-    gpus_per_worker: RayQuantity = Field(default=0.0, ge=0.0)
+    gpus_per_worker: GpuQuantity = Field(default=0.0, ge=0.0)
     accelerator_type: str | None = None
     # A job that asks for more than the cluster has fails after this long instead of hanging.
     placement_timeout_s: float = Field(default=60.0, gt=0.0, le=86_400)

@@ -103,3 +103,59 @@ def test_jsonl_integer_past_int64_is_read_as_serving_reads_it():
     assert served.column("x").to_pylist() == good.column("x").to_pylist()
     table, bad = parse_jsonl(b'{"x": %d, "y": 1}\n' % big, ["x", "y"], "f.jsonl")  # alone in its file
     assert not bad and table.column("x").to_pylist() == [str(big)]
+
+
+@pytest.mark.parametrize("tail", [b'2,"trunc\n', b'2,"trunc', b'2,"trunc\r\n'])
+def test_a_csv_cut_off_inside_a_quoted_value_quarantines_its_last_record(tail):
+    """pyarrow reads an unclosed quote on the last line to the end of the file: the right count of
+    columns and of lines, so nothing sent the file to the record-by-record reader, and the cut
+    value was a good row."""
+    table, bad = parse_csv(b'id,text\n1,"hello"\n' + tail, ["id", "text"], "f.csv")
+    assert table.to_pylist() == [{"id": "1", "text": "hello"}]
+    assert len(bad) == 1 and bad[0][0] == '2,"trunc' and "line 3" in bad[0][1] and "unterminated quote" in bad[0][1]
+
+
+def test_jsonl_keys_given_twice_are_quarantined_as_a_csv_header_is_refused():
+    table, bad = parse_jsonl(b'{"id":1,"label":0,"label":1}\n{"id":2,"label":1,"note":"\\"label\\" twice"}\n{"id":3,"\xc3\xa9":1,"\\u00e9":2}\n',
+                             ["id", "label", "\u00e9"], "f.jsonl")
+    assert table.column("id").to_pylist() == [2]
+    assert [b[1] for b in bad] == ["line 1 gives the key(s) ['label'] more than once; which value is meant is not clear",
+                                  "line 3 gives the key(s) ['\u00e9'] more than once; which value is meant is not clear"]
+
+
+def test_a_leading_blank_line_and_upper_case_extensions_are_read_and_a_mistyped_shard_is_named(tmp_path):
+    """The schema check took line 1 as the header (empty) and refused a file the reader skips the
+    blank line of; P6.CSV in a shard folder was skipped without a word; a mistyped column in one
+    of three parquet shards was reported without the shard's name."""
+    import pyarrow as pa
+
+    from rayload.data.checks import check_data_schema
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    (tmp_path / "csv").mkdir()
+    rows = "".join(f"{i},{i % 2}\n" for i in range(60))
+    (tmp_path / "csv" / "a.csv").write_text("\nx,label\n" + rows)
+    (tmp_path / "csv" / "B.CSV").write_text("x,label\n" + rows)
+
+    def job(path, kind="csv"):
+        return JobSpec.model_validate({"name": "t", "data": {"source": {"kind": kind, "path": str(path)},
+                                                            "columns": [{"name": "x", "role": "numeric"}], "label": {"column": "label"}}})
+
+    out = preprocess(job(tmp_path / "csv"), out=str(tmp_path / "pre"), engine="local")
+    assert out.counts["input"] == 120 and out.counts["quarantined"] == 0
+    (tmp_path / "pq").mkdir()
+    for name in ("a", "b"):
+        pq.write_table(pa.table({"x": [1.0, 2.0], "label": [0, 1]}), str(tmp_path / "pq" / f"{name}.parquet"))
+    pq.write_table(pa.table({"x": [[1.0]], "label": [1]}), str(tmp_path / "pq" / "zz_bad.parquet"))
+    with pytest.raises(DataError, match=r"zz_bad.parquet: column 'x' has type list"):
+        check_data_schema(job(tmp_path / "pq", "parquet"))
+
+
+@pytest.mark.parametrize("path, message", [("", "at least 1 character"), ([], "at least 1 item"), (["a.csv", " "], r"list\[constrained-str\]\.1\n  String should match pattern")])
+def test_an_empty_source_path_is_a_spec_error(path, message):
+    """[] failed in the reader (AttributeError on None); "" read every CSV under the working directory."""
+    from rayload.spec import FileSource
+
+    with pytest.raises(Exception, match=message):
+        FileSource(kind="csv", path=path)

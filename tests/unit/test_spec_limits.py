@@ -54,11 +54,12 @@ def test_resource_amounts_ray_cannot_place_are_refused_at_load(tmp_path):
     """1.5 GPUs per worker (Ray takes fractions only below 1) and 1e-5 CPUs (Ray's unit is
     0.0001) loaded and failed when the workers were placed."""
     assert _issues(_job(tmp_path, resources={"gpus_per_worker": 1.5})) == [
-        "resources.gpus_per_worker: Ray places an amount above 1 only in whole units: use 1 or 2 (got 1.5)"]
+        "resources.gpus_per_worker: Ray places GPUs above 1 only in whole units: use 1 or 2 (got 1.5)"]
     assert _issues(_job(tmp_path, resources={"cpus_per_worker": 0.00001})) == [
         "resources.cpus_per_worker: Ray counts resources in steps of 0.0001 (got 1e-05)"]
     for fine in (0.25, 2, 0.0001):
         assert load_spec(_job(tmp_path, resources={"gpus_per_worker": fine})).resources.gpus_per_worker == fine
+    assert load_spec(_job(tmp_path, resources={"cpus_per_worker": 1.5})).resources.cpus_per_worker == 1.5  # Ray places 1.5 CPUs
 
 
 def test_union_fields_are_named_by_their_spec_path_with_only_the_fitting_members_error(tmp_path):

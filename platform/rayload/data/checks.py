@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..paths import cache_root
-from .readers import parse_jsonl, strip_bom
+from .readers import header_line, parse_jsonl, strip_bom
 from .sources import Inputs, resolve_inputs
 from .validate import Schema, validate_table
 
@@ -32,7 +32,10 @@ def check_files(inputs: Inputs, schema: Schema) -> None:
         if inputs.fmt == "jsonl":
             found = _sampled_columns(found, schema)
         # An empty table with the file's types runs the same type checks as real rows do.
-        validate_table(found.empty_table(), schema, path)
+        try:
+            validate_table(found.empty_table(), schema, path)
+        except DataError as exc:  # a mistyped column: name the shard (three shards, one bad, said nothing of which)
+            raise (exc if str(exc).startswith(path) else DataError(f"{path}: {exc}")) from None
         if inputs.fmt != "parquet":
             break
 
@@ -46,7 +49,7 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if not head.strip():
         return None
     if inputs.fmt == "csv":
-        names = next(csv.reader([strip_bom(head).split(b"\n", 1)[0].decode(errors="replace").rstrip("\r")]))
+        names = next(csv.reader([header_line(strip_bom(head)).decode(errors="replace").rstrip("\r")]), [])
         return pa.schema([(n, pa.string()) for n in names])
     whole = len(raw) < 1 << 20 and len(head) == len(raw)  # the sample is the whole file
     lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 and not whole else head.splitlines()

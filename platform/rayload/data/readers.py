@@ -36,20 +36,28 @@ def parse_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
         return pa.table({n: pa.array([], pa.string()) for n in names}), []
     if b"\n" not in data.rstrip(b"\r"):  # a header alone without its newline: pyarrow called it an empty CSV file
         data = data.rstrip(b"\r") + b"\n"
+    first = header_line(data)
     try:
-        data.split(b"\n", 1)[0].decode("utf-8")
+        first.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{source}: the header line (line 1) is not UTF-8 text: {exc}") from None
-    header, _ = _fields(data.split(b"\n", 1)[0], strict=False)
+        raise DataError(f"{source}: the header line is not UTF-8 text: {exc}") from None
+    header, _ = _fields(first, strict=False)
     if twice := sorted({n for n in names if header.count(n) > 1}):  # the first was read, the second dropped without a word
         raise DataError(f"{source}: the CSV header names the column(s) {twice} more than once; which one is meant is not clear")
     try:
         table, bad, spanned = _read_csv(data, names, source)
     except _NotUtf8:
         return _read_csv_records(data, names, source)
-    if bad or spanned or _spans_lines(data, table.num_rows):
+    # An odd number of quotes in the file: one was never closed (a file cut off inside a quoted
+    # value, which pyarrow reads to the end as a good row: no extra line, no bad row to tell)
+    if bad or spanned or _spans_lines(data, table.num_rows) or data.count(b'"') % 2:
         return _read_csv_records(data, names, source)
     return table, []
+
+
+def header_line(data: bytes) -> bytes:
+    """The CSV header: the first line that is not blank (the readers skip blank lines before it)."""
+    return next((line for line in data.split(b"\n") if line.rstrip(b"\r")), b"")
 
 
 def strip_bom(data: bytes) -> bytes:
@@ -102,7 +110,7 @@ def _spans_lines(data: bytes, records: int) -> bool:
 
 
 def _missing_columns(data: bytes, names: list[str], source: str):
-    header = data.split(b"\n", 1)[0].decode(errors="replace")
+    header = header_line(data).decode(errors="replace")
     raise DataError(f"{source}: declared columns {names} are not all in the CSV header: {header!r}") from None
 
 
@@ -230,6 +238,23 @@ class _NotUtf8(Exception):
     pass
 
 
+def _repeated_keys(line: bytes, names: list[str]) -> list[str]:
+    """Declared keys the line's object gives twice. Cheap first: a key given twice has its quoted
+    name twice in the line (a value may hold the text too: the line is then read pair by pair)."""
+    maybe = [n for n in names if sum(line.count(f) for f in {json.dumps(n).encode(), json.dumps(n, ensure_ascii=False).encode()}) > 1]
+    if not maybe:
+        return []
+    found = []
+
+    def pairs(items):
+        keys = [k for k, _ in items]
+        found.extend(k for k in maybe if keys.count(k) > 1 and k not in found)
+        return dict(items)
+
+    json.loads(line, object_pairs_hook=pairs)
+    return found
+
+
 def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str] | None = None) -> tuple[pa.Table, list[tuple[str, str]]]:
     """`bags`: multi_categorical column -> separator. Values are read as serving reads a
     request's (validate.read_values): a bag's JSON array as its joined text; a line with a list
@@ -250,6 +275,10 @@ def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str]
             continue
         if not isinstance(obj, dict):
             malformed.append((line.decode(errors="replace"), f"line {number} is not a JSON object"))
+            continue
+        if twice := _repeated_keys(line, names):  # json.loads keeps the last silently; the CSV reader refuses the same
+            malformed.append((line.decode(errors="replace"), f"line {number} gives the key(s) {twice} more than once; "
+                              "which value is meant is not clear"))
             continue
         for n in names:
             columns[n].append(obj.get(n))

@@ -99,7 +99,7 @@ def _glob(fs: pafs.FileSystem, pattern: str, fmt: str) -> list[str]:
         parts = i.path[len(base):].strip("/").split("/")
         if _match(parts, wanted):
             out.append(i.path)
-        elif i.base_name.endswith(_EXTENSIONS[fmt]) and any(
+        elif i.base_name.lower().endswith(_EXTENSIONS[fmt]) and any(
                 _match(parts[:k], wanted) and not any(p.startswith((".", "_")) for p in parts[k:]) for k in range(1, len(parts))):
             out.append(i.path)  # inside a folder the pattern names
     return out
@@ -144,7 +144,7 @@ def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
         i.path
         for i in infos
         if i.type == pafs.FileType.File
-        and i.base_name.endswith(_EXTENSIONS[fmt])
+        and i.base_name.lower().endswith(_EXTENSIONS[fmt])  # P6.CSV too
         # hidden or _ names at any depth below the folder (.git/, _temporary/), and runs/ and the cache
         and not any(part.startswith((".", "_")) for part in i.path[len(path):].strip("/").split("/"))
         and not _ours(fs, path, i.path)

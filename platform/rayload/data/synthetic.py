@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -362,7 +363,19 @@ def _filesystem(out_dir: str) -> tuple[pafs.FileSystem, str]:
 def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
     """Write part-NNNNN.parquet shards of shard_rows rows plus synthetic.json (params and truth)."""
     (fs, root), base = _filesystem(out_dir), out_dir.rstrip("/")
-    fs.create_dir(root, recursive=True)
+    try:
+        fs.create_dir(root, recursive=True)
+        if fs.get_file_info(root).type != pafs.FileType.Directory:
+            raise NotADirectoryError(20, "not a folder")
+    except OSError as exc:  # a file there, or no permission: was a traceback
+        from ..errors import RayloadError
+
+        raise RayloadError(f"cannot write the synthetic data to {out_dir}: {exc.strerror or exc}") from None
+    # Shards of an earlier run into this folder go first: left there, a reader of the folder took
+    # them with the new ones, two generations that synthetic.json does not describe
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type == pafs.FileType.File and re.fullmatch(r"part-\d{5}\.parquet", info.base_name):
+            fs.delete_file(info.path)
     files, probs, positives = [], [], 0
     for k, start in enumerate(range(0, params.rows, params.shard_rows)):
         table, p = generate_table_with_truth(params, start, min(start + params.shard_rows, params.rows))
