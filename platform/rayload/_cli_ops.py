@@ -200,7 +200,7 @@ def submit(
 def doctor(
     address: AddressOpt = None,
     specs: Annotated[str, typer.Option(help="folder of specs whose GPUs and databases to check")] = "jobs",
-    serve_port: Annotated[int, typer.Option(help="the Serve HTTP port to check")] = 8000,
+    serve_port: Annotated[int, typer.Option(help="the Serve HTTP port to check", min=1, max=65535)] = 8000,
 ) -> None:
     """Pass/fail: Ray reachable, versions on every node, token auth, GPUs for the specs, shared storage, Serve port, databases."""
     from .ops import doctor as run

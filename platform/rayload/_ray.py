@@ -60,8 +60,10 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
     from .errors import RayloadError
 
-    if "://" in address or ":" not in address:
+    if "://" in address or address in ("auto", "local"):
         return
+    if ":" not in address:  # ray.init raised "Invalid address format" (a ValueError traceback)
+        raise RayloadError(f"not a Ray address: {address!r} (host:port of the cluster's GCS, e.g. {address}:6379; or auto)")
     host, port = address.rsplit(":", 1)
     host = host.strip("[]")  # [::1]:6379
     try:
@@ -122,15 +124,17 @@ def _drop_worker_lines(substrings: tuple[str, ...]) -> None:
 
 
 def _token_env() -> None:
-    """Ray 2.60 clusters require token auth; use the token file ($RAY_AUTH_TOKEN_PATH, else
-    ~/.ray/auth_token) when the env has none.
+    """Ray 2.60 clusters require token auth: switch the client to token mode when a token is there
+    ($RAY_AUTH_TOKEN, or the token file: $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) and
+    RAY_AUTH_MODE does not say otherwise. (A token in RAY_AUTH_TOKEN alone left the client in
+    auth-off mode, which a cluster with auth refuses.)
 
     Ray reads RAY_AUTH_MODE into its C++ config when it is imported, so setting the variable
     afterwards is not enough: Ray's own helper sets it and re-initialises that config (the same
     thing `ray.init()` does for a cluster it starts)."""
-    if os.environ.get("RAY_AUTH_MODE") or "RAY_AUTH_TOKEN" in os.environ:
+    if os.environ.get("RAY_AUTH_MODE"):
         return
-    if not os.path.exists(token_path()):
+    if "RAY_AUTH_TOKEN" not in os.environ and not os.path.exists(token_path()):  # the token given in the env counts too
         return
     try:
         from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available

@@ -75,4 +75,30 @@ def _not_uploaded(path: str, working_dir: str) -> str | None:
                 return f"in an excluded folder ({pattern})"
         elif any(fnmatch.fnmatch(part, body) for part in folders):
             return f"in an excluded folder ({pattern})"
+    return _ignored(relative, working_dir)
+
+
+def _ignored(relative: str, working_dir: str) -> str | None:
+    """Whether Ray's upload leaves the file out by a .gitignore or .rayignore on its way: Ray's own
+    matchers, applied as its upload walks the folder (each folder's ignore files match the paths
+    below it). `build/job.yaml`, ignored by the repository's .gitignore, passed the check and was
+    missing on the cluster."""
+    from pathlib import Path
+
+    from ray._private.ray_constants import RAY_RUNTIME_ENV_IGNORE_GITIGNORE
+    from ray._private.runtime_env.packaging import get_excludes_from_ignore_files
+
+    import logging
+
+    quiet = logging.getLogger("rayload.upload_check")  # Ray logs each ignore file it finds at INFO
+    quiet.setLevel(logging.WARNING)
+    include_gitignore = os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
+    root = folder = Path(os.path.abspath(working_dir))
+    matchers = []
+    for part in Path(relative).parts:
+        matchers += [(m, folder) for m in get_excludes_from_ignore_files(folder, include_gitignore=include_gitignore, logger=quiet)]
+        path = folder / part
+        if hit := next((where for match, where in matchers if match(path)), None):
+            return f"ignored by the .gitignore or .rayignore in {os.path.relpath(hit, root)}/"
+        folder = path
     return None

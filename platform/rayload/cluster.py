@@ -114,7 +114,7 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
     issues = []
     for i, command in starts:
         where = f"{section}[{i}]"
-        if "RAY_AUTH_MODE=token" not in _words(command):  # `VAR=v ray start`, `export VAR=v; ray start`, `&&`
+        if not _starts_with_token_auth(command):  # `VAR=v ray start`, `export VAR=v; ray start`, `&&`
             issues.append(SpecIssue(where, "must start Ray with RAY_AUTH_MODE=token (token authentication)", command, True))
         for host in _options(command, "--dashboard-host"):
             if host in _LOOPBACK:
@@ -124,16 +124,60 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
     return issues
 
 
+_SEPARATORS = {";", "&&", "||", "|", "&", "\n"}
+
+
+def _starts_with_token_auth(command: str) -> bool:
+    """Whether every `ray start` in the command runs with RAY_AUTH_MODE=token: given before it in
+    its own simple command (`RAY_AUTH_MODE=token ray start`, `env VAR=... ray start`), exported
+    earlier (`export RAY_AUTH_MODE=token && ray start`), or given to a shell that runs it
+    (`RAY_AUTH_MODE=token bash -lc '... ray start'`); the last value given counts. (The word
+    anywhere passed `RAY_AUTH_MODE=token ray stop && ray start --head`, whose start has no auth.)"""
+    starts = _auth_of_starts(command, None)
+    return bool(starts) and all(mode == "token" for mode in starts)
+
+
+def _auth_of_starts(command: str, inherited: str | None) -> list[str | None]:
+    """RAY_AUTH_MODE as each `ray start` of the command sees it, the shell starting with `inherited`."""
+    exported, found = inherited, []
+    segment: list[str] = []
+    for word in [*_lex(command), ";"]:
+        if word not in _SEPARATORS:
+            segment.append(word)
+            continue
+        words, segment = segment, []
+        if words[:1] == ["export"]:
+            for w in words[1:]:
+                if w.startswith("RAY_AUTH_MODE="):
+                    exported = w.split("=", 1)[1]
+            continue
+        mode, i = exported, 0
+        while i < len(words) and (words[i] == "env" or "=" in words[i] and words[i].split("=", 1)[0].isidentifier()):
+            if words[i].startswith("RAY_AUTH_MODE="):
+                mode = words[i].split("=", 1)[1]
+            i += 1
+        if words[i:i + 2] == ["ray", "start"]:
+            found.append(mode)
+        for word in words[i:]:  # a command a shell runs (bash -lc '...'), in this command's environment
+            if any(c.isspace() for c in word):
+                found += _auth_of_starts(word, mode)
+    return found
+
+
 def _words(command: str) -> list[str]:
     """The shell words of a command, with `;`, `&&`, `|` as words of their own, and the words of
     any quoted command inside it (`bash -lc 'conda activate x && ray start ...'`) after it."""
+    words = _lex(command)
+    return words + [w for word in words if any(c.isspace() for c in word) for w in _words(word)]
+
+
+def _lex(command: str) -> list[str]:
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
-        words = list(lexer)
+        return list(lexer)
     except ValueError:  # an unbalanced quote: the plain words
-        words = command.split()
-    return words + [w for word in words if any(c.isspace() for c in word) for w in _words(word)]
+        return command.split()
 
 
 def _options(command: str, name: str) -> list[str]:
@@ -156,13 +200,25 @@ def _security_group_issues(config: dict) -> list[SpecIssue]:
             if not (node.get("node_config") or {}).get("SecurityGroupIds"):
                 issues.append(SpecIssue(f"available_node_types.{name}.node_config.SecurityGroupIds",
                                         "must name your security group: the group Ray creates by itself opens SSH to 0.0.0.0/0"))
-    rules = (provider.get("security_group") or {}).get("IpPermissions") or []
-    for i, rule in enumerate(rules):
+    group = provider.get("security_group") or {}
+    rules = (group.get("IpPermissions") if isinstance(group, dict) else None) or []
+    for i, rule in enumerate(rules if isinstance(rules, list) else [rules]):
         where = f"provider.security_group.IpPermissions[{i}]"
-        cidrs = [r.get("CidrIp") for r in rule.get("IpRanges", [])] + [r.get("CidrIpv6") for r in rule.get("Ipv6Ranges", [])]
+        # Ray's schema does not look inside the security group: a malformed rule was a traceback here
+        ranges = [rule.get(k) if isinstance(rule, dict) else None for k in ("IpRanges", "Ipv6Ranges")]
+        if not isinstance(rule, dict) or not all(r is None or isinstance(r, list) and all(isinstance(e, dict) for e in r)
+                                                 for r in ranges):
+            issues.append(SpecIssue(where, "must be a mapping whose IpRanges and Ipv6Ranges are lists of mappings "
+                                    "({CidrIp: ...} / {CidrIpv6: ...})", rule, True))
+            continue
+        cidrs = [r.get("CidrIp") for r in ranges[0] or []] + [r.get("CidrIpv6") for r in ranges[1] or []]
         if not any(c in _OPEN for c in cidrs):
             continue
-        low, high = _ports(rule)
+        try:
+            low, high = _ports(rule)
+        except (TypeError, ValueError):
+            issues.append(SpecIssue(f"{where}.FromPort", "FromPort and ToPort must be port numbers", rule.get("FromPort"), True))
+            continue
         exposed = [f"{p} ({what})" for p, what in RAY_PORTS.items() if low <= p <= high]
         if low <= 22 <= high:
             exposed.append("22 (SSH: open it to an admin CIDR only)")

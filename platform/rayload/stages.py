@@ -283,8 +283,14 @@ def load_run(run: str) -> tuple[str, dict]:
     for folder in (run, run_dir_for(run)):
         path = os.path.join(folder, "manifest.json")
         if os.path.exists(path):
-            with open(path) as f:
-                return os.path.abspath(folder), json.load(f)
+            try:
+                with open(path) as f:
+                    manifest = json.load(f)
+            except ValueError as exc:  # a bare JSONDecodeError named no file
+                raise RayloadError(f"{path} is damaged ({exc}); each stage's stage.json in {folder} still holds its outputs") from None
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("stages", []), list):
+                raise RayloadError(f"{path} is damaged (not a run manifest); each stage's stage.json in {folder} still holds its outputs")
+            return os.path.abspath(folder), manifest
     raise RayloadError(f"no pipeline run {run!r}: looked for manifest.json in {run} and {run_dir_for(run)}")
 
 

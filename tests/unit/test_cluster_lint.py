@@ -153,3 +153,28 @@ def test_the_head_gives_jobs_a_fixed_rayload_home(config):
     folders = {h for c in start for h in homes(c)} | set(login)
     assert len(folders) == 1 and login, folders
     assert next(iter(folders)).startswith(("/", "$HOME/", "~/")), folders
+
+
+@pytest.mark.parametrize("command", [
+    "RAY_AUTH_MODE=token ray stop && ray start --head --port=6379 --dashboard-host=127.0.0.1",  # the variable is ray stop's
+    "echo RAY_AUTH_MODE=token; ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "RAY_AUTH_MODE=token RAY_AUTH_MODE=disabled ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "export RAY_AUTH_MODE=token; export RAY_AUTH_MODE=disabled; ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "bash -lc 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+])
+def test_a_start_that_does_not_itself_run_with_token_auth_fails(config, command):
+    """The word RAY_AUTH_MODE=token anywhere in the command passed, whatever it applied to."""
+    config["head_start_ray_commands"][1] = command
+    issues = [i for i in security_issues(config) if i.path == "head_start_ray_commands[1]"]
+    assert [i.message for i in issues] == ["must start Ray with RAY_AUTH_MODE=token (token authentication)"]
+
+
+@pytest.mark.parametrize("rule, field", [
+    ({"IpProtocol": "tcp", "FromPort": "ssh", "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}, "IpPermissions[1].FromPort"),
+    ({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": "0.0.0.0/0"}, "IpPermissions[1]"),
+    ("tcp 22 0.0.0.0/0", "IpPermissions[1]"),
+])
+def test_a_malformed_security_group_rule_is_named_not_a_traceback(config, rule, field):
+    """Ray's schema does not look inside the security group; these raised ValueError and AttributeError."""
+    config["provider"]["security_group"]["IpPermissions"].append(rule)
+    assert f"provider.security_group.{field}" in _paths(security_issues(config))

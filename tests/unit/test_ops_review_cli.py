@@ -86,3 +86,28 @@ def test_doctor_prints_a_users_error_as_a_message(monkeypatch):
     monkeypatch.setattr(rayload.ops, "doctor", refuse)
     r = CliRunner().invoke(cli_app(), ["doctor", "--address", "10.0.0.9:6379"])
     assert r.exit_code == 2 and "nothing answers" in r.output, r.output
+
+
+def test_user_errors_of_synth_doctor_report_and_ab_status_exit_2_naming_the_path(tmp_path, monkeypatch):
+    """Each was a traceback with exit 1: `data synth --out` onto a file, `doctor --serve-port
+    80000` (after every cluster check had run), `report` of a damaged manifest.json, and `ab
+    status` of a serve.json without its config."""
+    import importlib
+
+    importlib.import_module("rayload._cli_ab")  # registers `ab` on the app
+    runner = CliRunner()
+    app = cli_app()
+    (tmp_path / "afile.txt").write_text("x")
+    out = runner.invoke(app, ["data", "synth", "--rows", "10", "--out", str(tmp_path / "afile.txt")])
+    assert out.exit_code == 2 and f"cannot write the synthetic data to {tmp_path / 'afile.txt'}" in out.output, out.output
+    out = runner.invoke(app, ["doctor", "--address", "127.0.0.1:1", "--serve-port", "80000"])
+    assert out.exit_code == 2 and "Invalid value for '--serve-port'" in out.output, out.output
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    (tmp_path / "runs" / "mypipe").mkdir(parents=True)
+    (tmp_path / "runs" / "mypipe" / "manifest.json").write_text('{"run_id": "mypipe", "stages": [')
+    out = runner.invoke(app, ["report", "mypipe"])
+    assert out.exit_code == 2 and "manifest.json is damaged" in out.output, out.output
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / "serve.json").write_text('{"address": null}')
+    out = runner.invoke(app, ["ab", "status", str(tmp_path / "ab")])
+    assert out.exit_code == 2 and "serve.json is damaged (no Serve config in it)" in out.output, out.output

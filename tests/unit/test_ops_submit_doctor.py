@@ -149,6 +149,12 @@ def test_the_token_file_named_by_ray_auth_token_path_is_used(tmp_path, monkeypat
     assert ops.token() is None
     _ray._token_env()
     assert len(enabled) == 1  # no token anywhere: token mode is not switched on
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-env")  # the token given in the env alone switches it on too (it did not)
+    _ray._token_env()
+    assert len(enabled) == 2
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the mode given is the user's
+    _ray._token_env()
+    assert len(enabled) == 2
 
 
 def test_a_refused_or_missing_token_names_the_file_really_read(tmp_path, monkeypatch, job_api):
@@ -170,3 +176,35 @@ def test_a_refused_or_missing_token_names_the_file_really_read(tmp_path, monkeyp
     token.write_text("right\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
     ops.check_job_api(url, ops.token())
+
+
+def test_an_address_without_a_port_is_named_before_ray_init(monkeypatch):
+    """ray.init raised ValueError("Invalid address format"): a traceback and exit 1 for
+    train, preprocess, tune, serve, evaluate and doctor."""
+    import ray
+
+    from rayload import _ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ray.init reached")))
+    with pytest.raises(RayloadError, match=r"not a Ray address: '10.0.0.5' \(host:port of the cluster's GCS, e.g. 10.0.0.5:6379"):
+        _ray.check_reachable("10.0.0.5")
+    for fine in ("auto", "local", "ray://10.0.0.5:10001"):
+        _ray.check_reachable(fine)
+
+
+def test_submit_refuses_a_spec_the_uploads_gitignore_leaves_out(tmp_path):
+    """Only rayload's own excludes were checked: build/job.yaml, ignored by the repository's
+    .gitignore, passed, was not uploaded, and the job failed on the cluster."""
+    from rayload._upload import check_spec
+
+    (tmp_path / ".gitignore").write_text("/build/\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".rayignore").write_text("secret/\n")
+    for folder in ("build", "jobs", "sub/secret"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "job.yaml").write_text(JOB)
+    with pytest.raises(SpecError, match=r"ignored by the .gitignore or .rayignore in \./: it would not be uploaded"):
+        check_spec(str(tmp_path / "build" / "job.yaml"), working_dir=str(tmp_path))
+    with pytest.raises(SpecError, match=r"ignored by the .gitignore or .rayignore in sub/"):
+        check_spec(str(tmp_path / "sub" / "secret" / "job.yaml"), working_dir=str(tmp_path))
+    check_spec(str(tmp_path / "jobs" / "job.yaml"), working_dir=str(tmp_path))

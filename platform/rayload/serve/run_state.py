@@ -40,9 +40,12 @@ def load_state(run: str) -> tuple[str, dict]:
         if os.path.exists(path):
             with open(path) as f:
                 try:
-                    return os.path.abspath(folder), json.load(f)
+                    state = json.load(f)
                 except ValueError as exc:  # a bare JSONDecodeError named no file
                     raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
+            if not isinstance(state, dict) or not isinstance(state.get("config"), dict):  # was KeyError: 'config'
+                raise RayloadError(f"{path} is damaged (no Serve config in it); the experiment's events are in its event store")
+            return os.path.abspath(folder), state
     raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
 
 
