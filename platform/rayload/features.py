@@ -15,7 +15,7 @@ order of frequency. Hash encodings map every value, missing included, into [0, b
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
@@ -211,6 +211,11 @@ class FittedFeatures:
         return {d["source"] for d in self.derived.values()}
 
 
+# Fields added to format version 1 after its first files were written (their defaults are what
+# those files meant): NumericState.constant, FittedFeatures.target and .derived
+_ADDED_IN_VERSION_1 = frozenset({"constant", "target", "derived"})
+
+
 def _check_fields(kind, raw, source: str, where: str, skip=frozenset()) -> None:
     """Unknown and missing fields of one features.json object, as a DataError."""
     at = f" {where}" if where else ""
@@ -219,7 +224,10 @@ def _check_fields(kind, raw, source: str, where: str, skip=frozenset()) -> None:
                         f"(features.json version {FORMAT_VERSION})")
     known = [f for f in fields(kind) if f.init and f.name not in skip]
     unknown = sorted(set(raw) - {f.name for f in known})
-    missing = [f.name for f in known if f.default is MISSING and f.default_factory is MISSING and f.name not in raw]
+    # Every field but those version 1 files written before they existed lack: to_json writes them
+    # all, and a default taken for a missing one changed the features without a word (no
+    # `multi`: a bag read as one unknown token; no `offset`: no z-score)
+    missing = [f.name for f in known if f.name not in raw and f.name not in _ADDED_IN_VERSION_1]
     if unknown or missing:
         parts = ([f"unknown field(s) {unknown}"] if unknown else []) + ([f"missing field(s) {missing}"] if missing else [])
         raise DataError(f"{source}:{at} has {' and '.join(parts)}, which features.json version {FORMAT_VERSION} does not "
