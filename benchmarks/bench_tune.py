@@ -77,8 +77,10 @@ def trials_to_target(strategy: str, seed: int, cap: int) -> int:
     from rayload.search_spec import Param
 
     space = {"x": Param(uniform=(-5, 10)), "y": Param(uniform=(0, 15))}
-    sampler = make_sampler(strategy, "tpe", space, seed, startup=10, concurrent=False)
-    study = open_study(None, f"{strategy}-{seed}", "min", sampler, create=True)
+    # open_study takes a maker of the sampler (held trials -> sampler), as a resumed search reseeds it
+    study = open_study(None, f"{strategy}-{seed}", "min",
+                       lambda held: make_sampler(strategy, "tpe", space, seed, startup=10, concurrent=False, resumed_after=held),
+                       create=True)
     searcher = StudySearcher(study, space, cap, "value", "min")
     for i in range(cap):
         config = searcher.suggest(str(i))

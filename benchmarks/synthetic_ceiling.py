@@ -44,16 +44,18 @@ def ceiling(train_rows: int, test_rows: int, seed: int) -> dict[str, float]:
     params = S.SynthParams(rows=train_rows + test_rows, seed=seed)
     model = S._model(params)
     counts = [np.zeros(c + 1, dtype=np.int64) for c in model.cards]
-    chunks, first_test = -(-(train_rows + test_rows) // S.CHUNK_ROWS), train_rows // S.CHUNK_ROWS
+    chunks = -(-(train_rows + test_rows) // S.CHUNK_ROWS)
     test = []
     for chunk in range(chunks):
         n = min(S.CHUNK_ROWS, train_rows + test_rows - chunk * S.CHUNK_ROWS)
         d = S._draw(params, model, np.random.SeedSequence([params.seed, chunk]), n)
-        if chunk < first_test:  # training rows: only how often each ID was seen
-            for j, ranks in enumerate(d["ranks"]):
-                counts[j] += np.bincount(ranks, minlength=len(counts[j]))
-        else:
-            test.append(d)
+        # the chunk's first rows up to train_rows train, the rest are test rows (whole chunks were
+        # counted as test from the one holding the boundary: 1,572,864 training rows for 1,600,000)
+        cut = min(n, max(0, train_rows - chunk * S.CHUNK_ROWS))
+        for j, ranks in enumerate(d["ranks"]):  # training rows: only how often each ID was seen
+            counts[j] += np.bincount(ranks[:cut], minlength=len(counts[j]))
+        if cut < n:
+            test.append({k: np.asarray(v)[..., cut:] for k, v in d.items()})
     d = {k: np.concatenate([t[k] for t in test], axis=-1) for k in test[0]}
     p = S._sigmoid(S._logit(model, d))
     rng = np.random.default_rng(seed + 1)

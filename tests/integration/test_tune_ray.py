@@ -186,11 +186,13 @@ def test_a_trial_reporting_without_the_metric_fails_the_search_with_tunes_reason
     """Tune's controller raises when a result lacks the searcher's metric (its strict metric
     check); the search fails with that reason, its running trial is FAIL in the study, and
     search.json says failed."""
-    with pytest.raises(rayload.tuning.SearchFailedError, match=r"ValueError: .*did not include the specified metric") as info:
+    from rayload import tuning
+
+    with pytest.raises(tuning.SearchFailedError, match=r"ValueError: .*did not include the specified metric") as info:
         rayload.tune_function(reports_without_the_metric, {"x": {"uniform": [0, 1]}}, strategy="random", num_samples=2,
                               mode="max", max_concurrent=1, name="nometric")
     run_dir = str(info.value).split("(", 1)[1].split(")", 1)[0]
-    state = rayload.tuning.status(run_dir)
+    state = tuning.read_state(run_dir)
     assert state["state"] == "failed" and "did not include the specified metric" in state["ended"]
     trials = optuna.load_study(study_name="nometric", storage=state["storage"]).get_trials()
     assert trials and trials[0].state == optuna.trial.TrialState.FAIL
