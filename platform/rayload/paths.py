@@ -22,7 +22,7 @@ def runs_root() -> str:
     Ray's temporary copy of the upload, removed with it, so ~/rayload-runs there."""
     home = os.environ.get("RAYLOAD_HOME")
     if home:
-        return os.path.abspath(os.path.expanduser(home))
+        return os.path.abspath(os.path.expanduser(_local_folder("RAYLOAD_HOME", home)))
     if in_ray_upload(os.getcwd()):
         return os.path.expanduser(JOB_HOME)
     return os.path.abspath("runs")
@@ -40,7 +40,18 @@ def cache_root() -> str:
     $RAYLOAD_HOME/cache. Several run folders (users, jobs) on one machine can share one cache:
     entries are keyed by content and written under `cache_lock`."""
     cache = os.environ.get("RAYLOAD_CACHE")  # ~ expanded, as RAYLOAD_HOME's (it was a folder named "~" here)
-    return os.path.abspath(os.path.expanduser(cache)) if cache else os.path.join(runs_root(), "cache")
+    return os.path.abspath(os.path.expanduser(_local_folder("RAYLOAD_CACHE", cache))) if cache else os.path.join(runs_root(), "cache")
+
+
+def _local_folder(name: str, value: str) -> str:
+    """`value` of the env var `name`, which must be a folder path: a URI (s3://...) became a local
+    folder named "s3:" under the working directory, without a word."""
+    if "://" in value:
+        from .errors import RayloadError
+
+        raise RayloadError(f"{name}={value}: a folder path, not a URI (object storage is not supported there yet); "
+                           "for a cache or run folders shared by the nodes, mount shared storage (EFS, NFS) and name its path")
+    return value
 
 
 @contextlib.contextmanager

@@ -111,3 +111,16 @@ def test_user_errors_of_synth_doctor_report_and_ab_status_exit_2_naming_the_path
     (tmp_path / "ab" / "serve.json").write_text('{"address": null}')
     out = runner.invoke(app, ["ab", "status", str(tmp_path / "ab")])
     assert out.exit_code == 2 and "serve.json is damaged (no Serve config in it)" in out.output, out.output
+
+
+def test_a_uri_for_the_run_folders_or_the_cache_is_refused_naming_the_variable(monkeypatch):
+    """RAYLOAD_CACHE=s3://bucket/cache became a local folder named "s3:" under the working directory."""
+    from rayload.paths import cache_root, runs_root
+
+    monkeypatch.setenv("RAYLOAD_CACHE", "s3://bucket/cache")
+    with pytest.raises(RayloadError, match=r"RAYLOAD_CACHE=s3://bucket/cache: a folder path, not a URI"):
+        cache_root()
+    monkeypatch.delenv("RAYLOAD_CACHE")
+    monkeypatch.setenv("RAYLOAD_HOME", "gs://bucket/runs")
+    with pytest.raises(RayloadError, match=r"RAYLOAD_HOME=gs://bucket/runs: a folder path"):
+        runs_root()
