@@ -59,6 +59,10 @@ def gate_from_scores(labels: np.ndarray, new_scores: np.ndarray, champion_scores
     if min(positives, len(labels) - positives) < MIN_GATE_CLASS:
         raise DataError(f"the held-out {GATE_SPLIT} split has {positives} positive and {len(labels) - positives} negative events; "
                         f"the gate needs {MIN_GATE_CLASS} of each to compare AUCs; retrain with a wider --window or after more traffic")
+    for name, scores in (("the retrained model", new_scores), ("the champion", champion_scores)):
+        if bad := int((~np.isfinite(np.asarray(scores, dtype=np.float64))).sum()):  # was a bare ValueError from auc()
+            raise DataError(f"{name} scored {bad} of the {len(labels)} held-out {GATE_SPLIT} rows NaN or infinite: "
+                            "its AUC cannot be compared (a diverged model?)")
     gain, ci, p = paired_auc_difference(labels, champion_scores, new_scores)
     new, old = auc(labels, new_scores), auc(labels, champion_scores)
     log.info("gate on the held-out %s split (%d rows): champion AUC %.5f, retrained %.5f, gain %+.5f [%+.5f, %+.5f]",

@@ -23,6 +23,17 @@ def test_shared_mounts_hold_the_paths_below_them_by_whole_components(monkeypatch
     assert shared("/srv/team/runs") and not shared("/srv/teammate")
 
 
+def test_of_two_file_systems_at_one_mount_point_the_one_on_top_counts(tmp_path, monkeypatch):
+    """/proc/mounts lists the one on top last: an autofs direct map then the NFS it mounted at
+    /data read as not shared (a multi-node run refused), a tmpfs over an NFS mount as shared."""
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\n/etc/auto.direct /data autofs rw 0 0\nserver:/export /data nfs4 rw 0 0\n"
+                      "server:/scratch /scratch nfs4 rw 0 0\ntmpfs /scratch tmpfs rw 0 0\n")
+    monkeypatch.delenv("RAYLOAD_SHARED_PATHS", raising=False)
+    assert resources.is_shared("/data/runs", mounts_file=str(mounts))
+    assert not resources.is_shared("/scratch/runs", mounts_file=str(mounts))
+
+
 def test_fractional_workers_are_counted_as_ray_places_them():
     """Ray counts resources in units of 1/10,000; in floats 1.0 // 0.1 == 9 refused 10 x 0.1 CPU on 1 CPU."""
     one_cpu = [{"CPU": 1.0, "memory": 1e9}]

@@ -121,3 +121,14 @@ def test_a_compressed_champion_whose_source_is_gone_or_changed_is_refused_naming
     shutil.rmtree(source)
     with pytest.raises(RayloadError, match=f"compression.source: '{source}'.*is gone"):
         warm_start(int8)
+
+
+@pytest.mark.parametrize("which, name", [("new", "the retrained model"), ("champion", "the champion")])
+def test_a_model_scoring_nan_is_named_by_the_gate(which, name):
+    """A NaN logit made the paired test NaN and auc() raise a bare ValueError naming neither model."""
+    rng = np.random.default_rng(0)
+    labels = (rng.random(200) < 0.5).astype(np.float32)
+    scores = {"new": rng.normal(size=200), "champion": rng.normal(size=200)}
+    scores[which][7] = np.nan
+    with pytest.raises(DataError, match=rf"{name} scored 1 of the 200 held-out {GATE_SPLIT} rows NaN or infinite"):
+        gate_from_scores(labels, scores["new"], scores["champion"])

@@ -25,7 +25,7 @@ def test_what_a_relaunch_may_change_is_not_a_change():
                                   "keep_checkpoints": 5, "prefetch_batches": 4, "cache_dataset": False, "worker_cache_mb": 0},
                            resources={"workers": {"min": 1, "max": 4}, "cpus_per_worker": 2, "gpus_per_worker": 1,
                                       "placement_timeout_s": 5, "cpu_fallback": True, "accelerator_type": "L4"},
-                           eval={"split": "val", "batch_size": 64})
+                           eval={"split": "val", "batch_size": 64, "calibration_bins": 20})  # the bins: how it is reported
     assert identity.changes(manifest(base), manifest(relaunch)) == []
 
 

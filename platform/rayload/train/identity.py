@@ -35,6 +35,7 @@ RELAUNCH_MAY_CHANGE = {
                  "fallback: checkpoints load on fewer workers, on fewer GPUs or none",
     "eval.split": "the split scored after training",
     "eval.batch_size": "the evaluation's batch size",
+    "eval.calibration_bins": "how the calibration error is reported",
     "data.source.path": "where the data is read from; what it holds is compared by data_hash",
 }
 

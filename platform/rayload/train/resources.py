@@ -197,7 +197,9 @@ def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
                     continue
                 # the table writes a space in a mount point as \040 (tab \011, newline \012, backslash \134)
                 mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[1])
-                if _within(path, mount) and len(mount) > len(best):
+                # >=: of two file systems mounted at one point, the later line is the one on top (an
+                # autofs direct map, then the NFS it mounts there)
+                if _within(path, mount) and len(mount) >= len(best):
                     best, fstype = mount, parts[2]
     except OSError:
         return False
