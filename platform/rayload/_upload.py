@@ -93,12 +93,12 @@ def _ignored(relative: str, working_dir: str) -> str | None:
     quiet = logging.getLogger("rayload.upload_check")  # Ray logs each ignore file it finds at INFO
     quiet.setLevel(logging.WARNING)
     include_gitignore = os.environ.get(RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
-    root = folder = Path(os.path.abspath(working_dir))
+    root = Path(os.path.abspath(working_dir))
+    chain = [root, *(root.joinpath(*Path(relative).parts[:i + 1]) for i in range(len(Path(relative).parts)))]
     matchers = []
-    for part in Path(relative).parts:
-        matchers += [(m, folder) for m in get_excludes_from_ignore_files(folder, include_gitignore=include_gitignore, logger=quiet)]
-        path = folder / part
+    for path in chain:  # as Ray's _dir_travel: a folder's own ignore files first, then the folder itself is matched
+        if path.is_dir():
+            matchers += [(m, path) for m in get_excludes_from_ignore_files(path, include_gitignore=include_gitignore, logger=quiet)]
         if hit := next((where for match, where in matchers if match(path)), None):
             return f"ignored by the .gitignore or .rayignore in {os.path.relpath(hit, root)}/"
-        folder = path
     return None

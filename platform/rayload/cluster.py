@@ -124,7 +124,8 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
     return issues
 
 
-_SEPARATORS = {";", "&&", "||", "|", "&", "\n"}
+_SEPARATORS = {";", "&&", "||", "|", "&", ")", "}"}
+_LAUNCHERS = {"env", "sudo", "nohup", "exec", "time", "command", "(", "{"}
 
 
 def _starts_with_token_auth(command: str) -> bool:
@@ -134,14 +135,14 @@ def _starts_with_token_auth(command: str) -> bool:
     (`RAY_AUTH_MODE=token bash -lc '... ray start'`); the last value given counts. (The word
     anywhere passed `RAY_AUTH_MODE=token ray stop && ray start --head`, whose start has no auth.)"""
     starts = _auth_of_starts(command, None)
-    return bool(starts) and all(mode == "token" for mode in starts)
+    return len(starts) >= command.count("ray start") and all(mode == "token" for mode in starts)  # every start read
 
 
 def _auth_of_starts(command: str, inherited: str | None) -> list[str | None]:
     """RAY_AUTH_MODE as each `ray start` of the command sees it, the shell starting with `inherited`."""
     exported, found = inherited, []
     segment: list[str] = []
-    for word in [*_lex(command), ";"]:
+    for word in [*_lex(command.replace("\n", " ; ")), ";"]:  # a newline ends a command as ';' does (shlex drops it)
         if word not in _SEPARATORS:
             segment.append(word)
             continue
@@ -152,11 +153,12 @@ def _auth_of_starts(command: str, inherited: str | None) -> list[str | None]:
                     exported = w.split("=", 1)[1]
             continue
         mode, i = exported, 0
-        while i < len(words) and (words[i] == "env" or "=" in words[i] and words[i].split("=", 1)[0].isidentifier()):
+        # assignments and the launchers a command may run under (sudo VAR=v, nohup, exec, a subshell)
+        while i < len(words) and (words[i] in _LAUNCHERS or "=" in words[i] and words[i].split("=", 1)[0].isidentifier()):
             if words[i].startswith("RAY_AUTH_MODE="):
                 mode = words[i].split("=", 1)[1]
             i += 1
-        if words[i:i + 2] == ["ray", "start"]:
+        if i + 1 < len(words) and (words[i] == "ray" or words[i].endswith("/ray")) and words[i + 1] == "start":
             found.append(mode)
         for word in words[i:]:  # a command a shell runs (bash -lc '...'), in this command's environment
             if any(c.isspace() for c in word):

@@ -217,8 +217,8 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
     assert nxt.arms[0].checkpoint == os.path.abspath(champion["checkpoint"]) and nxt.arms[1].checkpoint == result.checkpoint
     dep2 = control.start(nxt)
     try:
-        # Fresh rows of the drifted world, past the pool whose exposures the retrained arm
-        # learned from, as world_for moves it for a retrained arm (serve/world.py)
+        # Fresh rows of the drifted world, apart from the pool whose exposures the retrained arm
+        # learned from, as world_for takes another pool for a retrained arm (serve/world.py)
         world = SyntheticWorld(params, seed=3, drift_seed=7, start=params.rows + POOL_ROWS)
         for look in range(12):  # the sequential p-value stays valid however often it is looked at
             simulate(URL, world, users=5000, requests=300, seed=look)

@@ -64,6 +64,14 @@ def test_an_open_dashboard_inside_a_shell_wrapped_start_command_fails(config, co
     "export RAY_AUTH_MODE=token; ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "export RAY_AUTH_MODE=token && ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "bash -lc 'export RAY_AUTH_MODE=token; ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+    # refused by the first version of the per-start check (shlex dropped the newlines; only the
+    # words `ray start` counted as a start)
+    "export RAY_AUTH_MODE=token\nray start --head --port=6379 --dashboard-host=127.0.0.1",  # a YAML block of lines
+    "ray stop\nRAY_AUTH_MODE=token ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "RAY_AUTH_MODE=token /home/ubuntu/venv/bin/ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "sudo RAY_AUTH_MODE=token ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "export RAY_AUTH_MODE=token; nohup ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "export RAY_AUTH_MODE=token; (ray start --head --port=6379 --dashboard-host=127.0.0.1)",
 ])
 def test_token_auth_exported_before_ray_start_passes(config, command):
     config["head_start_ray_commands"][1] = command
@@ -161,6 +169,7 @@ def test_the_head_gives_jobs_a_fixed_rayload_home(config):
     "RAY_AUTH_MODE=token RAY_AUTH_MODE=disabled ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "export RAY_AUTH_MODE=token; export RAY_AUTH_MODE=disabled; ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "bash -lc 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+    "RAY_AUTH_MODE=token\nray start --head --port=6379 --dashboard-host=127.0.0.1",  # a line of its own, not exported
 ])
 def test_a_start_that_does_not_itself_run_with_token_auth_fails(config, command):
     """The word RAY_AUTH_MODE=token anywhere in the command passed, whatever it applied to."""

@@ -129,19 +129,26 @@ def test_the_movielens_world_replays_only_what_every_arm_held_out(tmp_path):
     assert replayed == both and 0 < len(both) < 10_000  # ~4% of the ratings, none either arm trained on
 
 
-def test_each_round_of_retraining_moves_the_synthetic_pool_past_the_rows_shown_before(lineage):
+def test_each_round_of_retraining_moves_the_synthetic_pool_past_the_rows_shown_before(lineage, tmp_path):
     """A retrained arm fine-tuned on the exposures of the world's pool, and the next experiment
-    showed it the same pool rows (and their clicks) again: its win was partly those rows."""
+    showed it the same pool rows (and their clicks) again. Moving the pool by the lineage's depth
+    did not do: a retrained challenger that lost left the next retrain (again fine-tuned from the
+    champion, on the losing round's events) one round deep, judged on the rows it learned from."""
     original, first, second, _ = lineage
-    worlds = {}
-    for name, challenger in (("round 0", original), ("round 1", first), ("round 2", second)):
+    again = _checkpoint(tmp_path / "r1b", {"kind": "parquet", "path": str(tmp_path / "r1b-events.parquet")}, init_from=original)
+    starts = {}
+    for name, challenger in (("round 0", original), ("round 1", first), ("round 2", second), ("round 1 again", again)):
         ab = ABSpec.model_validate({"name": "e", "arms": [{"name": "a", "weight": 0.5, "checkpoint": original},
                                                           {"name": "b", "weight": 0.5, "checkpoint": challenger}],
                                     "simulate": {"source": "synthetic-ctr"}})
-        worlds[name] = world_for(ab, {"checkpoints": {"a": original, "b": challenger}, "champion": "a"})
-    for rounds, world in enumerate(worlds.values()):
-        ref = SyntheticWorld(_params(SYNTHETIC), pool_rows=world.pool_rows, start=1000 + rounds * world.pool_rows)
+        world = world_for(ab, {"checkpoints": {"a": original, "b": challenger}, "champion": "a"})
+        ref = SyntheticWorld(_params(SYNTHETIC), pool_rows=world.pool_rows, start=world.start)
         assert world.rows == ref.rows and (world.truth == ref.truth).all()
+        starts[name] = world.start
+        assert world_for(ab, {"checkpoints": {"a": original, "b": challenger}, "champion": "a"}).start == starts[name]
+    assert starts["round 0"] == 1000  # no retrained arm: the first pool past the data
+    pools = sorted(starts.values())
+    assert all(b - a >= 20_000 for a, b in zip(pools, pools[1:]))  # four disjoint pools
 
 
 def test_a_drift_seed_equal_to_the_generators_seed_is_refused(lineage):

@@ -58,7 +58,7 @@ class SyntheticWorld:
         # the same planted model (the row count does not change the model), so no training row is
         # ever shown. `drift_seed`: the same items, clicked by a changed ground truth (the world
         # the models were trained on is gone).
-        start = params.rows if start is None else start
+        self.start = start = params.rows if start is None else start  # the first generator row of the pool
         table, self.truth = generate_table_with_truth(dataclasses.replace(params, rows=start + pool_rows), start, start + pool_rows,
                                                       drift_seed)
         self.rows = table.drop(["label"]).to_pylist()

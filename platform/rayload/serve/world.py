@@ -10,6 +10,7 @@ simulated source (the world the logged events came from)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -44,12 +45,9 @@ def world_for(ab: ABSpec, args: dict):
         if sim.drift_seed is not None and sim.drift_seed == params.seed:
             raise SourceError(f"simulate.drift_seed {sim.drift_seed} is the arms' data.source.seed: the redrawn ground truth would "
                               "be the one they were trained on; choose another drift_seed")
-        # Each round of retraining moves the pool past the rows the earlier rounds showed
-        # (and logged, and fine-tuned on): fresh draws of the same planted model
-        hops = max((len(event_jobs(path, sim.source)) for path in args["checkpoints"].values()), default=0)
         # never more candidates than the router takes (serving.max_candidates): each request was a 422
         return SyntheticWorld(params, candidates=min(10, ab.serving.max_candidates), seed=sim.seed, drift_seed=sim.drift_seed,
-                              start=_pool_start(params, others) + hops * POOL_ROWS, pool_rows=POOL_ROWS)
+                              start=_pool_start(params, others) + _pool_slot(retrained) * POOL_ROWS, pool_rows=POOL_ROWS)
     features = FittedFeatures.load(os.path.join(checkpoint, "features.json"))
     rows = held_out_rows(job)
     shown = _shown_pairs(retrained)  # (user, movie) pairs a retrained arm fine-tuned on: replayed, they would leak their labels
@@ -63,6 +61,20 @@ def world_for(ab: ABSpec, args: dict):
 
 
 POOL_ROWS = 20_000  # a synthetic world's candidate rows
+POOL_SLOTS = 100_003  # where a world with retrained arms takes its pool: one of this many slots past the first
+
+
+def _pool_slot(retrained: list) -> int:
+    """Which pool a world shows: 0 (the first past the data) while no arm learned from logged
+    events; else a slot drawn from the events files the arms fine-tuned on. The rows those events
+    showed came from an earlier world's slot, so a retrained arm is judged on fresh rows. (A count
+    of retrain rounds along the lineage did not do: a retrained challenger that lost left the next
+    retrain, again fine-tuned from the champion, one round deep, judged on its own rows.)"""
+    given = [getattr(job.data.source, "path", None) or job.name for job in retrained]
+    paths = sorted({p for g in given for p in ([g] if isinstance(g, str) else g)})
+    if not paths:
+        return 0
+    return 1 + int(hashlib.sha256("\n".join(paths).encode()).hexdigest(), 16) % POOL_SLOTS
 
 
 def event_jobs(checkpoint: str, source: str, limit: int = 100) -> list:
