@@ -132,3 +132,61 @@ def test_a_damaged_serve_json_is_named_and_an_empty_experiments_report_says_n_a(
     frame = pd.DataFrame(columns=["request_id", "unit_id", "arm", "model_version", "score", "status", "latency_ms", "layout", "ts", "outcome"])
     page = render(analyze(frame, spec_of(0.5), {"A": 0.5, "B": 0.5}, "A"))
     assert "nan" not in page and "n/a" in page
+
+
+def test_a_ctrl_c_while_serve_rolls_out_a_rollback_still_records_it(run, monkeypatch):
+    """Serve had the rollback's config, the operator's Ctrl-C in the wait skipped serve.json, and
+    the controller's next look ramped the rolled-back challenger up again."""
+    from rayload.serve import serve_config
+
+    run_dir = run(spec_of(0.95), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+    control.step(run_dir)  # the controller ramps B to 25%
+
+    def deploy_then_interrupted(config, address):
+        error = KeyboardInterrupt()
+        error.rayload_config_submitted = True  # as serve_config.deploy marks a wait interrupted after the submit
+        raise error
+
+    monkeypatch.setattr(control, "_redeploy", deploy_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        control.rollback(run_dir)
+    assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0} and user(run_dir)["final"]["decision"] == "rollback"
+    monkeypatch.setattr(control, "_redeploy", lambda config, address: (_ for _ in ()).throw(ConnectionError("no cluster")))
+    with pytest.raises(ConnectionError):  # failed before Serve had anything: nothing recorded
+        control.set_weights(run_dir, {"A": 0.5, "B": 0.5})
+    assert user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+
+    class Client:  # serve_config.deploy marks what it raises once the config is submitted
+        def get_serve_details(self):
+            return {}
+
+        def deploy_apps(self, schema, _blocking):
+            pass
+
+    import ray.serve._private.api as serve_api
+
+    monkeypatch.setattr(serve_api, "serve_start", lambda **kw: Client())
+    monkeypatch.setattr(serve_config, "wait_running", lambda name, wait_s: (_ for _ in ()).throw(KeyboardInterrupt()))
+    config = control.load_state(run_dir)[1]["config"]
+    with pytest.raises(KeyboardInterrupt) as info:
+        serve_config.deploy(config)
+    assert info.value.rayload_config_submitted
+
+
+def test_a_restart_whose_spec_names_another_champion_is_a_new_experiment(restartable, monkeypatch):
+    """The champion was not part of what makes a restart the same experiment: the running roles
+    (A champion, B at 25%) were kept while the args said B, and a rollback gave B all traffic."""
+    from rayload.ab_spec import ab_from_dict
+
+    run_dir = restartable(spec_of(0.95), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+    real_args = control.app_args
+    monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(
+        real_args(spec, checkpoints, run_dir), champion=spec.champion_arm, weights=spec.weights))
+    monkeypatch.setattr(control, "deploy", lambda config: None)
+    control.start(spec_of(0.95), run_dir=run_dir)
+    control.step(run_dir)  # B ramped to 25%
+    swapped = ab_from_dict({**spec_of(0.95).model_dump(mode="json"), "champion": "B",
+                            "arms": [{"name": "A", "weight": 0.05, "checkpoint": "/x"}, {"name": "B", "weight": 0.95, "checkpoint": "/y"}]})
+    control.start(swapped, run_dir=run_dir)
+    assert user(run_dir)["champion"] == "B" and user(run_dir)["weights"] == {"A": 0.05, "B": 0.95}  # the new spec's
+    assert control.rollback(run_dir)["weights"] == {"A": 0.0, "B": 1.0}  # the arm under test now, A, gets none

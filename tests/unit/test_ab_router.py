@@ -273,6 +273,7 @@ def test_shadows_beyond_the_in_flight_bound_are_skipped_not_queued(run, make_rou
     ({"weights": {"A": 0.5, "B": 0.5}, "champion": "Z"}, "user_config.champion: must be one of the arms"),
     ({"weights": {"A": 0.5, "B": 0.5}, "champion": "A", "shadow": True}, "in shadow mode"),
     ({"weights": [0.5, 0.5], "champion": "A"}, "must map each arm"),
+    ({"weights": {"A": 1.0, "B": 0.0}, "champion": "A", "shadow": "false"}, "user_config.shadow: true or false"),  # turned shadow on
 ])
 def test_reconfigure_refuses_a_bad_user_config_and_keeps_the_weights_in_force(run, make_router, config, says, caplog):
     router = make_router()

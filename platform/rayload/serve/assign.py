@@ -5,6 +5,9 @@ The layout makes ramps safe. The champion owns every bucket no challenger holds;
 i * 10,000 / k on. Raising a challenger's weight therefore only moves units from the
 champion to that challenger, never between challengers and never back, and the same unit
 lands in the same arm in every replica, process and restart (blake2b, not Python's hash()).
+The slots follow the challengers' order with the champion left out, so a change of champion
+(a promote, or set-weights naming another) lays the buckets out anew: units may change arms
+then, as in a new experiment, whatever their arms' weights.
 """
 
 from __future__ import annotations

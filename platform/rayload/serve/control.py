@@ -99,12 +99,14 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
 
 
 _KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config and generation
-_SAME = ("experiment", "salt", "arms", "checkpoints", "shadow")  # what makes a restart the same experiment
+# what makes a restart the same experiment; the champion too: kept across a restart whose spec
+# named another, the running roles and the args' disagreed, and a rollback gave the arm under test all traffic
+_SAME = ("experiment", "salt", "arms", "checkpoints", "shadow", "champion")
 
 
 def _earlier_state(run_dir: str, args: dict) -> dict | None:
     """serve.json of this experiment's earlier start, when it is the same experiment (same
-    name, arms, models, salt and shadow mode): `rayload serve SPEC` again after a crash, a
+    name, arms, models, salt, shadow mode and champion): `rayload serve SPEC` again after a crash, a
     reboot or a `--detach` re-run goes on where it was (a promote stays promoted, the decision
     log and ramp step are kept) instead of deploying the spec's weights and deciding afresh on
     the same events. Anything else starts afresh, said in the log, as a new generation whose
@@ -171,10 +173,12 @@ def _apply(run_dir: str, state: dict, weights: dict[str, float], champion: str |
              "ramp_step": {"weights": user["weights"], "units": step_units}}
     try:
         _redeploy(config, state["address"])
-    except NotRunningError:
+    except BaseException as exc:
         # Serve has the new config (a rollback of an unhealthy challenger is exactly when its app
-        # does not come up): recorded, or the next look would act on the old weights and undo it
-        save_state(run_dir, after)
+        # does not come up, and an operator's Ctrl-C in the long wait): recorded, or the next look
+        # would act on the old weights and undo it
+        if isinstance(exc, NotRunningError) or getattr(exc, "rayload_config_submitted", False):
+            save_state(run_dir, after)
         raise
     save_state(run_dir, after)
     return user

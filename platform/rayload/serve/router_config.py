@@ -18,6 +18,8 @@ def config_issues(config: dict, arms: list[str]) -> list[str]:
         return [f"user_config.weights: must map each arm {arms} to its share (got {weights!r})"]
     if champion not in arms:
         return [f"user_config.champion: must be one of the arms {arms} (got {champion!r})"]
+    if not isinstance(config.get("shadow", False), bool):  # "false" was accepted and turned shadow mode on
+        return [f"user_config.shadow: true or false (got {config.get('shadow')!r})"]
     final = config.get("final")
     if final is not None and not (isinstance(final, dict) and final.get("decision") in ("promote", "rollback")
                                   and isinstance(final.get("reason"), str) and isinstance(final.get("time"), (int, float))):

@@ -132,6 +132,9 @@ def deploy(config: dict, wait_s: float = 300) -> None:
         wait_running(ours, wait_s)
     except RayloadError as exc:
         raise NotRunningError(str(exc)) from exc
+    except BaseException as exc:  # Ctrl-C or a Ray error in the wait: Serve has the config all the same
+        exc.rayload_config_submitted = True  # (control._apply records it, or the next look would undo a rollback)
+        raise
 
 
 class NotRunningError(RayloadError):
