@@ -126,6 +126,7 @@ def _start_command_issues(commands: list[str], section: str) -> list[SpecIssue]:
 
 _SEPARATORS = {";", "&&", "||", "|", "&", ")", "}"}
 _LAUNCHERS = {"env", "sudo", "nohup", "exec", "time", "command", "(", "{"}
+_RESETS_ENV = {"sudo", "su"}  # sudo's env_reset, su's login shell: what was set before them does not reach the command
 
 
 def _starts_with_token_auth(command: str) -> bool:
@@ -135,18 +136,32 @@ def _starts_with_token_auth(command: str) -> bool:
     (`RAY_AUTH_MODE=token bash -lc '... ray start'`); the last value given counts. (The word
     anywhere passed `RAY_AUTH_MODE=token ray stop && ray start --head`, whose start has no auth.)"""
     starts = _auth_of_starts(command, None)
-    return len(starts) >= command.count("ray start") and all(mode == "token" for mode in starts)  # every start read
+    return len(starts) >= _start_words(command) and all(mode == "token" for mode in starts)  # every start read
+
+
+def _lines(command: str) -> list[str]:
+    """The command's lines, backslash continuations joined (a `|` block of a folded command)."""
+    return re.sub(r"\\\r?\n", " ", command).splitlines()
+
+
+def _start_words(command: str) -> int:
+    """`ray start` pairs among the command's words, comments left out, quoted commands included."""
+    words = [w for line in _lines(command) for w in _words(line)]
+    return sum(1 for a, b in zip(words, words[1:]) if (a == "ray" or a.endswith("/ray")) and b == "start")
 
 
 def _auth_of_starts(command: str, inherited: str | None) -> list[str | None]:
     """RAY_AUTH_MODE as each `ray start` of the command sees it, the shell starting with `inherited`."""
     exported, found = inherited, []
     segment: list[str] = []
-    for word in [*_lex(command.replace("\n", " ; ")), ";"]:  # a newline ends a command as ';' does (shlex drops it)
+    # a newline ends a command as ';' does (shlex drops it); each line lexed alone, so a comment ends with its line
+    for word in [w for line in _lines(command) for w in [*_lex(line), ";"]]:
         if word not in _SEPARATORS:
             segment.append(word)
             continue
         words, segment = segment, []
+        if words[:1] == ["{"]:  # a group runs in this shell: its export stays
+            words = words[1:]
         if words[:1] == ["export"]:
             for w in words[1:]:
                 if w.startswith("RAY_AUTH_MODE="):
@@ -155,9 +170,13 @@ def _auth_of_starts(command: str, inherited: str | None) -> list[str | None]:
         mode, i = exported, 0
         # assignments and the launchers a command may run under (sudo VAR=v, nohup, exec, a subshell)
         while i < len(words) and (words[i] in _LAUNCHERS or "=" in words[i] and words[i].split("=", 1)[0].isidentifier()):
+            if words[i] in _RESETS_ENV:  # only assignments after sudo reach its command (sudo VAR=v ray start)
+                mode = None
             if words[i].startswith("RAY_AUTH_MODE="):
                 mode = words[i].split("=", 1)[1]
             i += 1
+        if any(w in _RESETS_ENV for w in words[i:i + 1]):  # su - user -c '...': a login shell's own environment
+            mode = None
         if i + 1 < len(words) and (words[i] == "ray" or words[i].endswith("/ray")) and words[i + 1] == "start":
             found.append(mode)
         for word in words[i:]:  # a command a shell runs (bash -lc '...'), in this command's environment

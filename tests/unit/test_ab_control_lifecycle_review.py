@@ -190,3 +190,32 @@ def test_a_restart_whose_spec_names_another_champion_is_a_new_experiment(restart
     control.start(swapped, run_dir=run_dir)
     assert user(run_dir)["champion"] == "B" and user(run_dir)["weights"] == {"A": 0.05, "B": 0.95}  # the new spec's
     assert control.rollback(run_dir)["weights"] == {"A": 0.0, "B": 1.0}  # the arm under test now, A, gets none
+
+
+def test_a_start_interrupted_after_serve_took_its_config_records_that_config(restartable, monkeypatch):
+    """Serve ran the new experiment while serve.json still held the old one: the next decision
+    redeployed the old experiment and read the old generation's events."""
+    from rayload.ab_spec import ab_from_dict
+
+    run_dir = restartable(spec_of(0.95), events(2_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+    real_args = control.app_args
+    monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(
+        real_args(spec, checkpoints, run_dir), champion=spec.champion_arm, weights=spec.weights))
+    monkeypatch.setattr(control, "deploy", lambda config: None)
+    control.start(spec_of(0.95), run_dir=run_dir)
+    old_generation = control.parts(control.load_state(run_dir)[1]["config"])[0]["generation"]
+    served = {}
+
+    def interrupted(config):
+        served.update(control.parts(config)[0])
+        error = KeyboardInterrupt()
+        error.rayload_config_submitted = True
+        raise error
+
+    monkeypatch.setattr(control, "deploy", interrupted)
+    swapped = ab_from_dict({**spec_of(0.95).model_dump(mode="json"), "champion": "B",
+                            "arms": [{"name": "A", "weight": 0.05, "checkpoint": "/x"}, {"name": "B", "weight": 0.95, "checkpoint": "/y"}]})
+    with pytest.raises(KeyboardInterrupt):
+        control.start(swapped, run_dir=run_dir)
+    args = control.parts(control.load_state(run_dir)[1]["config"])[0]
+    assert args["generation"] == served["generation"] != old_generation and args["champion"] == "B"

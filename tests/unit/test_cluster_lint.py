@@ -72,6 +72,12 @@ def test_an_open_dashboard_inside_a_shell_wrapped_start_command_fails(config, co
     "sudo RAY_AUTH_MODE=token ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "export RAY_AUTH_MODE=token; nohup ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "export RAY_AUTH_MODE=token; (ray start --head --port=6379 --dashboard-host=127.0.0.1)",
+    "sudo RAY_AUTH_MODE=token bash -lc 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+    "{ export RAY_AUTH_MODE=token; }; ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    # a comment line, one after a command, and a backslash continuation: a comment ended the whole command
+    "# the head, with token auth\nRAY_AUTH_MODE=token ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "ulimit -n 65536  # more files: not a ray start\nRAY_AUTH_MODE=token ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "RAY_AUTH_MODE=token \\\n  ray start --head --port=6379 --dashboard-host=127.0.0.1",
 ])
 def test_token_auth_exported_before_ray_start_passes(config, command):
     config["head_start_ray_commands"][1] = command
@@ -170,6 +176,10 @@ def test_the_head_gives_jobs_a_fixed_rayload_home(config):
     "export RAY_AUTH_MODE=token; export RAY_AUTH_MODE=disabled; ray start --head --port=6379 --dashboard-host=127.0.0.1",
     "bash -lc 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
     "RAY_AUTH_MODE=token\nray start --head --port=6379 --dashboard-host=127.0.0.1",  # a line of its own, not exported
+    # sudo resets the environment (env_reset) and su - starts a login shell: what was set before them is gone
+    "RAY_AUTH_MODE=token sudo ray start --head --port=6379 --dashboard-host=127.0.0.1",
+    "export RAY_AUTH_MODE=token && sudo -u ubuntu bash -lc 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
+    "export RAY_AUTH_MODE=token && su - ubuntu -c 'ray start --head --port=6379 --dashboard-host=127.0.0.1'",
 ])
 def test_a_start_that_does_not_itself_run_with_token_auth_fails(config, command):
     """The word RAY_AUTH_MODE=token anywhere in the command passed, whatever it applied to."""

@@ -83,7 +83,15 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
         parts(config)[1].update(parts(kept["config"])[1])
     check_direct_ingress(args["serving"])
-    deploy(config)
+    try:
+        deploy(config)
+    except BaseException as exc:  # Serve took the config, and its wait failed or was interrupted: record what it runs
+        if isinstance(exc, NotRunningError) or getattr(exc, "rayload_config_submitted", False):
+            earlier = _previous_state(run_dir)
+            save_state(run_dir, {"config": config, "url": earlier.get("url"), "urls": earlier.get("urls") or [],
+                                 "address": ray.get_runtime_context().gcs_address, "decisions": [],
+                                 **{k: kept[k] for k in _KEPT if k in (kept or {})}})
+        raise
     try:
         urls = ingress_urls(args["serving"], spec.name)
     except BaseException as exc:  # a refusal, a Ray error or Ctrl-C in the wait: nothing half-deployed stays behind
@@ -102,6 +110,13 @@ _KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.jso
 # what makes a restart the same experiment; the champion too: kept across a restart whose spec
 # named another, the running roles and the args' disagreed, and a rollback gave the arm under test all traffic
 _SAME = ("experiment", "salt", "arms", "checkpoints", "shadow", "champion")
+
+
+def _previous_state(run_dir: str) -> dict:
+    try:
+        return load_state(run_dir)[1]
+    except RayloadError:
+        return {}
 
 
 def _earlier_state(run_dir: str, args: dict) -> dict | None:
