@@ -76,6 +76,14 @@ def test_simulate_status_and_report(cli, running):
     assert status.returncode == 0, status.stderr
     analysis = json.loads(status.stdout)
     assert sum(a["exposures"] for a in analysis["arms"]) > 300 and analysis["srm_flagged"] is False
+    # the decision printed is the experiment's (its three values alone were all the check took):
+    # a promote or rollback is final, and status reports it; a continue says why
+    if decision in ("promote", "rollback"):
+        assert analysis["decision"] == decision, analysis["reasons"]
+        weights = httpx.get(f"http://127.0.0.1:{PORT}/healthz", headers={"x-api-key": KEY}).json()["weights"]
+        assert weights["challenger"] == (1.0 if decision == "promote" else 0.0), weights
+    else:
+        assert analysis["reasons"], analysis
     report = cli("ab", "report", running["spec"], env=running["env"])
     assert report.returncode == 0
     page = (running["home"] / "runs" / "ab" / "ab_cli" / "report.html").read_text()

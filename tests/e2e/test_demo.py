@@ -5,6 +5,7 @@ One demo run (small settings) serves the whole module."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -131,7 +132,7 @@ def _chromium() -> str:
     return path
 
 
-def test_report_loads_in_chromium_without_script_errors_with_plots_and_key_numbers(cli, demo, tmp_path):
+def test_report_is_self_contained_and_renders_in_chromium_with_plots_and_key_numbers(cli, demo, tmp_path):
     from PIL import Image
 
     home, _ = demo
@@ -148,6 +149,12 @@ def test_report_loads_in_chromium_without_script_errors_with_plots_and_key_numbe
                        capture_output=True, text=True, timeout=120)
     console = [line for line in r.stderr.splitlines() if "CONSOLE" in line]
     assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+    # What the page promises (report.py: no script, no network), which the console cannot show: a
+    # missing image or stylesheet logs no console line
+    html = open(path).read()
+    assert "<script" not in html.lower()
+    linked = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", html, re.I)
+    assert all(link.startswith(("data:", "#")) for link in linked), [link[:80] for link in linked if not link.startswith(("data:", "#"))]
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert pixels.std() > 20  # not a blank page
     dom = r.stdout

@@ -28,7 +28,10 @@ def cluster():
 
 
 def _status(h: Head) -> str:
-    return h.run(os.path.join(BIN, "ray"), "status", f"--address={h.gcs}", timeout=60).stdout
+    """`ray status` of the head: an answer listing the head node (a failed call read as "no GPU node")."""
+    done = h.run(os.path.join(BIN, "ray"), "status", f"--address={h.gcs}", timeout=60)
+    assert done.returncode == 0 and "ray.head.default" in done.stdout, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return done.stdout
 
 
 def test_derived_config_keeps_cluster_yaml_node_types(cluster):

@@ -197,11 +197,12 @@ def test_after_the_world_drifts_a_model_retrained_from_the_logged_events_wins_th
         ctr_before, ctr_after = before.clicks / before.ok, after.clicks / after.ok
         assert ctr_after < ctr_before - 0.1, (ctr_before, ctr_after)  # the champion's CTR falls with the world
         time.sleep(1.1)  # every exposure is older than the attribution window: all labels are known
-        window = f"{time.time() - drifted_at + 0.1:.1f}s"  # the events since the drift (a sliding window)
+        now = time.time()  # retrain's own clock given: the window then ends where it was measured
+        window = f"{now - drifted_at + 0.05:.3f}s"  # the events since the drift (a sliding window)
         # ~1,050 training rows: batches of 64 give the fine-tune ~70 steps (batches of 512 gave 12, too
         # few to move the warm-started model off the champion, and the gate then compared two near-equal AUCs)
         result = retrain(job(epochs=4, batch_size=64), dep.run_dir, window=window, attribution="1s", challenger_weight=0.5,
-                         name="life-next")
+                         name="life-next", now=now)
     finally:
         control.stop(dep.run_dir)
     assert 1500 <= result.rows < 1560  # the drifted exposures, hardly any from before

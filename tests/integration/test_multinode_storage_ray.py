@@ -27,9 +27,19 @@ def two_nodes(bucket):
     import ray
     from ray.cluster_utils import Cluster
 
-    with socket.socket() as s:  # Redis holds 6379 on this machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # Redis holds 6379 on this machine. Not bind(0): its ports are in the kernel's ephemeral range,
+    # where one of Ray's own random binds (the other pytest worker's Ray too) can take it first
+    import random
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    port = next(p for p in random.sample(range(20000, 30000), 200) if free(p))
     # cluster_utils names its head in /tmp/ray/ray_current_cluster (and deletes that file when it
     # shuts down), which every other `ray.init()` on this machine would then join: the other
     # pytest worker's module Ray and the CLI's embedded Ray included. This cluster is reached by

@@ -156,12 +156,14 @@ def test_sticky_assignment_and_weights_changed_in_place(served):
             control.set_weights(dep.run_dir, {"control": 0.5, "challenger": 0.6})
         assert client.get(f"{URL}/healthz").json()["weights"] == {"control": 0.7, "challenger": 0.3}  # old weights kept
         control.set_weights(dep.run_dir, {"control": 0.4, "challenger": 0.6})
-        assert all(client.get(f"{URL}/healthz").json()["weights"]["challenger"] == 0.6 for _ in range(10))
-        after = {u: predict(client, u, served["rows"][1]).json()["arm"] for u in units}
-        assert replica_pids(client) == pids  # reconfigured, not restarted
+        try:
+            assert all(client.get(f"{URL}/healthz").json()["weights"]["challenger"] == 0.6 for _ in range(10))
+            after = {u: predict(client, u, served["rows"][1]).json()["arm"] for u in units}
+            assert replica_pids(client) == pids  # reconfigured, not restarted
+        finally:  # the module's later tests use the 0.7 / 0.3 layout: a failure here must not fail them too
+            control.set_weights(dep.run_dir, {"control": 0.7, "challenger": 0.3})
     moved = {(before[u], after[u]) for u in units if before[u] != after[u]}
     assert moved == {("control", "challenger")}
-    control.set_weights(dep.run_dir, {"control": 0.7, "challenger": 0.3})
 
 
 def test_a_killed_replica_is_replaced_and_no_acknowledged_event_is_lost(served):
