@@ -74,10 +74,13 @@ class LabelSpec(_Spec):
         return self
 
 
+# Not empty: [] failed in the reader, "" read every file under the working directory
+_SourcePath = Annotated[str, Field(min_length=1, pattern=r"\S")]
+
+
 class FileSource(_Spec):
     kind: Literal["parquet", "csv", "jsonl"]
-    # not empty: [] failed in the reader, "" read every file under the working directory
-    path: Annotated[str, Field(min_length=1, pattern=r"\S")] | Annotated[list[Annotated[str, Field(min_length=1, pattern=r"\S")]], Field(min_length=1)] = Field(
+    path: _SourcePath | Annotated[list[_SourcePath], Field(min_length=1)] = Field(
         description="files, directories or globs; local or a pyarrow URI")
 
 

@@ -5,6 +5,7 @@ job API refuses a missing or wrong token, and `rayload doctor` checks the cluste
 import glob
 import json
 import os
+import shutil
 import subprocess
 
 import httpx
@@ -25,8 +26,19 @@ def test_ray_job_submit_runs_every_job_spec(head, spec):
 
 
 def test_upload_leaves_out_runs_venv_and_caches(head, tmp_path):
-    """What `ray job submit --working-dir .` uploads: the job lists its own working directory."""
-    r = head.job_submit("python", "-c", "import os; print(sorted(os.listdir('.')))")
+    """What `ray job submit --working-dir .` uploads: the job lists its own working directory. A
+    runs/ folder is made for the check (the tests keep their runs elsewhere, and a fresh checkout
+    has none, so without it the check could not fail)."""
+    runs = os.path.join(ROOT, "runs")
+    made = not os.path.exists(runs)
+    probe = os.path.join(runs, "upload-probe")
+    os.makedirs(probe, exist_ok=True)
+    with open(os.path.join(probe, "x.txt"), "w") as f:
+        f.write("not for the cluster")
+    try:
+        r = head.job_submit("python", "-c", "import os; print(sorted(os.listdir('.')))")
+    finally:
+        shutil.rmtree(runs if made else probe, ignore_errors=True)
     assert r.returncode == 0, r.stderr[-2000:]
     listed = r.stdout
     assert "'platform'" in listed and "'jobs'" in listed and "'cluster.yaml'" in listed
