@@ -173,21 +173,31 @@ def test_a_ctrl_c_while_serve_rolls_out_a_rollback_still_records_it(run, monkeyp
     assert info.value.rayload_config_submitted
 
 
-def test_a_restart_whose_spec_names_another_champion_is_a_new_experiment(restartable, monkeypatch):
-    """The champion was not part of what makes a restart the same experiment: the running roles
-    (A champion, B at 25%) were kept while the args said B, and a rollback gave B all traffic."""
-    from rayload.ab_spec import ab_from_dict
-
-    run_dir = restartable(spec_of(0.95), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+def _roles_from_the_spec(monkeypatch):
+    """restartable's app args with the champion and weights a spec gives (as app_args builds them),
+    and a deploy that takes any config."""
     real_args = control.app_args
     monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(
         real_args(spec, checkpoints, run_dir), champion=spec.champion_arm, weights=spec.weights))
     monkeypatch.setattr(control, "deploy", lambda config: None)
+
+
+def _swapped():
+    """spec_of(0.95) with B named champion at 0.95: the same arms, models and salt."""
+    from rayload.ab_spec import ab_from_dict
+
+    return ab_from_dict({**spec_of(0.95).model_dump(mode="json"), "champion": "B",
+                         "arms": [{"name": "A", "weight": 0.05, "checkpoint": "/x"}, {"name": "B", "weight": 0.95, "checkpoint": "/y"}]})
+
+
+def test_a_restart_whose_spec_names_another_champion_is_a_new_experiment(restartable, monkeypatch):
+    """The champion was not part of what makes a restart the same experiment: the running roles
+    (A champion, B at 25%) were kept while the args said B, and a rollback gave B all traffic."""
+    run_dir = restartable(spec_of(0.95), events(20_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
+    _roles_from_the_spec(monkeypatch)
     control.start(spec_of(0.95), run_dir=run_dir)
     control.step(run_dir)  # B ramped to 25%
-    swapped = ab_from_dict({**spec_of(0.95).model_dump(mode="json"), "champion": "B",
-                            "arms": [{"name": "A", "weight": 0.05, "checkpoint": "/x"}, {"name": "B", "weight": 0.95, "checkpoint": "/y"}]})
-    control.start(swapped, run_dir=run_dir)
+    control.start(_swapped(), run_dir=run_dir)
     assert user(run_dir)["champion"] == "B" and user(run_dir)["weights"] == {"A": 0.05, "B": 0.95}  # the new spec's
     assert control.rollback(run_dir)["weights"] == {"A": 0.0, "B": 1.0}  # the arm under test now, A, gets none
 
@@ -195,13 +205,8 @@ def test_a_restart_whose_spec_names_another_champion_is_a_new_experiment(restart
 def test_a_start_interrupted_after_serve_took_its_config_records_that_config(restartable, monkeypatch):
     """Serve ran the new experiment while serve.json still held the old one: the next decision
     redeployed the old experiment and read the old generation's events."""
-    from rayload.ab_spec import ab_from_dict
-
     run_dir = restartable(spec_of(0.95), events(2_000, {"A": 0.1, "B": 0.1}, {"A": 0.95, "B": 0.05}))
-    real_args = control.app_args
-    monkeypatch.setattr(control, "app_args", lambda spec, checkpoints, run_dir: dict(
-        real_args(spec, checkpoints, run_dir), champion=spec.champion_arm, weights=spec.weights))
-    monkeypatch.setattr(control, "deploy", lambda config: None)
+    _roles_from_the_spec(monkeypatch)
     control.start(spec_of(0.95), run_dir=run_dir)
     old_generation = control.parts(control.load_state(run_dir)[1]["config"])[0]["generation"]
     served = {}
@@ -213,9 +218,7 @@ def test_a_start_interrupted_after_serve_took_its_config_records_that_config(res
         raise error
 
     monkeypatch.setattr(control, "deploy", interrupted)
-    swapped = ab_from_dict({**spec_of(0.95).model_dump(mode="json"), "champion": "B",
-                            "arms": [{"name": "A", "weight": 0.05, "checkpoint": "/x"}, {"name": "B", "weight": 0.95, "checkpoint": "/y"}]})
     with pytest.raises(KeyboardInterrupt):
-        control.start(swapped, run_dir=run_dir)
+        control.start(_swapped(), run_dir=run_dir)
     args = control.parts(control.load_state(run_dir)[1]["config"])[0]
     assert args["generation"] == served["generation"] != old_generation and args["champion"] == "B"

@@ -493,18 +493,23 @@ def _frame(n: int, weights: dict, arm: np.ndarray, clicked: np.ndarray) -> pd.Da
                          "layout": json.dumps(weights, sort_keys=True), "ts": np.arange(n, dtype=float), "outcome": clicked.astype(float)})
 
 
+def _fifty_fifty(n: int, seed: int, ctr: dict, **analysis):
+    """analyze() of n one-exposure units split 50/50 at random, clicking at `ctr` per arm."""
+    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
+                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
+                         **({"analysis": analysis} if analysis else {})})
+    rng = np.random.default_rng(seed)
+    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
+    clicked = rng.random(n) < np.where(arm == "challenger", ctr["challenger"], ctr["control"])
+    return analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, clicked), spec, now=1e9)
+
+
 def test_a_difference_far_beyond_any_threshold_keeps_the_analysis_working():
     """The mixture likelihood ratio overflowed math.exp past |z| ~ 38 (25% against 45% CTR
     after ~60k rows): every later analysis raised, the decision included, since looks are kept."""
     assert stats.msprt_lambda(0.05, 1e-6, 0.01) == math.exp(700.0)
     assert stats.always_valid_p([stats.msprt_lambda(0.05, 1e-6, 0.01)]) < 1e-300
-    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
-                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}]})
-    rng = np.random.default_rng(0)
-    n = 60_000
-    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
-    clicked = rng.random(n) < np.where(arm == "challenger", 0.45, 0.25)
-    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, clicked), spec, now=1e9)
+    result = _fifty_fifty(60_000, 0, {"control": 0.25, "challenger": 0.45})
     assert result.decision == "promote" and result.sequential_p < 1e-100
 
 
@@ -533,24 +538,12 @@ def test_the_power_calculator_refuses_an_effect_no_rate_can_have_and_the_analysi
             stats.sample_size(p_base, mde)
         with pytest.raises(ValueError, match=r"mde .* outside \[0, 1\]"):
             stats.msprt_sample_size(p_base, mde)
-    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
-                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
-                         "analysis": {"mde": 0.05}})
-    rng = np.random.default_rng(1)
-    n = 2000
-    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
-    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, rng.random(n) < 0.98), spec, now=1e9)
+    result = _fifty_fifty(2000, 1, {"control": 0.98, "challenger": 0.98}, mde=0.05)
     assert result.units_needed is not None and result.sequential_units_needed is not None
 
 
 def test_an_mde_no_rate_can_move_by_in_either_direction_leaves_the_power_figures_na():
     """An mde of 0.6 at a pooled CTR near 0.55 reaches neither 1.15 nor -0.05: the calculator
     refused it, and every live analysis raised with it."""
-    spec = ab_from_dict({"name": "t", "arms": [{"name": "control", "weight": 0.5, "checkpoint": "/x"},
-                                               {"name": "challenger", "weight": 0.5, "checkpoint": "/y"}],
-                         "analysis": {"mde": 0.6}})
-    rng = np.random.default_rng(2)
-    n = 1000
-    arm = np.where(rng.random(n) < 0.5, "challenger", "control")
-    result = analyze(_frame(n, {"challenger": 0.5, "control": 0.5}, arm, rng.random(n) < 0.55), spec, now=1e9)
+    result = _fifty_fifty(1000, 2, {"control": 0.55, "challenger": 0.55}, mde=0.6)
     assert result.units_needed is None and result.sequential_units_needed is None and result.decision == "continue"

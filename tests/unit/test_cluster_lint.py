@@ -55,9 +55,14 @@ def test_dashboard_on_all_interfaces_fails(config):
     "RAY_AUTH_MODE=token ray start --head --dashboard-host=0.0.0.0;",
 ])
 def test_an_open_dashboard_inside_a_shell_wrapped_start_command_fails(config, command):
-    config["head_start_ray_commands"][1] = command
-    issues = [i for i in security_issues(config) if i.path == "head_start_ray_commands[1]"]
+    issues = _head_start_issues(config, command)
     assert [i.message.split(":")[0] for i in issues] == ["--dashboard-host must be 127.0.0.1"], issues
+
+
+def _head_start_issues(config, command: str) -> list:
+    """The security issues of the head's start command when it is `command`."""
+    config["head_start_ray_commands"][1] = command
+    return [i for i in security_issues(config) if i.path == "head_start_ray_commands[1]"]
 
 
 @pytest.mark.parametrize("command", [
@@ -183,8 +188,7 @@ def test_the_head_gives_jobs_a_fixed_rayload_home(config):
 ])
 def test_a_start_that_does_not_itself_run_with_token_auth_fails(config, command):
     """The word RAY_AUTH_MODE=token anywhere in the command passed, whatever it applied to."""
-    config["head_start_ray_commands"][1] = command
-    issues = [i for i in security_issues(config) if i.path == "head_start_ray_commands[1]"]
+    issues = _head_start_issues(config, command)
     assert [i.message for i in issues] == ["must start Ray with RAY_AUTH_MODE=token (token authentication)"]
 
 

@@ -28,6 +28,7 @@ no longer does, every model is served eager by the fallback above.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -115,9 +116,10 @@ def for_serving(model: nn.Module, shape: InputShape, enabled: bool = True) -> Se
         with torch.no_grad():
             for batch in checks:
                 gap = float((graph(*_flatten(batch)) - model(*batch)).abs().max())
-                worst = gap if gap != gap else max(worst, gap)  # NaN kept: max(0.0, nan) is 0.0, and a NaN trace was served
-                if worst != worst:
+                if math.isnan(gap):  # kept as is: max(0.0, nan) is 0.0, and a NaN trace was served
+                    worst = gap
                     break
+                worst = max(worst, gap)
     except Exception as exc:  # noqa: BLE001 - e.g. a size the trace recorded as a constant
         log.warning("serving the eager model: the traced graph fails on a check batch (%s: %s)", type(exc).__name__, exc)
         return ServingForward(eager, f"eager: trace fails on a check batch ({type(exc).__name__})")
