@@ -171,8 +171,18 @@ def _check_split(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
     if split.key and (split.kind == "group" or (split.kind == "kfold" and split.group)):
         issues.append(SpecIssue("split.key", f"a split by group hashes the group column ({split.group}) alone; leave key out",
                                 split.key, True))
-    if split.kind == "temporal" and "timestamp" not in roles.values():
+    stamps = [name for name, role in roles.items() if role == "timestamp"]
+    if split.kind == "temporal" and not stamps:
         issues.append(SpecIssue("split.kind", "a temporal split needs a column with role 'timestamp' in data.columns", "temporal", True))
+    elif split.kind == "temporal" and split.time_column is None and len(stamps) > 1:  # the first one was taken silently
+        issues.append(SpecIssue("split.time_column", f"data.columns declares {len(stamps)} timestamp columns ({', '.join(stamps)}); "
+                                "name the one a temporal split cuts on"))
+    if split.time_column is not None and split.kind != "temporal":
+        issues.append(SpecIssue("split.time_column", f"only a temporal split cuts on a time column; kind: {split.kind} ignores it",
+                                split.time_column, True))
+    elif split.time_column is not None and roles.get(split.time_column) != "timestamp":
+        issues.append(SpecIssue("split.time_column", f"'{split.time_column}' is not a timestamp column; timestamp columns: "
+                                f"{', '.join(stamps) or 'none'}", split.time_column, True))
     return issues
 
 

@@ -146,6 +146,8 @@ class SplitSpec(_Spec):
     # Columns that identify a row; the split hashes them. None: every declared column.
     key: list[str] | None = None
     group: str | None = Field(default=None, description="column whose rows stay together (kind=group; kind=kfold: group k-fold)")
+    time_column: str | None = Field(default=None, description="kind=temporal: the timestamp column to cut on (needed when "
+                                    "data.columns declares more than one)")
     k: int = Field(default=5, ge=2)
     fold: int = Field(default=0, ge=0)
 

@@ -41,6 +41,16 @@ def test_class_weights_balance_the_loss():
     assert (rb.multiplicity(y, u, plan) == 1).all()  # weights change the loss, not the rows
 
 
+@pytest.mark.parametrize("ratio", [0.25, 0.5])
+def test_class_weights_reach_the_target_ratio_asked(ratio):
+    """target_ratio was ignored: every class was weighted to 1:1, as with ratio 1.0."""
+    w = dict(rb.plan_rebalance("class_weights", ratio, {1.0: 1000, 0.0: 9000}).class_weights)
+    assert w[1.0] * 1000 == pytest.approx(ratio * w[0.0] * 9000)
+    assert w[1.0] * 1000 + w[0.0] * 9000 == pytest.approx(10_000)
+    # data already at least as balanced as asked keeps weights of 1 (never lightens the minority)
+    assert dict(rb.plan_rebalance("class_weights", 0.5, {1.0: 600, 0.0: 1000}).class_weights) == pytest.approx({0.0: 1.0, 1.0: 1.0})
+
+
 def test_already_balanced_data_is_left_alone():
     plan = rb.plan_rebalance("downsample", 0.5, {1.0: 600, 0.0: 1000})
     assert plan.method == "none"

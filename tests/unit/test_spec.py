@@ -166,3 +166,29 @@ def test_an_override_into_a_default_list_or_an_unset_section(tmp_path):
     assert load_spec(write(tmp_path, GOOD), ["model.hidden.0=8"]).model.hidden == [8, 128]
     with pytest.raises(SpecError, match=r"train.early_stopping.patiance: unknown field; allowed: metric, min_delta, patience; did you mean 'patience'"):
         load_spec(write(tmp_path, GOOD), ["train.early_stopping.patiance=3"])
+
+
+TWO_STAMPS = """
+name: demo
+data:
+  source: {kind: parquet, path: /nowhere}
+  columns:
+    - {name: signup_ts, role: timestamp}
+    - {name: event_ts, role: timestamp}
+    - {name: f, role: numeric}
+  label: {column: y}
+split: {kind: temporal}
+"""
+
+
+
+def test_a_temporal_split_over_two_timestamp_columns_must_name_one(tmp_path):
+    """The first declared timestamp column was cut on silently (signup time, not event time)."""
+    with pytest.raises(SpecError, match=r"split.time_column: data.columns declares 2 timestamp columns \(signup_ts, event_ts\); "
+                                        r"name the one a temporal split cuts on"):
+        load_spec(write(tmp_path, TWO_STAMPS))
+    assert load_spec(write(tmp_path, TWO_STAMPS), ["split.time_column=event_ts"]).split.time_column == "event_ts"
+    with pytest.raises(SpecError, match=r"split.time_column: 'f' is not a timestamp column; timestamp columns: signup_ts, event_ts"):
+        load_spec(write(tmp_path, TWO_STAMPS), ["split.time_column=f"])
+    with pytest.raises(SpecError, match=r"split.time_column: only a temporal split cuts on a time column; kind: random ignores it"):
+        load_spec(write(tmp_path, TWO_STAMPS), ["split.time_column=event_ts", "split.kind=random"])

@@ -167,3 +167,56 @@ def test_stratified_split_by_a_key_keeps_each_key_in_one_split():
     for label in (0, 1):  # still stratified, as far as whole keys allow
         share = np.bincount(codes[y == label], minlength=3) / (y == label).sum()
         np.testing.assert_allclose(share, [0.8, 0.1, 0.1], atol=0.02)
+
+
+def test_a_stratified_split_by_a_key_leaves_no_asked_for_split_empty():
+    """The gap for each cut was chosen by summed relative error: one step of a 5-row label
+    outweighed 32 steps of a 158-row one, and every label's val came out empty (116 / 0 / 47
+    rows) although whole users could fill it."""
+    rng = np.random.default_rng(2)
+    for _ in range(261):  # the seeded case a review found
+        nu = int(rng.integers(5, 80))
+        n = int(rng.integers(nu, 600))
+        users = rng.integers(0, nu, n)
+        rng.random()
+        y = (rng.random(n) < rng.uniform(0.02, 0.5)).astype(float)
+    table = pa.table({"user": [str(u) for u in users], "y": y})
+    p = SplitPlan(kind="stratified", train=0.8, val=0.1, test=0.1, seed=260, key=("user",), label="y", columns=("user", "y"))
+    codes = assign(table, p.with_cutoffs([split_keys(table, p)]))
+    sizes = np.bincount(codes, minlength=3)
+    assert (sizes > 0).all(), sizes
+    for u in np.unique(users):
+        assert len(set(codes[users == u])) == 1  # still whole users
+
+
+def test_rows_without_a_group_are_split_one_by_one_not_as_one_group():
+    """Every missing group hashed as the same missing token: half the rows, all in one split
+    (980 / 0 / 20 with seed 0)."""
+    n = 4000
+    g = [None if i % 2 else f"u{i % 50}" for i in range(n)]
+    table = pa.table({"g": pa.array(g, pa.string()), "x": np.arange(n, dtype=float), "y": np.zeros(n)})
+    keyless = np.array([v is None for v in g])
+    for seed in range(3):
+        p = SplitPlan(kind="group", train=0.8, val=0.1, test=0.1, seed=seed, key=("g",), label="y", columns=("g", "x", "y"))
+        codes = assign(table, p)
+        share = np.bincount(codes[keyless], minlength=3) / keyless.sum()
+        np.testing.assert_allclose(share, [0.8, 0.1, 0.1], atol=0.03)
+        for u in set(v for v in g if v is not None):  # rows with a group stay together
+            assert len(set(codes[np.array([v == u for v in g])])) == 1
+        np.testing.assert_array_equal(codes, in_chunks(table, 3, lambda t, p=p: assign(t, p)))  # any block layout
+
+
+def test_a_temporal_split_too_small_for_a_fraction_says_so_not_ties():
+    """Five rows at five times, 0.8 / 0.1 / 0.1: val rounds to 0 rows, and the error blamed a
+    tie ("1 rows share the time ... use finer timestamps"), which finer timestamps cannot fix."""
+    p = plan(kind="temporal")
+    with pytest.raises(DataError, match=r"the val split is empty .*too few rows \(5\) for a val fraction of 0.1: it rounds to 0 "
+                                        r"rows\. Use more rows or a larger fraction") as info:
+        p.with_cutoffs([split_keys(_times(1.6e9 + np.arange(5.0)), p)])
+    assert "share the time" not in str(info.value)
+
+
+def test_a_temporal_split_cuts_on_the_time_column_named():
+    schema = Schema(SCHEMA.columns + ({"name": "signup", "role": "timestamp", "separator": "|", "required": False},), LABEL)
+    assert SplitPlan.from_spec(SplitSpec(kind="temporal", time_column="signup"), schema).time_column == "signup"
+    assert SplitPlan.from_spec(SplitSpec(kind="temporal", time_column="ts"), schema).time_column == "ts"

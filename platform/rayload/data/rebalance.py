@@ -30,8 +30,14 @@ def plan_rebalance(method: str, target_ratio: float, counts: dict[float, int], s
     (minority, n_min), (majority, n_maj) = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]))
     total = n_min + n_maj
     if method == "class_weights":
-        # "balanced" weights: each class contributes total/2 to the loss.
-        weights = tuple((label, total / (2.0 * n)) for label, n in sorted(counts.items()))
+        # The classes' summed weights in the ratio asked (1.0: "balanced", each class contributes
+        # total/2 to the loss), the total kept: w_min * n_min = r * w_maj * n_maj and
+        # w_min * n_min + w_maj * n_maj = total. Data already at least as balanced as asked keeps
+        # weights of 1 (r = n_min / n_maj), as resampling then leaves it alone; target_ratio was
+        # ignored here, every class weighted to 1:1.
+        r = max(target_ratio, n_min / n_maj)
+        share = {minority: r / (1.0 + r), majority: 1.0 / (1.0 + r)}
+        weights = tuple((label, total * share[label] / n) for label, n in sorted(counts.items()))
         return RebalancePlan(method, seed, class_weights=weights)
     if n_min >= target_ratio * n_maj:
         return RebalancePlan("none", seed)  # already at least as balanced as asked
