@@ -123,6 +123,12 @@ _FLOAT_TEXT = re.compile(r"-?\d+\.0+|-?\d(?:\.\d+)?[eE][+-]?\d+")
 
 def _warn_float_text(name: str, vocab: list[str]) -> None:
     top = vocab[:1000]  # most frequent first
+    capital = [v for v in top if v in ("True", "False")]
+    if capital:  # pandas' to_csv writes booleans so; JSON's true reads as "true", out of vocabulary
+        log.warning("features.categorical.%s: the vocabulary holds %s, Python's text of a boolean (pandas' to_csv writes "
+                    "booleans so); the text is kept as it is, so a request's JSON true (\"true\") does not match it. Write "
+                    "booleans as true/false (df[col].map({True: 'true', False: 'false'})) or send the text %r",
+                    name, " and ".join(repr(v) for v in capital), capital[0])
     floats = [v for v in top if _FLOAT_TEXT.fullmatch(v)]
     if floats and 2 * len(floats) > len(top):
         log.warning("features.categorical.%s: %d of the %d most frequent values are whole-number float text (%r, ...); "

@@ -203,12 +203,54 @@ class FittedFeatures:
         """
         from .data.validate import validate_request
 
-        return self.transform_table(validate_request(rows, self.columns, self.derived_sources))
+        out = self.transform_table(validate_request(rows, self.columns, self.derived_sources))
+        far = self.far_rows(out)
+        if far:
+            j = min(far)
+            raise DataError(f"request row {j}: {far_reason(far[j], rows[j].get(far[j][0].name, '(derived)'))}")
+        return out
+
+    def far_rows(self, out: pa.Table) -> dict[int, tuple["NumericState", float]]:
+        """Rows of a transformed table whose scaled numeric feature is not finite or beyond
+        EXTREME_SCALED: {row: (the first such feature's state, its scaled value)}, usually empty.
+        A request with one gets a 422 and a validation or test row is quarantined: past float32
+        the scaled value was inf and scored NaN, and short of it the score depended on the
+        architecture (an MLP answered 1.0, DLRM 0.0, DeepFM NaN for the same request). Training
+        rows never get there: the fit refuses values that overflow, and a training value's
+        z-score is at most sqrt(rows), its min-max value within [0, 1]."""
+        far: dict[int, tuple[NumericState, float]] = {}
+        for state in self.numeric:
+            if state.boundaries is not None or state.constant:
+                continue
+            x = out.column(state.name).to_numpy(zero_copy_only=False)
+            with np.errstate(invalid="ignore"):
+                rows = np.flatnonzero(~(np.abs(x) <= EXTREME_SCALED))
+            for j in rows.tolist():
+                far.setdefault(j, (state, float(x[j])))
+        return far
 
     @property
     def derived_sources(self) -> set[str]:
         """The raw columns derived features are computed from (a request carries them)."""
         return {d["source"] for d in self.derived.values()}
+
+
+# A scaled numeric value beyond this is refused (`FittedFeatures.far_rows`): a model's float32
+# layers overflow near 1e20 (DLRM's dot products square their inputs), and no training value
+# comes near it.
+EXTREME_SCALED = 1e12
+
+
+_NO_VALUE = object()
+
+
+def far_reason(far: tuple[NumericState, float], raw=_NO_VALUE) -> str:
+    """Why a row is refused (`FittedFeatures.far_rows`); without `raw`, one text for all such rows
+    of the feature (a quarantine reason, counted)."""
+    state, x = far
+    what = f"the value {raw!r} is {abs(x):.3g}" if raw is not _NO_VALUE else f"a value beyond {EXTREME_SCALED:g} or not finite"
+    return (f"{state.name}: {what} once scaled (scale={state.scale} over the training rows), too far outside anything the "
+            f"model was trained on to score; clip the column (features.numeric.{state.name}.clip)")
 
 
 # Fields added to format version 1 after its first files were written (their defaults are what
@@ -265,7 +307,8 @@ def transform_numeric(state: NumericState, column) -> dict[str, pa.Array]:
     x = _numeric_values(state, column)
     if state.boundaries is not None:
         return {state.name: pa.array(np.searchsorted(state.boundaries, x, side="right").astype(np.int64))}
-    return {state.name: pa.array(((x - state.offset) / state.divisor).astype(np.float32))}
+    with np.errstate(over="ignore"):  # past float32 is inf, refused row by row (FittedFeatures.far_rows)
+        return {state.name: pa.array(((x - state.offset) / state.divisor).astype(np.float32))}
 
 
 # Up to this many values are looked up one by one in a dict (a request's few rows); more go

@@ -53,7 +53,10 @@ def same(a: pa.Table, b: pa.Table) -> list[str]:
 # ------------------------------------------------------------------ one value, one text
 
 PAIR_COLS = [{"name": "c", "role": "categorical"}, {"name": "h", "role": "categorical"}, {"name": "x", "role": "numeric"}]
-PAIR_FEATURES = {"categorical": {"c": {"encode": "vocab", "target_stats": True}, "h": {"encode": "hash", "buckets": 1009}},
+# x on a log scale: the pairs put IDs up to 2**60 into it, which a z-score over 0..6 would take
+# past EXTREME_SCALED (a request refused, tested in test_feature_edges.py)
+PAIR_FEATURES = {"numeric": {"x": {"log": True}},
+                 "categorical": {"c": {"encode": "vocab", "target_stats": True}, "h": {"encode": "hash", "buckets": 1009}},
                  "crosses": [{"columns": ["c", "h"], "buckets": 1013}]}
 PAIR_TEXTS = ["true", "1", "123456789012", "2.5", "0.5", "9007199254740993", "9007199254740992", "a"]
 
@@ -128,6 +131,24 @@ def test_csv_integral_float_text_is_kept_verbatim_and_warned_about(caplog):
     assert feats.categorical[0].vocab == ["12345.0", "7.0", "8.0"]
     assert any("user" in r.getMessage() and "12345.0" in r.getMessage() for r in caplog.records)
     assert feats.transform_rows([{"user": "12345.0"}]).column("user").to_pylist() == [2]
+
+
+def test_csv_boolean_text_is_kept_verbatim_and_warned_about(caplog):
+    """pandas' to_csv writes booleans as True/False: the vocabulary was ["True", "False"] and a
+    request's JSON true ("true") went out of vocabulary without a word."""
+    schema = schema_of([{"name": "flag", "role": "categorical"}])
+    good, _ = validate_table(pa.table({"flag": ["True", "False", "True", None], "y": [1.0, 0.0, 1.0, 0.0]}), schema)
+    with caplog.at_level(logging.WARNING, logger="rayload"):
+        feats = fit_good(good, schema, {"categorical": {"flag": {"encode": "vocab"}}})
+    assert feats.categorical[0].vocab == ["True", "False"]
+    assert any("flag" in r.getMessage() and "'True' and 'False'" in r.getMessage() and "JSON true" in r.getMessage()
+               for r in caplog.records)
+    assert feats.transform_rows([{"flag": "True"}, {"flag": True}]).column("flag").to_pylist() == [2, OOV_ID]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rayload"):  # JSONL / Parquet booleans read as "true": nothing to warn of
+        fit_good(validate_table(pa.table({"flag": [True, False, True], "y": [1.0, 0.0, 1.0]}), schema)[0], schema,
+                 {"categorical": {"flag": {"encode": "vocab"}}})
+    assert not [r for r in caplog.records if "boolean" in r.getMessage()]
 
 
 # ------------------------------------------------------------------ raw tables, block layouts

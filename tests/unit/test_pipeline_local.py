@@ -250,3 +250,44 @@ def test_parquet_quarantine_rows_name_their_file_and_a_data_column_named_path_is
     res = preprocess(own, out=str(tmp_path / "own"), engine="local")
     assert "path" in res.features.sparse_columns and res.counts["quarantined"] == 1
     assert pq.read_table(str(tmp_path / "own" / "quarantine")).column("source").to_pylist() == ["parquet"]
+
+
+def test_val_and_test_rows_scaled_past_what_a_model_scores_are_quarantined_with_the_feature_named(tmp_path):
+    """A review found a test row with x = 1e39 written into the shard as inf (x fitted on small
+    values, z-scored), which every model scored NaN, read as a diverged model; short of inf, a
+    row at 1e30 scored 1.0 by an MLP and 0.0 by DLRM. The same values in a request get a 422."""
+    import pandas as pd
+
+    n = 100
+    x = (np.arange(n) % 10).astype(float)
+    x[85], x[95], x[96] = 1e30, 1e39, 1e6  # a val row, a test row (the latest times), and an ordinary large value
+    src = tmp_path / "src"
+    src.mkdir()
+    pd.DataFrame({"x": x, "t": 1.6e9 + np.arange(n), "y": np.arange(n) % 2}).to_parquet(src / "p.parquet")
+    raw = {"name": "t", "data": {"source": {"kind": "parquet", "path": str(src)},
+                                 "columns": [{"name": "x", "role": "numeric"}, {"name": "t", "role": "timestamp"}],
+                                 "label": {"column": "y"}, "max_bad_fraction": 0.05},
+           "split": {"kind": "temporal"}, "features": {"numeric": {"x": {"scale": "zscore"}}}}
+    from rayload.spec import JobSpec
+
+    res = preprocess(JobSpec.model_validate(raw), out=str(tmp_path / "out"), engine="local")
+    c = res.counts
+    assert (c["input"], c["good"], c["quarantined"]) == (100, 98, 2)
+    assert c["split_rows"] == {"train": 80, "val": 9, "test": 9} and c["written"] == {"train": 80, "val": 9, "test": 9, "quarantine": 2}
+    q = pq.read_table(str(tmp_path / "out" / "quarantine")).to_pylist()
+    assert sorted(json.loads(r["row"])["x"] for r in q) == [1e30, 1e39]
+    assert all(r["reason"].startswith("x: a value beyond 1e+12 or not finite once scaled (scale=zscore") for r in q)
+    assert all(r["source"] == str(src / "p.parquet") for r in q)
+    assert sum(c["reasons"].values()) == 2
+    for split in ("val", "test"):
+        values = pq.read_table(str(tmp_path / "out" / split)).column("x").to_numpy()
+        assert np.isfinite(values).all() and len(values) == 9
+    assert np.abs(pq.read_table(str(tmp_path / "out" / "test")).column("x").to_numpy()).max() > 1e4  # 1e6 kept
+    # over data.max_bad_fraction, the job stops, as for rows refused by validation
+    with pytest.raises(DataError, match=r"2 of 100 rows \(2.00%\) are bad, more than data.max_bad_fraction=0.01"):
+        preprocess(JobSpec.model_validate({**raw, "data": {**raw["data"], "max_bad_fraction": 0.01}}), out=str(tmp_path / "o2"),
+                   engine="local")
+    # a request with either value is refused naming the row and the feature
+    with pytest.raises(DataError, match=r"request row 1: x: the value 1e\+39 is inf once scaled \(scale=zscore"):
+        res.features.transform_rows([{"x": 3.0}, {"x": 1e39}])
+    assert res.features.transform_rows([{"x": 1e6}]).num_rows == 1

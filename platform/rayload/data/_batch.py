@@ -9,6 +9,7 @@ shared memory on a small machine, and the passes stay fused with the read.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._feature_fit import FitPlan, partial_stats
-from ..features import FittedFeatures
+from ..features import FittedFeatures, far_reason
 from . import rebalance as rb
 from .readers import parse_csv, parse_jsonl
 from .sources import PATH_COLUMN
@@ -42,13 +43,19 @@ class BatchPlan:
 
 def validated(batch: pa.Table, plan: BatchPlan) -> list[tuple[pa.Table, pa.Table]]:
     """(good rows, quarantine rows) per input unit of the batch."""
+    return [(good, bad) for good, bad, _ in validated_from(batch, plan)]
+
+
+def validated_from(batch: pa.Table, plan: BatchPlan) -> list[tuple[pa.Table, pa.Table, str]]:
+    """(good rows, quarantine rows, their source) per input unit of the batch."""
     if plan.fmt == "parquet":
         if PATH_COLUMN in plan.schema.names or PATH_COLUMN not in batch.column_names or not batch.num_rows:  # the data's own column
-            return [validate_table(batch, plan.schema, "parquet")]
+            return [(*validate_table(batch, plan.schema, "parquet"), "parquet")]
         paths = batch.column(PATH_COLUMN).to_numpy(zero_copy_only=False)
         cuts = [0, *(np.flatnonzero(paths[1:] != paths[:-1]) + 1).tolist(), len(paths)]  # runs of one file, in order
         batch = batch.drop_columns([PATH_COLUMN])
-        return [validate_table(batch.slice(a, b - a), plan.schema, str(paths[a])) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        return [(*validate_table(batch.slice(a, b - a), plan.schema, str(paths[a])), str(paths[a]))
+                for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     out = []
     for data, path in zip(batch.column("bytes").to_pylist(), batch.column("path").to_pylist()):
         if plan.fmt == "csv":
@@ -58,7 +65,7 @@ def validated(batch: pa.Table, plan: BatchPlan) -> list[tuple[pa.Table, pa.Table
         good, bad = validate_table(table, plan.schema, path)
         if malformed:
             bad = pa.concat_tables([bad, malformed_rows(malformed, path)])
-        out.append((good, bad))
+        out.append((good, bad, path))
     return out
 
 
@@ -108,20 +115,47 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
     """Transform and write every split (and the quarantine) of the batch; return the manifest."""
     fs, base = filesystem(plan.out_dir)
     manifest = []
-    for good, bad in validated(batch, plan):
+    for good, bad, source in validated_from(batch, plan):
         name = _shard_name(good, bad, plan)
         codes = assign(good, plan.split)
+        far = []
         for code, split in enumerate(SPLITS):
             rows = good.filter(pa.array(codes == code))
             if split == "train" and plan.rebalance is not None:
                 u = rb.row_rebalance_unit(rows, tuple(plan.schema.names), plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
             out = plan.features.transform_table(rows, training=split == "train")
+            moved = {}
+            if split != "train":  # the fit refused training values that overflow (FittedFeatures.far_rows)
+                out, moved = _without_far_rows(out, rows, plan.features, source, far)
             if split == "train":
                 out = out.take(_row_order(out.num_rows, name, plan.split.seed))
-            manifest.append(_write(fs, base, split, name, out))
-        manifest.append(_write(fs, base, "quarantine", _quarantine_name(name, bad), bad.cast(QUARANTINE_SCHEMA)))
-    return pa.Table.from_pylist([m for m in manifest if m["rows"]], schema=MANIFEST_SCHEMA)
+            manifest.append(dict(_write(fs, base, split, name, out), moved=json.dumps(moved) if moved else None))
+        if far:
+            bad = pa.concat_tables([bad.cast(QUARANTINE_SCHEMA), *far])
+        manifest.append(dict(_write(fs, base, "quarantine", _quarantine_name(name, bad), bad.cast(QUARANTINE_SCHEMA)), moved=None))
+    return pa.Table.from_pylist([m for m in manifest if m["rows"] or m["moved"]], schema=MANIFEST_SCHEMA)
+
+
+def _without_far_rows(out: pa.Table, rows: pa.Table, features: FittedFeatures, source: str, far: list) -> tuple[pa.Table, dict]:
+    """A validation or test row whose scaled numeric value is beyond what a model can score
+    (inf past float32, which then scored NaN and read as a diverged model) goes to the
+    quarantine, with the feature and value named, as a request with it gets a 422. Returns the
+    rows kept and {reason: rows moved}; the moved rows are appended to `far`."""
+    found = features.far_rows(out)
+    if not found:
+        return out, {}
+    idx = sorted(found)
+    raw = rows.take(pa.array(idx)).to_pylist()
+    reasons = [far_reason(found[j]) for j in idx]
+    far.append(pa.table({"row": [json.dumps(r, default=str) for r in raw], "reason": reasons, "source": [source] * len(idx)},
+                        schema=QUARANTINE_SCHEMA))
+    keep = np.ones(out.num_rows, bool)
+    keep[idx] = False
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    return out.filter(pa.array(keep)), counts
 
 
 def _row_order(rows: int, shard: str, seed: int) -> np.ndarray:
@@ -135,7 +169,8 @@ def _row_order(rows: int, shard: str, seed: int) -> np.ndarray:
     return np.random.default_rng(int.from_bytes(digest, "big")).permutation(rows)
 
 
-MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("path", pa.string()), ("rows", pa.int64())])
+# moved: on a val or test shard, {reason: rows} it gave to the quarantine (JSON), else null
+MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("path", pa.string()), ("rows", pa.int64()), ("moved", pa.string())])
 
 
 def _shard_name(good: pa.Table, bad: pa.Table, plan: BatchPlan) -> str:

@@ -33,6 +33,7 @@ from ..hashing import digest
 from ..paths import cache_lock, cache_root
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
+from ._row_counts import check_bad_fraction, check_split_rows, counts_of, with_moved
 from .checks import check_files
 from .fixed import check_fixed_columns, check_fixed_spec, fixed_features
 from .sources import PATH_COLUMN, Inputs, read_dataset, resolve_inputs
@@ -114,9 +115,9 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
     on_stage("validating rows and fitting the preprocessor on the training split")
     with _timed(timings, "fit"):
         parts = [r for part in _run(ds, fit_pass, plan) for r in part]
-    counts = dict(_counts(parts, inputs), seconds=timings)
-    _check_bad_fraction(counts, parts, spec.data.max_bad_fraction)
-    _check_split_rows(counts["split_rows"], spec.split)
+    counts = dict(counts_of(parts, inputs), seconds=timings)
+    check_bad_fraction(counts, parts, spec.data.max_bad_fraction)
+    check_split_rows(counts["split_rows"], spec.split)
     reb = rb.plan_rebalance(spec.rebalance.method, spec.rebalance.target_ratio, counts["train_labels"], spec.rebalance.seed)
     weights = {str(k): v for k, v in reb.class_weights} or None
     with _timed(timings, "fit"):
@@ -129,7 +130,7 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
     on_stage(f"transforming and writing shards to {out_dir}")
     with _timed(timings, "transform_write"):
         manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
-    return _finish(out_dir, key, features, features_json, counts, manifest)
+    return _finish(out_dir, key, features, features_json, counts, manifest, spec.data.max_bad_fraction)
 
 
 @contextlib.contextmanager
@@ -262,58 +263,6 @@ def job_cache_key(spec) -> str:
     return cache_key(spec, resolve_inputs(spec.data, cache_root()), fixed_features(spec))
 
 
-def _counts(parts: list[dict], inputs: Inputs) -> dict:
-    good, bad = sum(p["good"] for p in parts), sum(p["bad"] for p in parts)
-    reasons: dict[str, int] = {}
-    train_labels: dict[float, int] = {}
-    for p in parts:
-        for r, n in p["reasons"].items():
-            reasons[r] = reasons.get(r, 0) + n
-        for label, n in p["train_labels"].items():
-            train_labels[label] = train_labels.get(label, 0) + n
-    split_rows = {s: sum(p["split_rows"][s] for p in parts) for s in SPLIT_NAMES}
-    if inputs.fmt == "parquet":
-        expected = sum(pq.ParquetFile(p, filesystem=inputs.filesystem).metadata.num_rows for p in inputs.paths)
-        if expected != good + bad:  # conservation is an invariant; breaking it is a bug, not bad data
-            raise RuntimeError(f"row accounting broke: {expected} input rows, {good} good + {bad} quarantined")
-    return {"input": good + bad, "good": good, "quarantined": bad, "reasons": reasons,
-            "split_rows": split_rows, "train_labels": train_labels}
-
-
-def _check_bad_fraction(counts: dict, parts: list[dict], limit: float) -> None:
-    if counts["input"] == 0:
-        raise DataError("the source has no rows (data.source)")
-    frac = counts["quarantined"] / counts["input"]
-    if frac <= limit:
-        return
-    examples = [e for p in parts for e in p["examples"]][:3]
-    lines = "\n".join(f"  - {e['reason']}: {e['row']}" for e in examples)
-    raise DataError(
-        f"{counts['quarantined']} of {counts['input']} rows ({frac:.2%}) are bad, more than "
-        f"data.max_bad_fraction={limit}; reasons: {counts['reasons']}\nexamples:\n{lines}\n"
-        "Fix the data or the declared schema, or raise data.max_bad_fraction."
-    )
-
-
-def _check_split_rows(rows: dict[str, int], split) -> None:
-    """A preprocessor fitted on no training rows (empty vocabularies, default statistics) is
-    refused before any shard is written. An empty val or test split that was asked for is only
-    logged: a hash split leaves one empty by chance on tiny data alone, and training refuses a
-    missing val with its own error (a temporal split, whose cuts follow from the data, refuses
-    both in `SplitPlan.with_cutoffs`)."""
-    counts = ", ".join(f"{s} {rows[s]}" for s in SPLIT_NAMES)
-    if rows["train"] == 0:
-        raise DataError(
-            f"the training split is empty (split.kind={split.kind}: {counts} good rows), so there is nothing to fit the "
-            f"preprocessor on; use more rows, a larger split.train, another split.seed, or (kind: group) more groups")
-    for name in ("val", "test"):
-        asked = (split.kind == "kfold" or split.val > 0) if name == "val" else split.test > 0  # kfold: val is fold split.fold
-        if rows[name] == 0 and asked:
-            log.warning("the %s split is empty although one was asked for (split.kind=%s, train=%s, val=%s, test=%s: %s good rows)",
-                        name, split.kind, split.train, split.val, split.test, counts)
-
-
-# What preprocessing writes into its folder, and all that _reset removes before writing again.
 OWN_ENTRIES = (*SPLIT_NAMES, "quarantine", "features.json", "summary.json", "summary.json.tmp", "_SUCCESS")
 
 
@@ -377,11 +326,17 @@ def _non_finite(obj, path: str = "") -> tuple[str, float] | None:
     return None
 
 
-def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str, counts: dict, manifest: list[dict]) -> PreprocessResult:
+def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str, counts: dict, manifest: list[dict],
+            max_bad_fraction: float = 1.0) -> PreprocessResult:
     files: dict[str, list[str]] = {}
     for row in manifest:
-        files.setdefault(row["split"], []).append(row["path"])
+        if row["rows"]:  # a shard whose every row went to the quarantine wrote no file
+            files.setdefault(row["split"], []).append(row["path"])
     written = {s: sum(r["rows"] for r in manifest if r["split"] == s) for s in (*SPLIT_NAMES, "quarantine")}
+    moved = with_moved(counts, manifest)
+    if moved is not counts:
+        check_bad_fraction(moved, [], max_bad_fraction)
+    counts = moved
     if written["quarantine"] != counts["quarantined"]:
         raise RuntimeError(f"quarantine accounting broke: {written['quarantine']} written, {counts['quarantined']} counted")
     counts = dict(counts, written=written, train_labels={str(k): v for k, v in counts["train_labels"].items()})

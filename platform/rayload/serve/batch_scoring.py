@@ -90,37 +90,13 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
 
 
 def _finite_or_error(scorer, scores: np.ndarray, table, rows: list[dict]):
+    """A score that is not a finite number is the model's failure (a 500): inputs beyond what
+    any model was trained on are refused before it, by `transform_rows` (a 422)."""
     if np.isfinite(scores).all():
         return scores.tolist(), scorer.version
-    extreme = _extreme_input(scorer, table, rows)
-    if extreme is not None:  # the client's value, not the model: a 422, not the arm's error
-        return extreme
     bad = scores[~np.isfinite(scores)][0]
     log.error("the model of arm %s scored a row %s", scorer.arm, bad)
     return ModelError(f"the model of arm {scorer.arm} scored a row {bad} (not a finite number)")
-
-
-# A scaled numeric input beyond this explains a score that is not a finite number: the model's
-# float32 layers overflow near 1e20 (1e308 became inf already in the transform; DLRM's dot
-# products square their inputs), and no feature a model is trained on comes near it.
-EXTREME_INPUT = 1e12
-
-
-def _extreme_input(scorer, table, rows: list[dict]) -> DataError | None:
-    """A DataError naming the request's row and numeric feature whose scaled value is extreme
-    (not finite, or beyond EXTREME_INPUT), None when every input is ordinary."""
-    for state in scorer.features.numeric:
-        if state.boundaries is not None or state.constant:
-            continue
-        x = table.column(state.name).to_numpy(zero_copy_only=False)
-        with np.errstate(invalid="ignore"):
-            far = ~(np.abs(x) <= EXTREME_INPUT)
-        if far.any():
-            j = int(np.flatnonzero(far)[0])
-            return DataError(f"request row {j}: {state.name}: the value {rows[j].get(state.name, '(derived)')!r} is "
-                             f"{abs(float(x[j])):.3g} once scaled, too far outside anything the model was trained on to "
-                             "score (its score would not be a finite number)")
-    return None
 
 
 def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
