@@ -238,7 +238,8 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # the same bad rows wrote one);
     # "rebalance_unit": rebalancing draws per row from all its columns, not per split key;
     # "split_keys": a row whose split key is missing is split by its own columns (split.row_unit: all
-    # such rows were one key), a keyed stratified split leaves no asked-for split empty;
+    # such rows were one key), a keyed stratified split leaves no asked-for split empty; "far_rows": a
+    # val/test row scaled past what a model scores is quarantined (_batch._without_far_rows), not written as inf;
     # "feature_values": a categorical value's text is its own (validate.python_array: not the
     # type Arrow unifies a JSONL column to), a whole-number float is spelled as an integer
     # (hashing.value_text), a JSONL list or object where a column takes one value is quarantined
@@ -251,7 +252,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits).
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
-               "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified",
+               "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified", "far_rows": "quarantined",
                "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
