@@ -42,6 +42,20 @@ def test_a_long_tailed_vocabulary_expects_unseen_ids_in_fresh_traffic():
     assert _report(features, _rows(shifted))["user"]["flagged"]
 
 
+@pytest.mark.parametrize("cut", [{"min_count": 2}, {"min_count": 5}, {"top_k": 100}])
+def test_a_cut_vocabulary_does_not_count_the_values_it_left_out_twice(cut):
+    """With min_count or top_k the singletons were already out of the vocabulary (1 - coverage)
+    and were added again as unseen: the expected OOV share was 0.32 against 0.21 served at
+    top_k 100, and traffic from the training distribution was flagged in half the draws."""
+    features, _ = fit(_long_tail(20000, 1), {"categorical": {"user": cut}})
+    user = next(c for c in features.categorical if c.name == "user")
+    b = drift._categorical_bins(user)
+    expected_oov = b.expected[-1] / sum(b.expected)
+    served = [_report(features, _rows(_long_tail(2000, seed)))["user"] for seed in range(50, 60)]
+    assert abs(expected_oov - np.mean([r["oov_rate"] for r in served])) < 0.03, (expected_oov, [r["oov_rate"] for r in served])
+    assert not any(r["flagged"] for r in served) and max(r["psi"] for r in served) < 0.1, [r["psi"] for r in served]
+
+
 def test_an_old_features_json_without_unseen_share_keeps_the_training_oov_share():
     features, _ = fit(frame(1500, seed=1), {})
     user = next(c for c in features.categorical if c.name == "user")
