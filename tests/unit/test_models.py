@@ -104,3 +104,23 @@ def test_dcn_learns_a_pairwise_interaction_that_the_mlp_input_alone_does_not_hol
 
     assert fit("dcn") > 0.95
     assert fit("mlp") < 0.7  # a linear model of the concatenated embeddings: no interaction
+
+
+def test_embedding_l2_counts_each_row_a_bag_uses_not_the_bags_mean():
+    """The penalty was |pooled mean|^2 for a bag: two rows that cancel (r and -r) got no penalty
+    and no gradient, and a bag of n unrelated rows about 1/n of theirs."""
+    from rayload.models._inputs import FieldEmbeddings
+
+    fe = FieldEmbeddings(InputShape(0, (10,), (10,)), 4).train()
+    with torch.no_grad():
+        fe.bags[0].weight[1] = torch.tensor([1.0, 2, 3, 4])
+        fe.bags[0].weight[2] = -fe.bags[0].weight[1]
+        fe.tables[0].weight[3] = torch.tensor([0.0, 0, 0, 2])
+    fe(torch.tensor([[3], [3]]), [torch.tensor([1, 2, 1])], [torch.tensor([0, 2])])  # row 0: bag {1, 2}; row 1: bag {1}
+    assert fe.last_sq.item() == pytest.approx((2 * 4 + 3 * 30) / 2)  # two single-ID rows of |.|^2 = 4, three bag rows of 30
+    fe.last_sq.backward()
+    grad = fe.bags[0].weight.grad.to_dense() if fe.bags[0].weight.grad.is_sparse else fe.bags[0].weight.grad
+    assert torch.allclose(grad[1], 2 * 2 * fe.bags[0].weight[1] / 2) and torch.allclose(grad[2], 2 * fe.bags[0].weight[2] / 2)
+    fe.eval()
+    fe(torch.tensor([[3]]), [torch.tensor([1])], [torch.tensor([0])])
+    assert fe.last_sq is None  # outside training

@@ -35,7 +35,7 @@ class FieldEmbeddings(nn.Module):
     def __init__(self, shape: InputShape, dim: int, sparse_grad: bool = False):
         super().__init__()
         self.dim = dim
-        self.last_sq: torch.Tensor | None = None  # mean squared norm of the rows used (for L2)
+        self._used: tuple | None = None  # this training step's lookups, for `last_sq` (L2 on the rows used)
         # train.embedding_prior: 1 / training count of every ID, per table then per bag (set by
         # train.prior.attach; plain attributes, not buffers: DDP would broadcast buffers every step)
         self.inv_counts: list[torch.Tensor] | None = None
@@ -51,10 +51,25 @@ class FieldEmbeddings(nn.Module):
         if not parts:
             return torch.zeros((sparse.shape[0], 0, self.dim), device=sparse.device)
         out = torch.stack(parts, dim=1)
-        # Regularise only the rows this batch used: L2 over whole tables would touch every row.
-        self.last_sq = out.float().pow(2).sum() / max(out.shape[0], 1) if self.training else None
+        self._used = (out, bag_values) if self.training else None
         self.last_prior = self._prior(sparse, out, bag_values) if self.training and self.inv_counts is not None else None
         return out
+
+    @property
+    def last_sq(self) -> torch.Tensor | None:
+        """The squared norms of the rows the last training step used, summed, / batch size (for
+        train.embedding_l2; None outside training). Only the rows a batch used: L2 over whole
+        tables would touch every row. A bag's rows count one by one, as `_prior` weighs them: its
+        pooled mean was penalised instead, so rows that cancel got no penalty and a bag of n rows
+        about 1/n of theirs. Computed when asked for: a job without embedding_l2 pays nothing."""
+        if self._used is None:
+            return None
+        out, bag_values = self._used
+        n = len(self.tables)
+        total = out[:, :n].float().pow(2).sum()
+        for bag, values in zip(self.bags, bag_values):
+            total = total + nn.functional.embedding(values, bag.weight, sparse=bag.sparse).float().pow(2).sum()
+        return total / max(out.shape[0], 1)
 
     def _prior(self, sparse: torch.Tensor, out: torch.Tensor, bag_values: list[torch.Tensor]) -> torch.Tensor:
         """Each row used, weighted by 1 / its ID's training count: summed over an epoch every ID
