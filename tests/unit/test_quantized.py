@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from _tiny_model import SHAPE, inputs, model
-from rayload.models import build_model
+from rayload.models import InputShape, build_model
 from rayload.models import quantized as q
 
 def test_per_row_quantization_round_trips_within_half_a_step():
@@ -106,3 +106,25 @@ def test_int8_scores_of_a_row_alone_and_in_a_large_batch_stay_within_the_stated_
     for p in (alone, batched):
         _within_tolerance(torch.sigmoid(p), torch.sigmoid(reference))
     _within_tolerance(torch.sigmoid(alone), torch.sigmoid(batched))
+
+
+def test_narrow_int8_tables_keep_a_scale_per_row():
+    """Tables below dim 8 shared one scale: a tail ID's small row was rounded to the step of the
+    frequent IDs' large rows (many became all zeros) and a dim-4 DeepFM moved by 0.07."""
+    from rayload.models.inference import synthetic_inputs
+
+    shape = InputShape(3, (1000, 500), (800,))
+    torch.manual_seed(0)
+    cfg = {"name": "deepfm", "embedding_dim": 4, "hidden": [64, 32], "dropout": 0.0, "batch_norm": False, "sparse_embeddings": False}
+    m = build_model(cfg, shape).eval()
+    with torch.no_grad():
+        for t in [*m.embed.tables, *m.embed.bags]:
+            t.weight.mul_(5)
+            t.weight[:10].mul_(60)  # frequent IDs' rows ~60x the tail's
+    state, plan = q.quantize(copy.deepcopy(m))
+    assert all(state[f"{name}.scale"].numel() == state[f"{name}.q"].shape[0] for name in plan["embedding"] + plan["bag"])
+    int8 = q.build(build_model(cfg, shape), state, plan)
+    x = synthetic_inputs(shape, 2000, seed=4)
+    with torch.no_grad():
+        gap = (torch.sigmoid(int8(*x)) - torch.sigmoid(m(*x))).abs()
+    assert gap.max() < 0.01, gap.max()

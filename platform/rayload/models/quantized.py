@@ -32,7 +32,6 @@ import warnings
 import torch
 from torch import nn
 
-PER_ROW_MIN_DIM = 8  # below this a per-row scale costs more than it saves: one scale per table
 # Linear layers smaller than this stay fp32: the first-order Linear over raw dense features and
 # the 1-unit output layers weigh nothing and save nothing, but quantizing their inputs per batch
 # (7-bit activations on fbgemm) measured most of the AUC loss on small models.
@@ -213,7 +212,10 @@ def quantize(model: nn.Module, bounds: dict[str, tuple[torch.Tensor, torch.Tenso
                 state[f"{name}.lo"], state[f"{name}.hi"] = (b.detach().float().clone() for b in bounds[name])
             plan["linear"].append(name)
         elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.embedding_dim >= MIN_INT8_EMBEDDING_DIM:
-            q, scale = quantize_rows(module.weight, per_row=module.embedding_dim >= PER_ROW_MIN_DIM)
+            # One scale per row at every width: tables below dim 8 had one per table, which saved 4 bytes per
+            # row on disk only (the loaded rows carry a scale each anyway) and rounded a tail ID's small
+            # row to the frequent IDs' step (dim 4: 127 of 990 rows all zeros, DeepFM off by 0.07)
+            q, scale = quantize_rows(module.weight)
             state.update({f"{name}.q": q, f"{name}.scale": scale})
             plan["bag" if isinstance(module, nn.EmbeddingBag) else "embedding"].append(name)
         else:
