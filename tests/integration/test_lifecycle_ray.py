@@ -130,8 +130,11 @@ def test_compressed_model_serves_against_its_original_with_drift_merged_over_rep
         from rayload.serve.report import render
 
         assert 'id="drift"' in render(status) and "DRIFT" in render(status)
-        metrics = _prometheus(lambda text: len(_i1_psi(text)) >= 2 and all(v > 0.2 for v in _i1_psi(text)))
+        i1_rows = {d["rows"] for d in drift if d["feature"] == "I1"}
+        metrics = _prometheus(lambda text: len(_i1_psi(text)) >= 2 and all(v > 0.2 for v in _i1_psi(text))
+                              and set(_i1_psi(text, "drift_rows")) == i1_rows)
         assert len(_i1_psi(metrics)) >= 2 and all(v > 0.2 for v in _i1_psi(metrics)), metrics[-2000:]  # both arms
+        assert set(_i1_psi(metrics, "drift_rows")) == i1_rows, metrics[-2000:]  # the rows behind each PSI, merged
         # the categoricals' out-of-vocabulary rates, exported in the same tick as the PSI
         oov = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("ray_rayload_feature_oov_rate{")]
         assert oov and all(0.0 <= v <= 1.0 for v in oov), metrics[-2000:]
@@ -139,10 +142,10 @@ def test_compressed_model_serves_against_its_original_with_drift_merged_over_rep
         control.stop(dep.run_dir)
 
 
-def _i1_psi(text: str) -> list[float]:
-    """The exported PSI values of feature I1 (one series per arm and replica)."""
+def _i1_psi(text: str, gauge: str = "psi") -> list[float]:
+    """The exported values of feature I1's `gauge` (PSI by default; one series per arm and replica)."""
     return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith("ray_rayload_feature_psi{") and 'feature="I1"' in line]
+            if line.startswith(f"ray_rayload_feature_{gauge}{{") and 'feature="I1"' in line]
 
 
 def _prometheus(done, timeout: float = 45.0) -> str:

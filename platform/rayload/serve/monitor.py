@@ -113,6 +113,7 @@ class DriftFlusher:
         self.written = {arm: -1 for arm in self.scorers}
         self.engine = engine_for(url)
         self._gauges = None
+        self._exported: set[tuple[str, str]] = set()  # (arm, feature) pairs the gauges were set for
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayload-drift", daemon=True)
         self._thread.start()
@@ -167,12 +168,21 @@ class DriftFlusher:
         gauges = self._metrics()
         if gauges is None:
             return
+        seen = set()
         for row in report:
             tags = {"experiment": self.experiment, "arm": row["arm"], "feature": row["feature"]}
+            seen.add((row["arm"], row["feature"]))
             gauges[0].set(row["psi"], tags=tags)
             gauges[1].set(1.0 if row["flagged"] else 0.0, tags=tags)
+            # the rows behind the PSI: below min_rows it is not judged (a PSI of 8 on 20 rows is noise)
+            gauges[3].set(float(row["rows"]), tags=tags)
             if "oov_rate" in row:  # categoricals: the share of values outside the training vocabulary
                 gauges[2].set(row["oov_rate"], tags=tags)
+        for arm, feature in self._exported - seen:  # no rows left in the window: not flagged, no rows (not the last values)
+            tags = {"experiment": self.experiment, "arm": arm, "feature": feature}
+            gauges[1].set(0.0, tags=tags)
+            gauges[3].set(0.0, tags=tags)
+        self._exported = seen
 
     def _metrics(self):
         if self._gauges is None:
@@ -183,7 +193,9 @@ class DriftFlusher:
                 self._gauges = (Gauge("rayload_feature_psi", "PSI of served feature values against the training data", tag_keys=keys),
                                 Gauge("rayload_feature_drift_flagged", "1 when the feature's PSI is over the threshold", tag_keys=keys),
                                 Gauge("rayload_feature_oov_rate", "Share of a categorical feature's served values outside the "
-                                      "training vocabulary", tag_keys=keys))
+                                      "training vocabulary", tag_keys=keys),
+                                Gauge("rayload_feature_drift_rows", "Served values behind the feature's PSI (judged from "
+                                      "drift.min_rows on)", tag_keys=keys))
             except Exception:  # outside a Serve replica (tests, tools): the table is still written
                 log.debug("Serve metrics unavailable", exc_info=True)
                 self._gauges = False
