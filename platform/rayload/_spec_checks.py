@@ -36,6 +36,12 @@ def _check_training(spec: JobSpec) -> list[SpecIssue]:
         issues.append(SpecIssue("train.sync_bn", "PyTorch synchronises batch norm only on GPUs; set resources.gpus_per_worker or sync_bn: false", True, True))
     if spec.train.batch_size < spec.train.accumulation:
         issues.append(SpecIssue("train.batch_size", f"must be at least train.accumulation={spec.train.accumulation} (micro-batches of batch_size / accumulation rows)", spec.train.batch_size, True))
+    elif spec.train.batch_size % spec.train.accumulation:  # each step held batch_size // k * k rows, silently fewer
+        issues.append(SpecIssue("train.batch_size", f"must be a multiple of train.accumulation={spec.train.accumulation} (each optimizer "
+                                f"step takes accumulation micro-batches of batch_size / accumulation rows; "
+                                f"{spec.train.batch_size // spec.train.accumulation * spec.train.accumulation} or "
+                                f"{-(-spec.train.batch_size // spec.train.accumulation) * spec.train.accumulation} would do)",
+                                spec.train.batch_size, True))
     micro = spec.train.batch_size // spec.train.accumulation
     if spec.model.batch_norm and micro == 1:
         issues.append(SpecIssue("train.batch_size", f"model.batch_norm needs micro-batches of at least 2 rows (batch_size / accumulation "

@@ -73,7 +73,7 @@ def binary_metrics(labels: np.ndarray, probs: np.ndarray, bins: int = 10, logits
     probabilities as they are. Log loss comes from the logits when given, exactly at any size
     (log(1 + e^z) - y z); from probabilities alone it clips them to [1e-7, 1 - 1e-7] to stay
     finite, which caps a row's loss near 16.1. Only AUC needs both classes; outputs that are
-    finite numbers (NaN, inf) are refused, naming how many."""
+    not finite numbers (NaN, inf) are refused, naming how many."""
     y = np.asarray(labels, dtype=np.float64)
     p = np.asarray(probs, dtype=np.float64)
     _refuse_non_finite(p if logits is None else np.asarray(logits, np.float64))

@@ -192,3 +192,11 @@ def test_a_temporal_split_over_two_timestamp_columns_must_name_one(tmp_path):
         load_spec(write(tmp_path, TWO_STAMPS), ["split.time_column=f"])
     with pytest.raises(SpecError, match=r"split.time_column: only a temporal split cuts on a time column; kind: random ignores it"):
         load_spec(write(tmp_path, TWO_STAMPS), ["split.time_column=event_ts", "split.kind=random"])
+
+
+def test_a_batch_size_that_is_not_a_multiple_of_accumulation_is_refused(tmp_path):
+    """Each optimizer step held batch_size // k * k rows: batch_size 10 with accumulation 6 stepped
+    on 6 rows, silently."""
+    with pytest.raises(SpecError, match=r"train.batch_size: must be a multiple of train.accumulation=6 .*6 or 12 would do\) \(got 10\)"):
+        load_spec(write(tmp_path, GOOD), ["train.batch_size=10", "train.accumulation=6"])
+    assert load_spec(write(tmp_path, GOOD), ["train.batch_size=12", "train.accumulation=6"]).train.batch_size == 12
