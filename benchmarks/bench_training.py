@@ -243,7 +243,7 @@ def plain_worker(config_path: str) -> None:
         else:
             loss = nn.functional.mse_loss(out, batch.label)
         if t.embedding_l2:
-            loss = loss + t.embedding_l2 * sum(m.last_sq for m in model.modules() if isinstance(m, FieldEmbeddings) and m.last_sq is not None)
+            loss = loss + t.embedding_l2 * sum(sq for m in model.modules() if isinstance(m, FieldEmbeddings) and (sq := m.last_sq) is not None)
         return loss
 
     # Collated once, before training: the strongest hand-written baseline holds its rank's

@@ -44,7 +44,8 @@ class NumericState:
     offset: float = 0.0
     divisor: float = 1.0
     boundaries: list[float] | None = None  # bucketised: an ID column instead of a dense one
-    stats: dict = field(default_factory=dict)  # count, null_rate, mean, std, min, max, quantiles
+    # count, null_rate, mean, std, min, max, quantiles: drift's reference, not the transform (not compared)
+    stats: dict = field(default_factory=dict, compare=False)
     # Every training value was one value after imputation, clip and log (or every one missing):
     # the model's weights on the column never saw it vary, so every value, served ones too,
     # transforms to 0 (a bucketised column has one bucket). Absent from older files: False.
@@ -64,7 +65,8 @@ class CategoricalState(Memo):
     vocab: list[str] | None = None
     buckets: int = 0
     max_bag: int = 16
-    stats: dict = field(default_factory=dict)  # count, null_rate, distinct, coverage, unseen_share, top_values/shares
+    # count, null_rate, distinct, coverage, unseen_share, top_values/shares: drift's reference, not the transform (not compared)
+    stats: dict = field(default_factory=dict, compare=False)
 
     @property
     def cardinality(self) -> int:
@@ -87,8 +89,9 @@ class LabelState:
     task: str
     threshold: float | None = None
     domain: list[float] | None = None
-    class_weights: dict[str, float] | None = None
-    positive_rate: float | None = None
+    # training's, not the transform's: not compared (`rayload compress` checks the data transforms alike)
+    class_weights: dict[str, float] | None = field(default=None, compare=False)
+    positive_rate: float | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -177,15 +180,20 @@ class FittedFeatures:
 
     # ------------------------------------------------------------ transforms
 
-    def transform_table(self, table: pa.Table, training: bool = False) -> pa.Table:
+    def transform_table(self, table: pa.Table, training: bool = False, far: dict | None = None) -> pa.Table:
         """Validated rows in, model-ready columns out (label included when present).
 
         training=True encodes target statistics out of fold (training rows only, and only when
-        the statistics were fitted on them: `fitted_here`)."""
+        the statistics were fitted on them: `fitted_here`). With `far` (a dict), the rows whose
+        scaled numeric value no model can score are collected in it: {row: (state, value)}, the
+        first such feature of each row (`far_limit`)."""
         table = derive(table, self.derived)
         cols: dict[str, pa.Array] = {}
         for num in self.numeric:
-            cols.update(transform_numeric(num, table.column(num.name)))
+            out = transform_numeric(num, table.column(num.name))
+            if far is not None and num.boundaries is None and not num.constant:
+                _collect_far(num, out[num.name], far)
+            cols.update(out)
         for cat in self.categorical:
             cols.update(transform_categorical(cat, table.column(cat.name)))
         for cross in self.crosses:
@@ -203,30 +211,12 @@ class FittedFeatures:
         """
         from .data.validate import validate_request
 
-        out = self.transform_table(validate_request(rows, self.columns, self.derived_sources))
-        far = self.far_rows(out)
+        far: dict = {}
+        out = self.transform_table(validate_request(rows, self.columns, self.derived_sources), far=far)
         if far:
             j = min(far)
             raise DataError(f"request row {j}: {far_reason(far[j], rows[j].get(far[j][0].name, '(derived)'))}")
         return out
-
-    def far_rows(self, out: pa.Table) -> dict[int, tuple["NumericState", float]]:
-        """Rows of a transformed table whose scaled numeric feature is not finite or beyond
-        EXTREME_SCALED: {row: (the first such feature's state, its scaled value)}, usually empty.
-        A request with one gets a 422 and a validation or test row is quarantined: past float32
-        the scaled value was inf and scored NaN, and short of it the score depended on the
-        architecture (an MLP answered 1.0, DLRM 0.0, DeepFM NaN for the same request). Training
-        rows never get there: the fit refuses values that overflow, and a training value's
-        z-score is at most sqrt(rows), its min-max value within [0, 1]."""
-        far: dict[int, tuple[NumericState, float]] = {}
-        for state in self.numeric:
-            if state.boundaries is not None or state.constant:
-                continue
-            x = out.column(state.name).to_numpy(zero_copy_only=False)
-            rows = np.flatnonzero(~(np.abs(x) <= EXTREME_SCALED))  # NaN compares False, without a warning (no errstate: 7 us a column)
-            for j in rows.tolist():
-                far.setdefault(j, (state, float(x[j])))
-        return far
 
     @property
     def derived_sources(self) -> set[str]:
@@ -234,22 +224,56 @@ class FittedFeatures:
         return {d["source"] for d in self.derived.values()}
 
 
-# A scaled numeric value beyond this is refused (`FittedFeatures.far_rows`): a model's float32
-# layers overflow near 1e20 (DLRM's dot products square their inputs), and no training value
-# comes near it.
+# A scaled numeric value beyond this is refused (`far_limit`): a model's float32 layers overflow
+# near 1e20 (DLRM's dot products square their inputs), and no z-scored or min-max scaled
+# training value comes near it (a z-score is at most sqrt(rows), a min-max value within [0, 1]).
 EXTREME_SCALED = 1e12
+
+
+def far_limit(state: NumericState) -> float:
+    """The scaled magnitude past which a value of the column is refused: a request with one
+    gets a 422 and a validation or test row is quarantined (past float32 the value was inf and
+    scored NaN; short of it the score depended on the architecture: an MLP answered 1.0, DLRM
+    0.0, DeepFM NaN for the same request). EXTREME_SCALED, or 1,000 times the column's largest
+    transformed training value where that is more (`scale: none` over millisecond timestamps,
+    ~1.7e12: its own rows are not far)."""
+
+    def build() -> float:
+        ends = [v for v in (state.stats.get("min"), state.stats.get("max"), state.impute_value) if v is not None and np.isfinite(v)]
+        if not ends:
+            return EXTREME_SCALED
+        x = clip_log(np.asarray(ends, np.float64), state.clip_low, state.clip_high, state.log)
+        with np.errstate(over="ignore", invalid="ignore"):
+            top = float(np.abs((x - state.offset) / state.divisor).max())
+        return max(EXTREME_SCALED, 1e3 * top) if np.isfinite(top) else EXTREME_SCALED
+
+    cached = state.__dict__.get("_far_limit")  # once per state (the serving hot path: _memo's checks cost microseconds)
+    if cached is None or cached[0] is not state.stats:
+        cached = state.__dict__["_far_limit"] = (state.stats, build())
+    return cached[1]
+
+
+def _collect_far(state: NumericState, values: pa.Array, far: dict) -> None:
+    x = values.to_numpy(zero_copy_only=False)
+    limit = far_limit(state)
+    if float(np.abs(x).max(initial=0.0)) <= limit:  # NaN fails it, without a warning
+        return
+    for j in np.flatnonzero(~(np.abs(x) <= limit)).tolist():
+        far.setdefault(j, (state, float(x[j])))
 
 
 _NO_VALUE = object()
 
 
 def far_reason(far: tuple[NumericState, float], raw=_NO_VALUE) -> str:
-    """Why a row is refused (`FittedFeatures.far_rows`); without `raw`, one text for all such rows
-    of the feature (a quarantine reason, counted)."""
+    """Why a row is refused (`far_limit`); without `raw`, one text for all such rows of the
+    feature (a quarantine reason, counted)."""
     state, x = far
-    what = f"the value {raw!r} is {abs(x):.3g}" if raw is not _NO_VALUE else f"a value beyond {EXTREME_SCALED:g} or not finite"
-    return (f"{state.name}: {what} once scaled (scale={state.scale} over the training rows), too far outside anything the "
-            f"model was trained on to score; clip the column (features.numeric.{state.name}.clip)")
+    limit = far_limit(state)
+    what = (f"the value {raw!r} is {abs(x):.3g} once scaled (scale={state.scale}), past {limit:.3g}" if raw is not _NO_VALUE
+            else f"a value not finite or past {limit:.3g} once scaled (scale={state.scale})")
+    return (f"{state.name}: {what}: too far outside anything the model was trained on to score; clip the column "
+            f"(features.numeric.{state.name}.clip)")
 
 
 # Fields added to format version 1 after its first files were written (their defaults are what

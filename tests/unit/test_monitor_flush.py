@@ -101,21 +101,21 @@ class _Gauge:
         self.values[(tags["arm"], tags["feature"])] = value
 
 
-def test_gauges_carry_the_rows_behind_a_psi_and_features_gone_from_the_window_are_cleared(flusher, monkeypatch):
+def test_gauges_say_whether_a_psi_is_judged_and_features_gone_from_the_window_are_cleared(flusher, monkeypatch):
     """The PSI gauge was set for features not judged yet (a PSI of 8 on 20 rows) with nothing to
     tell them apart, and a feature whose rows all left the window kept its last values,
     flagged=1 included."""
     f, counter, _ = flusher
     counter.bins = {}  # what _export hands merged_report, stubbed here
-    gauges = tuple(_Gauge() for _ in range(4))  # psi, flagged, oov_rate, rows
+    gauges = tuple(_Gauge() for _ in range(4))  # psi, flagged, oov_rate, judged
     monkeypatch.setattr(f, "_metrics", lambda: gauges)
-    reports = iter([[{"arm": "a", "feature": "x", "psi": 8.0, "flagged": False, "rows": 20},
-                     {"arm": "a", "feature": "y", "psi": 0.5, "flagged": True, "rows": 900, "oov_rate": 0.3}],
-                    [{"arm": "a", "feature": "x", "psi": 0.01, "flagged": False, "rows": 600}]])
+    reports = iter([[{"arm": "a", "feature": "x", "psi": 8.0, "flagged": False, "rows": 20, "judged": False},
+                     {"arm": "a", "feature": "y", "psi": 0.5, "flagged": True, "rows": 900, "oov_rate": 0.3, "judged": True}],
+                    [{"arm": "a", "feature": "x", "psi": 0.01, "flagged": False, "rows": 600, "judged": True}]])
     monkeypatch.setattr(monitor, "merged_report", lambda *a, **k: next(reports))
     monkeypatch.setitem(f.cfg, "threshold", 0.2)
     monkeypatch.setitem(f.cfg, "min_rows", 100)
     REAL_EXPORT(f)
-    assert gauges[3].values == {("a", "x"): 20.0, ("a", "y"): 900.0} and gauges[1].values[("a", "y")] == 1.0
+    assert gauges[3].values == {("a", "x"): 0.0, ("a", "y"): 1.0} and gauges[1].values[("a", "y")] == 1.0
     REAL_EXPORT(f)  # y's rows left the window
-    assert gauges[1].values[("a", "y")] == 0.0 and gauges[3].values[("a", "y")] == 0.0 and gauges[3].values[("a", "x")] == 600.0
+    assert gauges[1].values[("a", "y")] == 0.0 and gauges[3].values[("a", "y")] == 0.0 and gauges[3].values[("a", "x")] == 1.0

@@ -276,7 +276,7 @@ def test_val_and_test_rows_scaled_past_what_a_model_scores_are_quarantined_with_
     assert c["split_rows"] == {"train": 80, "val": 9, "test": 9} and c["written"] == {"train": 80, "val": 9, "test": 9, "quarantine": 2}
     q = pq.read_table(str(tmp_path / "out" / "quarantine")).to_pylist()
     assert sorted(json.loads(r["row"])["x"] for r in q) == [1e30, 1e39]
-    assert all(r["reason"].startswith("x: a value beyond 1e+12 or not finite once scaled (scale=zscore") for r in q)
+    assert all(r["reason"].startswith("x: a value not finite or past 1e+12 once scaled (scale=zscore): too far outside") for r in q)
     assert all(r["source"] == str(src / "p.parquet") for r in q)
     assert sum(c["reasons"].values()) == 2
     for split in ("val", "test"):
@@ -288,6 +288,82 @@ def test_val_and_test_rows_scaled_past_what_a_model_scores_are_quarantined_with_
         preprocess(JobSpec.model_validate({**raw, "data": {**raw["data"], "max_bad_fraction": 0.01}}), out=str(tmp_path / "o2"),
                    engine="local")
     # a request with either value is refused naming the row and the feature
-    with pytest.raises(DataError, match=r"request row 1: x: the value 1e\+39 is inf once scaled \(scale=zscore"):
+    with pytest.raises(DataError, match=r"request row 1: x: the value 1e\+39 is inf once scaled \(scale=zscore\), past 1e\+12: too far"):
         res.features.transform_rows([{"x": 3.0}, {"x": 1e39}])
     assert res.features.transform_rows([{"x": 1e6}]).num_rows == 1
+
+
+def _x_job(src, max_bad=0.5, split=None, **train):
+    from rayload.spec import JobSpec
+
+    return JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "parquet", "path": str(src)},
+                                                          "columns": [{"name": "x", "role": "numeric"}], "label": {"column": "y"},
+                                                          "max_bad_fraction": max_bad},
+                                   "split": split or {"kind": "random", "seed": 1}, **({"train": train} if train else {})})
+
+
+def _x_source(folder, x):
+    import pandas as pd
+
+    folder.mkdir()
+    pd.DataFrame({"x": x, "y": np.arange(len(x)) % 2}).to_parquet(folder / "p.parquet")
+    return folder
+
+
+def test_a_column_not_scaled_keeps_its_own_large_values(tmp_path):
+    """`scale: none` over millisecond timestamps (~1.7e12): every val/test row was quarantined as
+    far (past 1e12) and every request refused; the limit is 1,000 times the column's own largest
+    transformed training value where that is more."""
+    from rayload.spec import JobSpec
+
+    x = 1.7e12 + np.arange(200) * 1000.0
+    src = _x_source(tmp_path / "src", x)
+    spec = JobSpec.model_validate({**_x_job(src).model_dump(), "features": {"numeric": {"x": {"scale": "none"}}}})
+    res = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    assert res.counts["quarantined"] == 0
+    assert res.features.transform_rows([{"x": 1.8e12}]).column("x").to_pylist() == [pytest.approx(1.8e12, rel=1e-6)]
+    with pytest.raises(DataError, match=r"request row 0: x: the value 1e\+17 is 1e\+17 once scaled \(scale=none\), past 1.7e\+15"):
+        res.features.transform_rows([{"x": 1e17}])
+
+
+def test_training_rows_scaled_by_another_fit_are_checked_too(tmp_path):
+    """With train.init_from the rows are scaled by the checkpoint's fit, which never saw them: a
+    training value of 1e39 was written as inf (this data's own fit only refuses values that
+    overflow it) while the same value in val/test was quarantined."""
+    import shutil
+
+    first = preprocess(_x_job(_x_source(tmp_path / "a", (np.arange(200) % 10).astype(float))), out=str(tmp_path / "outa"),
+                       engine="local")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(os.path.join(first.out_dir, "features.json"), ckpt / "features.json")
+    x = (np.arange(200) % 10).astype(float)
+    x[::7] = 1e39
+    res = preprocess(_x_job(_x_source(tmp_path / "b", x), init_from=str(ckpt)), out=str(tmp_path / "outb"), engine="local")
+    assert res.counts["quarantined"] == 29 and res.counts["written"]["quarantine"] == 29
+    assert sum(res.counts["split_rows"].values()) == 171 and res.counts["written"]["train"] == res.counts["split_rows"]["train"]
+    assert np.isfinite(pq.read_table(str(tmp_path / "outb" / "train")).column("x").to_numpy()).all()
+
+
+def test_a_val_split_emptied_by_far_rows_is_reported(tmp_path, caplog):
+    """The split checks ran before the write pass only: a val split whose every row was
+    quarantined passed preprocessing without a word, and training failed later saying only that
+    val had no rows."""
+    import logging
+
+    x = (np.arange(100) % 10).astype(float)
+    x[80:90] = 1e30  # the val rows of a temporal split
+    src = tmp_path / "src"
+    import pandas as pd
+
+    src.mkdir()
+    pd.DataFrame({"x": x, "t": 1.6e9 + np.arange(100), "y": np.arange(100) % 2}).to_parquet(src / "p.parquet")
+    from rayload.spec import JobSpec
+
+    spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "parquet", "path": str(src)},
+                                                          "columns": [{"name": "x", "role": "numeric"}, {"name": "t", "role": "timestamp"}],
+                                                          "label": {"column": "y"}, "max_bad_fraction": 0.2}, "split": {"kind": "temporal"}})
+    with caplog.at_level(logging.WARNING, logger="rayload"):
+        res = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    assert res.counts["split_rows"] == {"train": 80, "val": 0, "test": 10}
+    assert any("the val split is empty although one was asked for" in r.getMessage() for r in caplog.records)

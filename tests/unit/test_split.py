@@ -220,3 +220,9 @@ def test_a_temporal_split_cuts_on_the_time_column_named():
     schema = Schema(SCHEMA.columns + ({"name": "signup", "role": "timestamp", "separator": "|", "required": False},), LABEL)
     assert SplitPlan.from_spec(SplitSpec(kind="temporal", time_column="signup"), schema).time_column == "signup"
     assert SplitPlan.from_spec(SplitSpec(kind="temporal", time_column="ts"), schema).time_column == "ts"
+    t = np.arange(100.0)
+    table = pa.table({"ts": 1.6e9 + t, "signup": 1.6e9 - t, "y": np.zeros(100)})  # the two clocks run opposite ways
+    for column, latest in (("ts", t), ("signup", -t)):
+        p = SplitPlan(kind="temporal", train=0.8, val=0.1, test=0.1, seed=0, key=("ts",), label="y", time_column=column)
+        codes = assign(table, p.with_cutoffs([split_keys(table, p)]))
+        assert (codes[np.argsort(latest)[-10:]] == TEST).all()  # the latest rows by the named column are the test rows

@@ -121,13 +121,20 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
         far = []
         for code, split in enumerate(SPLITS):
             rows = good.filter(pa.array(codes == code))
+            moved = {}
+            if split == "train" and not plan.features.fitted_here:
+                # another fit's scales (train.init_from): training values can be far too (this data's own
+                # fit refused only values that overflow it); checked before rebalancing copies rows
+                found: dict = {}
+                plan.features.transform_table(rows, training=True, far=found)
+                rows, moved = _without_far_rows(rows, rows, found, source, far)
             if split == "train" and plan.rebalance is not None:
                 u = rb.row_rebalance_unit(rows, tuple(plan.schema.names), plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
-            out = plan.features.transform_table(rows, training=split == "train")
-            moved = {}
-            if split != "train":  # the fit refused training values that overflow (FittedFeatures.far_rows)
-                out, moved = _without_far_rows(out, rows, plan.features, source, far)
+            found = {} if split != "train" else None  # a fit never scales its own training rows far (features.far_limit)
+            out = plan.features.transform_table(rows, training=split == "train", far=found)
+            if found:
+                out, moved = _without_far_rows(out, rows, found, source, far)
             if split == "train":
                 out = out.take(_row_order(out.num_rows, name, plan.split.seed))
             manifest.append(dict(_write(fs, base, split, name, out), moved=json.dumps(moved) if moved else None))
@@ -137,12 +144,12 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
     return pa.Table.from_pylist([m for m in manifest if m["rows"] or m["moved"]], schema=MANIFEST_SCHEMA)
 
 
-def _without_far_rows(out: pa.Table, rows: pa.Table, features: FittedFeatures, source: str, far: list) -> tuple[pa.Table, dict]:
-    """A validation or test row whose scaled numeric value is beyond what a model can score
-    (inf past float32, which then scored NaN and read as a diverged model) goes to the
-    quarantine, with the feature and value named, as a request with it gets a 422. Returns the
-    rows kept and {reason: rows moved}; the moved rows are appended to `far`."""
-    found = features.far_rows(out)
+def _without_far_rows(out: pa.Table, rows: pa.Table, found: dict, source: str, far: list) -> tuple[pa.Table, dict]:
+    """A row whose scaled numeric value is beyond what a model can score (`features.far_limit`;
+    inf past float32 scored NaN and read as a diverged model) goes to the quarantine, with the
+    feature named, as a request with it gets a 422. `found`: the transform's far rows of `rows`
+    ({row: (state, value)}), `out`: a table row-aligned with them. Returns `out` without them
+    and {reason: rows moved}; the moved rows are appended to `far`."""
     if not found:
         return out, {}
     idx = sorted(found)

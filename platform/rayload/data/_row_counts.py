@@ -66,9 +66,8 @@ def check_split_rows(rows: dict[str, int], split) -> None:
                         name, split.kind, split.train, split.val, split.test, counts)
 
 
-# What preprocessing writes into its folder, and all that _reset removes before writing again.
 def with_moved(counts: dict, manifest: list[dict]) -> dict:
-    """The counts with the val and test rows the write pass quarantined (`_batch._without_far_rows`:
+    """The counts with the rows the write pass quarantined (`_batch._without_far_rows`:
     scaled past what a model can score, known only once the preprocessor is fitted) moved from
     good to quarantined, under their reasons."""
     moved = [(r["split"], json.loads(r["moved"])) for r in manifest if r.get("moved")]
@@ -80,6 +79,6 @@ def with_moved(counts: dict, manifest: list[dict]) -> dict:
             reasons[reason] = reasons.get(reason, 0) + n
             split_rows[split] -= n
     n = sum(sum(by_reason.values()) for _, by_reason in moved)
-    log.warning("%d validation/test rows quarantined: a scaled numeric value too far outside the training rows to score (%s)",
+    log.warning("%d rows quarantined by the transform: a scaled numeric value too far outside the training rows to score (%s)",
                 n, "; ".join(sorted({r for _, by in moved for r in by})[:3]))
     return dict(counts, good=counts["good"] - n, quarantined=counts["quarantined"] + n, reasons=reasons, split_rows=split_rows)

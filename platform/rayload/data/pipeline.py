@@ -130,7 +130,7 @@ def _preprocess(spec, inputs: Inputs, schema: Schema, key: str, out_dir: str, fi
     on_stage(f"transforming and writing shards to {out_dir}")
     with _timed(timings, "transform_write"):
         manifest = [row for part in _run(ds, write_pass, plan, raw=True) for row in part]
-    return _finish(out_dir, key, features, features_json, counts, manifest, spec.data.max_bad_fraction)
+    return _finish(out_dir, key, features, features_json, counts, manifest, spec)
 
 
 @contextlib.contextmanager
@@ -264,6 +264,7 @@ def job_cache_key(spec) -> str:
     return cache_key(spec, resolve_inputs(spec.data, cache_root()), fixed_features(spec))
 
 
+# What preprocessing writes into its folder, and all that _reset removes before writing again.
 OWN_ENTRIES = (*SPLIT_NAMES, "quarantine", "features.json", "summary.json", "summary.json.tmp", "_SUCCESS")
 
 
@@ -328,15 +329,16 @@ def _non_finite(obj, path: str = "") -> tuple[str, float] | None:
 
 
 def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str, counts: dict, manifest: list[dict],
-            max_bad_fraction: float = 1.0) -> PreprocessResult:
+            spec=None) -> PreprocessResult:
     files: dict[str, list[str]] = {}
     for row in manifest:
         if row["rows"]:  # a shard whose every row went to the quarantine wrote no file
             files.setdefault(row["split"], []).append(row["path"])
     written = {s: sum(r["rows"] for r in manifest if r["split"] == s) for s in (*SPLIT_NAMES, "quarantine")}
     moved = with_moved(counts, manifest)
-    if moved is not counts:
-        check_bad_fraction(moved, [], max_bad_fraction)
+    if moved is not counts and spec is not None:  # rows the transform quarantined count as the others do
+        check_bad_fraction(moved, [], spec.data.max_bad_fraction)
+        check_split_rows(moved["split_rows"], spec.split)
     counts = moved
     if written["quarantine"] != counts["quarantined"]:
         raise RuntimeError(f"quarantine accounting broke: {written['quarantine']} written, {counts['quarantined']} counted")

@@ -84,12 +84,12 @@ def score_grouped(scorers: dict, items: list[tuple[str, list[dict]]]) -> list:
             for i in by_arm[arm]:
                 k = len(items[i][1])
                 out[i] = (scores[pos:pos + k].tolist(), scorer.version) if finite else \
-                    _finite_or_error(scorer, scores[pos:pos + k], part.slice(pos, k), items[i][1])
+                    _finite_or_error(scorer, scores[pos:pos + k])
                 pos += k
     return out
 
 
-def _finite_or_error(scorer, scores: np.ndarray, table, rows: list[dict]):
+def _finite_or_error(scorer, scores: np.ndarray):
     """A score that is not a finite number is the model's failure (a 500): inputs beyond what
     any model was trained on are refused before it, by `transform_rows` (a 422)."""
     if np.isfinite(scores).all():
@@ -104,7 +104,7 @@ def _score_one_by_one(scorer, items: list, idx: list[int], out: list) -> None:
         try:
             rows = items[i][1]
             table = scorer.features.transform_rows(rows)
-            out[i] = _finite_or_error(scorer, scorer.score_table(table, rows, [len(rows)]), table, rows)
+            out[i] = _finite_or_error(scorer, scorer.score_table(table, rows, [len(rows)]))
         except DataError as exc:
             out[i] = exc
         except Exception as exc:

@@ -174,11 +174,11 @@ class DriftFlusher:
             seen.add((row["arm"], row["feature"]))
             gauges[0].set(row["psi"], tags=tags)
             gauges[1].set(1.0 if row["flagged"] else 0.0, tags=tags)
-            # the rows behind the PSI: below min_rows it is not judged (a PSI of 8 on 20 rows is noise)
-            gauges[3].set(float(row["rows"]), tags=tags)
+            # judged: past min_rows values and requests (a PSI of 8 on 20 rows is noise, not drift)
+            gauges[3].set(1.0 if row.get("judged") else 0.0, tags=tags)
             if "oov_rate" in row:  # categoricals: the share of values outside the training vocabulary
                 gauges[2].set(row["oov_rate"], tags=tags)
-        for arm, feature in self._exported - seen:  # no rows left in the window: not flagged, no rows (not the last values)
+        for arm, feature in self._exported - seen:  # no rows left in the window: not flagged, not judged (not the last values)
             tags = {"experiment": self.experiment, "arm": arm, "feature": feature}
             gauges[1].set(0.0, tags=tags)
             gauges[3].set(0.0, tags=tags)
@@ -194,8 +194,8 @@ class DriftFlusher:
                                 Gauge("rayload_feature_drift_flagged", "1 when the feature's PSI is over the threshold", tag_keys=keys),
                                 Gauge("rayload_feature_oov_rate", "Share of a categorical feature's served values outside the "
                                       "training vocabulary", tag_keys=keys),
-                                Gauge("rayload_feature_drift_rows", "Served values behind the feature's PSI (judged from "
-                                      "drift.min_rows on)", tag_keys=keys))
+                                Gauge("rayload_feature_drift_judged", "1 when the feature's PSI rests on drift.min_rows values "
+                                      "and requests (below, it is not judged)", tag_keys=keys))
             except Exception:  # outside a Serve replica (tests, tools): the table is still written
                 log.debug("Serve metrics unavailable", exc_info=True)
                 self._gauges = False

@@ -123,7 +123,8 @@ class Trainer:
         else:
             loss = nn.functional.mse_loss(out, batch.label)
         if self.spec.train.embedding_l2:
-            loss = loss + self.spec.train.embedding_l2 * sum(m.last_sq for m in self.embeddings if m.last_sq is not None)
+            # last_sq is computed when read (a lookup per bag): read once per table
+            loss = loss + self.spec.train.embedding_l2 * sum(sq for m in self.embeddings if (sq := m.last_sq) is not None)
         if self.spec.train.embedding_prior:
             loss = loss + self.spec.train.embedding_prior * sum(m.last_prior for m in self.embeddings if m.last_prior is not None)
         return loss
