@@ -411,3 +411,21 @@ def test_a_raw_label_statistics_prior_is_the_mean_over_all_training_rows():
     t = pa.table({"cat": pa.array(["a", "a", None, None]), "k": pa.array(["1", "2", "3", "4"]), "raw": pa.array([1.0, 1.0, 5.0, 5.0])})
     state = ts.finalize("cat", [ts.partial(t, "cat", "raw", ts.row_folds(t, ["k"], 0, 2))], None, 20.0, 2, ["k"], 0, source="raw")
     assert state.prior == 3.0 and state.values == ["a"] and state.counts == [2.0]
+
+
+def test_fitted_features_compare_by_their_transforms_not_their_statistics():
+    """`rayload compress` checks that the spec's data still gives the checkpoint's transforms:
+    drift statistics (a changed unseen share) and class weights are not transforms, and made it
+    refuse checkpoints whose preprocessing had not changed."""
+    import copy
+
+    from helpers import fit_features
+
+    a, _ = fit_features(frame(600, seed=1), {})
+    b = copy.deepcopy(a)
+    b.numeric[0].stats["mean"] = 123.0
+    b.categorical[0].stats["unseen_share"] = 0.5
+    b.label.class_weights = {"0.0": 0.6, "1.0": 3.0}
+    assert a == b
+    b.categorical[0].vocab = list(reversed(b.categorical[0].vocab))
+    assert a != b
