@@ -200,10 +200,35 @@ def _dumped_at(tree, parts: list[str]):
     return copy.deepcopy(tree)
 
 
+def spec_kind(raw: dict) -> str:
+    """pipeline (stages:), search (space:), ab (arms:) or job."""
+    for key, kind in (("stages", "pipeline"), ("space", "search"), ("arms", "ab")):
+        if key in raw:
+            return kind
+    return "job"
+
+
+_KIND_OF = {"JobSpec": "job", "SearchSpec": "search", "ABSpec": "ab"}
+_KIND_KEY = {"pipeline": "stages", "search": "space", "ab": "arms"}
+_KIND_USE = {"job": ("a job spec", "train it with `rayload train`"), "search": ("a search spec", "run it with `rayload tune`"),
+             "ab": ("an A/B spec", "serve it with `rayload serve`"), "pipeline": ("a pipeline", "run it with `rayload run`")}
+
+
+def check_kind(raw: dict, model_cls: type[BaseModel], path: str) -> None:
+    """A spec of another kind is refused in one sentence that says what it is and which command
+    takes it (a search spec given to `rayload train` listed 13 unknown or missing fields)."""
+    want, got = _KIND_OF.get(model_cls.__name__), spec_kind(raw)
+    if want is not None and got != want:
+        has = f"it has `{_KIND_KEY[got]}:`" if got in _KIND_KEY else f"it has none of {', '.join(f'`{k}:`' for k in _KIND_KEY.values())}"
+        raise SpecError([SpecIssue("", f"this is {_KIND_USE[got][0]} ({has}): {_KIND_USE[got][1]}; this command takes "
+                                       f"{_KIND_USE[want][0]}")], file=path)
+
+
 def load_model(model_cls: type[BaseModel], path: str, overrides: Sequence[str] = (), check: Check | None = None,
                keyed: dict[str, type[BaseModel] | None] | None = None):
     """`keyed`: see apply_overrides."""
     raw = read_yaml(path)
+    check_kind(raw, model_cls, path)
     issues = apply_overrides(raw, overrides, dumped_defaults(model_cls, raw), model_cls, keyed)
     return validate_model(model_cls, raw, check, file=path, issues=issues)
 

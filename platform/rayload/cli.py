@@ -65,7 +65,18 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at 
 @app.command()
 @_friendly
 def validate(spec: SpecArg, set_: SetOpt = None) -> None:
-    """Check a spec and its data schema without running anything."""
+    """Check a spec (job, search, A/B or pipeline) and a job's data schema without running anything."""
+    from ._spec_load import read_yaml, spec_kind
+
+    kind = spec_kind(read_yaml(spec))
+    if kind != "job":  # each kind through its own loader (a job loader listed a search spec's 13 fields as wrong)
+        from .ab_spec import load_ab_spec
+        from .pipeline_spec import load_pipeline
+        from .search_job import load_search_spec
+
+        {"search": load_search_spec, "ab": load_ab_spec, "pipeline": load_pipeline}[kind](spec, set_ or [])
+        console.print(f"[green]ok[/] {spec}: {kind} spec valid")
+        return
     from .data.checks import check_data_schema
     from .spec import load_spec
 
@@ -141,7 +152,8 @@ def train(
     import json
 
     # quoted: the name as given (20240601, 2024-06-01 and yes stay text, not a number, a date, True)
-    overrides = list(set_ or []) + ([f"train.run_name={json.dumps(run_name)}"] if run_name else [])
+    # `is not None`: --run-name '' went unchecked (the spec's pattern refuses it) and trained a fresh run
+    overrides = list(set_ or []) + ([f"train.run_name={json.dumps(run_name)}"] if run_name is not None else [])
     if kfold is not None and kfold < 2:  # 0 trained once without folds, 1 and -1 raised tracebacks
         raise typer.BadParameter(f"k-fold cross-validation needs at least 2 folds (got {kfold})", param_hint="--kfold")
     job = load_spec(spec, overrides)

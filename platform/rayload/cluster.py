@@ -27,11 +27,15 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def read_cluster(path: str) -> dict:
     if not os.path.exists(path):
         raise SpecError([SpecIssue("", f"cluster file not found: {path}")], file=path)
+    if os.path.isdir(path):  # IsADirectoryError was a traceback
+        raise SpecError([SpecIssue("", f"{path} is a folder, not a cluster file")], file=path)
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:  # bytes: a byte that is not UTF-8 is a YAML reader error naming its position
             config = yaml.safe_load(f)
     except yaml.YAMLError as exc:
         raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
+    except OSError as exc:
+        raise SpecError([SpecIssue("", f"cannot read the cluster file: {exc.strerror or exc}")], file=path) from None
     if not isinstance(config, dict):
         raise SpecError([SpecIssue("", "the top level must be a mapping")], file=path)
     return config

@@ -69,6 +69,8 @@ def submit(spec: str, address: str, sets=(), working_dir: str = ".", env: dict |
     if home is not None and not (os.path.isabs(home) or home.startswith("~") or "://" in home):
         raise RayloadError(f"--home must be an absolute path on the cluster (got {home!r}): a relative one would be "
                            "inside the job's temporary upload folder")
+    if "://" not in address:  # `ray job submit` takes host:port; the HTTP client needs the scheme
+        address = f"http://{address}"
     check_spec(spec, sets, working_dir)
     auth = token()
     headers = {"Authorization": f"Bearer {auth}"} if auth else None
@@ -143,8 +145,11 @@ def doctor(address: str | None = None, specs: str = "jobs", serve_port: int = 80
     checks = [_ray_check(address)]
     if not checks[0].ok:
         return checks
-    checks += [_versions(), _auth(), _gpus(specs), _storage(), _port(serve_port), *_databases(specs)]
-    return checks
+    checks += [_versions(), _auth(), _storage(), _port(serve_port)]
+    if not os.path.isdir(specs) or not glob.glob(os.path.join(specs, "*.yaml")):  # nothing to check had read as two passes
+        return checks + [Check("specs", True, f"skipped: no *.yaml specs in {specs!r}, so no GPU or database check; give --specs "
+                                              "the folder of the specs you will run")]
+    return checks + [_gpus(specs), *_databases(specs)]
 
 
 def _ray_check(address: str | None) -> Check:

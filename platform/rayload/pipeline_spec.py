@@ -170,7 +170,7 @@ def _spec_file_issues(kind: str, path: str, overrides: list[str], where: str) ->
 
 def load_pipeline_spec(path: str, overrides=()) -> PipelineSpec:
     """Read a pipeline spec; raises SpecError listing every problem with its field path."""
-    from ._spec_load import apply_overrides, read_yaml, validate_model
+    from ._spec_load import apply_overrides, read_yaml, spec_kind, validate_model
 
     raw = read_yaml(path)
     if spec_kind(raw) != "pipeline":
@@ -180,16 +180,10 @@ def load_pipeline_spec(path: str, overrides=()) -> PipelineSpec:
     return validate_model(PipelineSpec, raw, check=pipeline_issues, file=path, issues=issues)
 
 
-def spec_kind(raw: dict) -> str:
-    """pipeline (stages:), search (space:), ab (arms:) or job."""
-    for key, kind in (("stages", "pipeline"), ("space", "search"), ("arms", "ab")):
-        if key in raw:
-            return kind
-    return "job"
-
-
 def single_stage(path: str, raw: dict) -> dict:
     """A job, search or A/B spec as a pipeline of its own stages (`rayload run` takes any spec in jobs/)."""
+    from ._spec_load import spec_kind
+
     name = os.path.basename(os.path.abspath(path))
     stages = {"job": [{"name": "train", "kind": "train", "job": name}],
               "search": [{"name": "tune", "kind": "tune", "search": name}],

@@ -81,6 +81,8 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
         on_event=None) -> PipelineResult:
     """Run every stage in order; `force` names stages to run even when unchanged.
     `on_event(kind, stage, info)` reports `start`, `progress` (info: fraction done) and `end`."""
+    if run_id is not None and not run_id:  # '' was read as "none given" and ran the spec's own run
+        raise RayloadError("--run-id must not be empty (leave it out for the pipeline's name)")
     run_id = run_id or spec.name
     if len(run_id) > 128:  # a folder name past the file system's 255 bytes was an OSError traceback
         raise RayloadError(f"--run-id must be at most 128 characters (got {len(run_id)})")

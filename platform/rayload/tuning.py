@@ -91,10 +91,21 @@ def tune(search: str | SearchSpec | None, resume: str | None = None, address: st
     else:
         spec, raw = _load(search, overrides)
         _check_new_study(spec)
+        _max_epochs(spec, job_from(raw, {}))  # a spec error before Ray starts
         run_dir = run_dir or os.path.join(runs_root(), "tune", f"{spec.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
         ensure_ray(address)  # before the run folder exists: a cluster that cannot be reached leaves no empty run behind
     with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
         return _search_job(spec, raw, run_dir, resume, address)
+
+
+def _max_epochs(spec: SearchSpec, base) -> int:
+    """The trials' epochs: the scheduler's max_epochs, else the base job's; a grace period past them
+    is refused (checked before Ray starts, as every other search-spec error is)."""
+    max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
+    if spec.scheduler and spec.scheduler.grace_period > max_t:
+        raise SpecError([SpecIssue("scheduler.grace_period", f"must be at most the trials' epochs ({max_t}, the base job's "
+                                   "train.epochs); lower it or set scheduler.max_epochs", spec.scheduler.grace_period, True)])
+    return max_t
 
 
 def _search_job(spec: SearchSpec, raw: dict, run_dir: str, resume: str | None, address: str | None) -> TuneResult:
@@ -117,10 +128,7 @@ def _search_job(spec: SearchSpec, raw: dict, run_dir: str, resume: str | None, a
         trial_root = run_dir
     if not is_remote(trial_root):
         check_storage(run_dir, "the search's run folder", SEARCH_FIX)  # trials on other nodes write their checkpoints there
-    max_t = spec.scheduler.max_epochs if spec.scheduler and spec.scheduler.max_epochs else base.train.epochs
-    if spec.scheduler and spec.scheduler.grace_period > max_t:
-        raise SpecError([SpecIssue("scheduler.grace_period", f"must be at most the trials' epochs ({max_t}, the base job's "
-                                   "train.epochs); lower it or set scheduler.max_epochs", spec.scheduler.grace_period, True)])
+    max_t = _max_epochs(spec, base)
     raw = _with_epochs(raw, max_t)
     tr = spec.trial_resources
     cpus, gpus = tr.cpus_per_worker or base.resources.cpus_per_worker, tr.gpus_per_worker if tr.gpus_per_worker is not None else base.resources.gpus_per_worker
