@@ -275,12 +275,12 @@ def print_search_status(state: dict) -> None:
 def synth(
     out: Annotated[str, typer.Option(help="output folder or URI")],
     rows: Annotated[int, typer.Option(help="rows to generate")] = 1_000_000,
-    numeric: int = 13,
-    categorical: int = 26,
-    shard_rows: int = 250_000,
-    missing_rate: float = 0.05,
-    zipf: float = 1.1,
-    seed: int = 0,
+    numeric: Annotated[int, typer.Option(help="numeric columns I1..I<n>")] = 13,
+    categorical: Annotated[int, typer.Option(help="categorical columns C1..C<n> (cardinalities 10..100,000, log-spaced)")] = 26,
+    shard_rows: Annotated[int, typer.Option(help="rows per Parquet shard")] = 250_000,
+    missing_rate: Annotated[float, typer.Option(help="share of nulls in each feature column")] = 0.05,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of the categorical IDs' popularity")] = 1.1,
+    seed: Annotated[int, typer.Option(help="the data set's seed (the same seed gives the same rows)")] = 0,
 ) -> None:
     """Write the seeded Criteo-like synthetic-ctr data set as Parquet shards."""
     from .data.synthetic import SynthParams, write_synthetic
