@@ -79,7 +79,7 @@ def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, stru
     from .train import checkpoint as ckpt
     from .train.loop import class_weight_pair
 
-    _check_args(method, amount, finetune_epochs, max_auc_drop)
+    _check_args(method, amount, finetune_epochs, max_auc_drop, structured)
     if spec is not None and overrides:
         raise RayloadError(f"overrides {list(overrides)} change the job spec in the checkpoint's manifest; with a spec given, "
                            "apply them to that spec (rayload compress --spec FILE --set ... does)")
@@ -227,7 +227,7 @@ def _check_remote_out(destination: str, origin: str) -> None:
         raise RayloadError(f"--out {destination} {what} the checkpoint being compressed; write the compressed copy somewhere else")
 
 
-def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float) -> None:
+def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float, structured: bool = False) -> None:
     if method not in ("int8", "prune"):
         raise RayloadError(f"--method must be int8 or prune, got {method!r}")
     if not 0.0 < amount < 1.0:
@@ -236,6 +236,8 @@ def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: 
         raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0 (and finite), got {finetune_epochs} and {max_auc_drop}")
     if finetune_epochs and method != "prune":
         raise RayloadError("--finetune-epochs applies to --method prune only")
+    if structured and method != "prune":  # it was ignored: an int8 model written where whole neurons were asked to go
+        raise RayloadError("--structured applies to --method prune only")
 
 
 def _layout(features):

@@ -104,3 +104,25 @@ def test_a_grace_period_past_the_trials_epochs_is_refused_before_ray_starts(monk
     monkeypatch.setattr(tuning, "ensure_ray", no_ray)
     with pytest.raises(SpecError, match=r"scheduler.grace_period: must be at most the trials' epochs"):
         tuning.tune(BAYES, overrides=["scheduler.max_epochs=null", "scheduler.grace_period=50"])
+
+
+def test_an_ab_command_before_serve_or_with_a_missing_spec_says_which(tmp_path, monkeypatch):
+    """`ab status nosuch.yaml` read the missing spec as a run name, and a run never served listed
+    one folder twice with no word of `rayload serve`."""
+    from rayload.serve.run_state import load_state
+
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+    with pytest.raises(RayloadError, match=r"^spec file not found: nosuch.yaml$"):
+        load_state("nosuch.yaml")
+    folder = str(tmp_path / "ab" / "exp")
+    with pytest.raises(RayloadError, match=r"no serve.json in .*; an experiment gets its run folder when `rayload serve SPEC` starts it") as info:
+        load_state(folder)
+    assert str(info.value).split("no serve.json in ")[1].count(folder) == 1  # listed once, not twice
+
+
+def test_structured_without_prune_is_refused_not_ignored():
+    """`compress --structured` with the default --method int8 wrote an int8 model."""
+    from rayload.compression import compress
+
+    with pytest.raises(RayloadError, match="--structured applies to --method prune only"):
+        compress("/no/such/checkpoint", "int8", structured=True)

@@ -46,7 +46,11 @@ def load_state(run: str) -> tuple[str, dict]:
             if not isinstance(state, dict) or not isinstance(state.get("config"), dict):  # was KeyError: 'config'
                 raise RayloadError(f"{path} is damaged (no Serve config in it); the experiment's events are in its event store")
             return os.path.abspath(folder), state
-    raise RayloadError(f"no A/B run {run!r}: looked for serve.json in {run} and {os.path.join(runs_root(), 'ab', run)}")
+    if run.endswith((".yaml", ".yml")) and not os.path.exists(run):  # a mistyped spec was read as a run name
+        raise RayloadError(f"spec file not found: {run}")
+    places = list(dict.fromkeys([run, os.path.join(runs_root(), "ab", run)]))  # one place when the name is already a path there
+    raise RayloadError(f"no A/B run {run!r}: no serve.json in {' or '.join(places)}; an experiment gets its run folder when "
+                       "`rayload serve SPEC` starts it")
 
 
 @contextmanager
