@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import target_stats
+from ._far_values import EXTREME_SCALED, _collect_far, far_limit, far_reason  # noqa: F401  (EXTREME_SCALED, far_limit: public here)
 from ._memo import Memo
 from .derived import derive
 from .errors import DataError
@@ -224,58 +225,6 @@ class FittedFeatures:
         return {d["source"] for d in self.derived.values()}
 
 
-# A scaled numeric value beyond this is refused (`far_limit`): a model's float32 layers overflow
-# near 1e20 (DLRM's dot products square their inputs), and no z-scored or min-max scaled
-# training value comes near it (a z-score is at most sqrt(rows), a min-max value within [0, 1]).
-EXTREME_SCALED = 1e12
-
-
-def far_limit(state: NumericState) -> float:
-    """The scaled magnitude past which a value of the column is refused: a request with one
-    gets a 422 and a validation or test row is quarantined (past float32 the value was inf and
-    scored NaN; short of it the score depended on the architecture: an MLP answered 1.0, DLRM
-    0.0, DeepFM NaN for the same request). EXTREME_SCALED, or 1,000 times the column's largest
-    transformed training value where that is more (`scale: none` over millisecond timestamps,
-    ~1.7e12: its own rows are not far)."""
-
-    def build() -> float:
-        ends = [v for v in (state.stats.get("min"), state.stats.get("max"), state.impute_value) if v is not None and np.isfinite(v)]
-        if not ends:
-            return EXTREME_SCALED
-        x = clip_log(np.asarray(ends, np.float64), state.clip_low, state.clip_high, state.log)
-        with np.errstate(over="ignore", invalid="ignore"):
-            top = float(np.abs((x - state.offset) / state.divisor).max())
-        return max(EXTREME_SCALED, 1e3 * top) if np.isfinite(top) else EXTREME_SCALED
-
-    cached = state.__dict__.get("_far_limit")  # once per state (the serving hot path: _memo's checks cost microseconds)
-    if cached is None or cached[0] is not state.stats:
-        cached = state.__dict__["_far_limit"] = (state.stats, build())
-    return cached[1]
-
-
-def _collect_far(state: NumericState, values: pa.Array, far: dict) -> None:
-    x = values.to_numpy(zero_copy_only=False)
-    limit = far_limit(state)
-    if float(np.abs(x).max(initial=0.0)) <= limit:  # NaN fails it, without a warning
-        return
-    for j in np.flatnonzero(~(np.abs(x) <= limit)).tolist():
-        far.setdefault(j, (state, float(x[j])))
-
-
-_NO_VALUE = object()
-
-
-def far_reason(far: tuple[NumericState, float], raw=_NO_VALUE) -> str:
-    """Why a row is refused (`far_limit`); without `raw`, one text for all such rows of the
-    feature (a quarantine reason, counted)."""
-    state, x = far
-    limit = far_limit(state)
-    what = (f"the value {raw!r} is {abs(x):.3g} once scaled (scale={state.scale}), past {limit:.3g}" if raw is not _NO_VALUE
-            else f"a value not finite or past {limit:.3g} once scaled (scale={state.scale})")
-    return (f"{state.name}: {what}: too far outside anything the model was trained on to score; clip the column "
-            f"(features.numeric.{state.name}.clip)")
-
-
 # Fields added to format version 1 after its first files were written (their defaults are what
 # those files meant): NumericState.constant, FittedFeatures.target and .derived
 _ADDED_IN_VERSION_1 = frozenset({"constant", "target", "derived"})
@@ -330,7 +279,7 @@ def transform_numeric(state: NumericState, column) -> dict[str, pa.Array]:
     x = _numeric_values(state, column)
     if state.boundaries is not None:
         return {state.name: pa.array(np.searchsorted(state.boundaries, x, side="right").astype(np.int64))}
-    with np.errstate(over="ignore"):  # past float32 is inf, refused row by row (FittedFeatures.far_rows)
+    with np.errstate(over="ignore"):  # past float32 is inf, refused row by row (_far_values.far_limit)
         return {state.name: pa.array(((x - state.offset) / state.divisor).astype(np.float32))}
 
 

@@ -131,7 +131,7 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
             if split == "train" and plan.rebalance is not None:
                 u = rb.row_rebalance_unit(rows, tuple(plan.schema.names), plan.rebalance.seed)
                 rows = rb.apply(rows, rows.column(plan.split.label).to_numpy(), u, plan.rebalance)
-            found = {} if split != "train" else None  # a fit never scales its own training rows far (features.far_limit)
+            found = {} if split != "train" else None  # a fit never scales its own training rows far (_far_values.far_limit)
             out = plan.features.transform_table(rows, training=split == "train", far=found)
             if found:
                 out, moved = _without_far_rows(out, rows, found, source, far)
@@ -145,7 +145,7 @@ def write_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
 
 
 def _without_far_rows(out: pa.Table, rows: pa.Table, found: dict, source: str, far: list) -> tuple[pa.Table, dict]:
-    """A row whose scaled numeric value is beyond what a model can score (`features.far_limit`;
+    """A row whose scaled numeric value is beyond what a model can score (`_far_values.far_limit`;
     inf past float32 scored NaN and read as a diverged model) goes to the quarantine, with the
     feature named, as a request with it gets a 422. `found`: the transform's far rows of `rows`
     ({row: (state, value)}), `out`: a table row-aligned with them. Returns `out` without them
