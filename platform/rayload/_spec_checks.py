@@ -71,6 +71,10 @@ def _check_schema(spec: JobSpec) -> list[SpecIssue]:
     names = [c.name for c in spec.data.columns or []]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         issues.append(SpecIssue("data.columns", f"column '{dup}' is declared more than once"))
+    for i, col in enumerate(spec.data.columns or []):
+        if col.unit is not None and col.role != "timestamp":
+            issues.append(SpecIssue(f"data.columns[{i}].unit", f"column '{col.name}' has role '{col.role}'; unit says what a "
+                                    "timestamp column's numbers count (s, ms, us, ns) and needs role: timestamp", col.unit, True))
     return issues
 
 

@@ -184,7 +184,7 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     from .train.identity import read_manifest
 
     features = FittedFeatures.load(os.path.join(localize(champion), "features.json"))
-    columns = [{k: c[k] for k in ("name", "role", "separator", "required") if k in c} for c in input_columns(features)]
+    columns = [{k: c[k] for k in ("name", "role", "separator", "required", "unit") if k in c} for c in input_columns(features)]
     raw = job.model_dump(mode="json", exclude_none=True)
     raw["name"] = run_name
     raw["data"] = {"source": {"kind": "parquet", "path": events_path},

@@ -29,6 +29,9 @@ class ColumnSpec(_Spec):
     role: Role
     separator: str = Field(default="|", min_length=1)
     required: bool = False
+    # A timestamp column of plain numbers counts from the Unix epoch in this unit (default: s).
+    # Typed timestamps and date texts carry their own.
+    unit: Literal["s", "ms", "us", "ns"] | None = None
 
 
 class LabelSpec(_Spec):

@@ -367,3 +367,34 @@ def test_a_val_split_emptied_by_far_rows_is_reported(tmp_path, caplog):
         res = preprocess(spec, out=str(tmp_path / "out"), engine="local")
     assert res.counts["split_rows"] == {"train": 80, "val": 0, "test": 10}
     assert any("the val split is empty although one was asked for" in r.getMessage() for r in caplog.records)
+
+
+def test_a_timestamp_column_in_milliseconds_gives_the_calendar_parts_of_seconds(tmp_path):
+    """The same instants as epoch seconds and as epoch milliseconds (unit: ms) fit the same
+    derived features and transform a request alike; before `unit`, the milliseconds were read as
+    seconds (every `hour` NaN) and no error said so."""
+    from helpers import COLUMNS
+    from rayload.spec import JobSpec
+
+    df = frame(600, seed=3)
+    df_ms = df.assign(ts=df["ts"] * 1000 + 250)
+    fitted = {}
+    for name, data, unit in (("s", df, {}), ("ms", df_ms, {"unit": "ms"})):
+        path = tmp_path / f"{name}.parquet"
+        data.to_parquet(path)
+        columns = [dict(c, **unit) if c["name"] == "ts" else c for c in COLUMNS]
+        spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "parquet", "path": str(path)}, "columns": columns,
+                                                              "label": {"column": "y"}},
+                                       "split": {"kind": "random", "key": ["user", "item", "price"]},  # rows split alike
+                                       "features": {"derived": {"hour": {"source": "ts", "part": "hour"}}}})
+        fitted[name] = preprocess(spec, out=str(tmp_path / f"out-{name}"), engine="local").features
+    assert [c.get("unit") for c in fitted["ms"].columns if c["name"] == "ts"] == ["ms"]
+    hour_s, hour_ms = (next(n for n in f.numeric if n.name == "hour") for f in fitted.values())
+    assert hour_ms.offset == pytest.approx(hour_s.offset) and hour_ms.divisor == pytest.approx(hour_s.divisor)
+    row = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in df.iloc[0].to_dict().items() if k != "y"}
+    row = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+    a = fitted["s"].transform_rows([row]).column("hour").to_pylist()
+    b = fitted["ms"].transform_rows([dict(row, ts=row["ts"] * 1000 + 250)]).column("hour").to_pylist()
+    assert a == b and not np.isnan(a[0])
+    with pytest.raises(DataError, match="set unit: ms"):
+        fitted["s"].transform_rows([dict(row, ts=row["ts"] * 1000)])

@@ -121,3 +121,42 @@ def test_a_negative_zero_label_is_zero():
     good, bad = validate_table(raw, BINARY)
     assert bad.num_rows == 0
     assert [str(v) for v in good.column("y").to_pylist()] == ["0.0", "1.0", "0.0"]
+
+
+def test_epoch_numbers_in_a_declared_unit_and_milliseconds_read_as_seconds():
+    """A timestamp column of epoch milliseconds was read as seconds: dates tens of thousands of
+    years away (calendar parts NaN, `days` a thousand times too large), without a word. Now a
+    column says its unit, and a number past the year 5000 for its unit is quarantined with the
+    unit that would read it; the rows before it are kept."""
+    from rayload.data.validate import validate_request
+    from rayload.spec import JobSpec
+
+    stamp = {"name": "t", "role": "timestamp", "separator": "|", "required": False}
+    ms = Schema((COLS[0], COLS[1], dict(stamp, unit="ms")), BINARY.label)
+    raw = pa.table({"x": [1.0, 2.0, 3.0], "c": ["a", "b", "c"], "t": [1_700_000_000_123, 1_700_000_000_000, 1_700_000_000_123_000],
+                    "y": [1, 0, 1]})
+    good, bad = validate_table(raw, ms)
+    assert good.column("t").to_pylist() == [1_700_000_000.123, 1_700_000_000.0]
+    assert bad.column("reason").to_pylist() == [
+        "t: a timestamp past the year 5000 read as epoch milliseconds; if the column counts microseconds, set unit: us on its entry in data.columns"]
+    # texts: numbers in the unit, dates in their own
+    text = pa.table({"x": ["1", "2"], "c": ["a", "b"], "t": ["1700000000123", "2020-01-01T00:00:00Z"], "y": ["1", "0"]})
+    assert validate_table(text, ms)[0].column("t").to_pylist() == [1_700_000_000.123, 1_577_836_800.0]
+    # no unit: seconds, and milliseconds are refused with the fix
+    good, bad = validate_table(raw.slice(0, 2), BINARY)
+    assert good.num_rows == 0 and bad.num_rows == 2
+    assert bad.column("reason")[0].as_py().endswith("read as epoch seconds; if the column counts milliseconds, set unit: ms on its entry in data.columns")
+    with pytest.raises(DataError, match="request row 1: t: a timestamp past the year 5000 read as epoch seconds"):
+        validate_request([{"t": 1_700_000_000}, {"t": 1_700_000_000_000}], [stamp], {"t"})
+    assert validate_request([{"t": 1_700_000_000_000}], [dict(stamp, unit="ms")], {"t"}).column("t").to_pylist() == [1_700_000_000.0]
+    # the spec: unit only on a timestamp column, and left out of the schema where unset
+    base = {"name": "j", "data": {"source": {"kind": "csv", "path": "x.csv"}, "label": {"column": "y"},
+                                  "columns": [{"name": "p", "role": "numeric", "unit": "ms"}, {"name": "y", "role": "label"}]}}
+    from rayload._spec_checks import check_job
+
+    issues = check_job(JobSpec.model_validate(base))
+    assert [i.path for i in issues] == ["data.columns[0].unit"] and "needs role: timestamp" in issues[0].message
+    base["data"]["columns"][0] = {"name": "p", "role": "timestamp"}
+    assert "unit" not in Schema.from_spec(JobSpec.model_validate(base).data).columns[0]
+    base["data"]["columns"][0]["unit"] = "ms"
+    assert Schema.from_spec(JobSpec.model_validate(base).data).columns[0]["unit"] == "ms"

@@ -33,7 +33,9 @@ class Schema:
 
     @classmethod
     def from_spec(cls, data_spec) -> "Schema":
-        cols = tuple(c.model_dump() for c in data_spec.resolved_columns() if c.role != "label")
+        # unit only where it is set: a schema without it (features.json, cache keys) reads as before
+        cols = tuple(c.model_dump(exclude={"unit"} if c.unit is None else set())
+                     for c in data_spec.resolved_columns() if c.role != "label")
         return cls(cols, data_spec.resolved_label().model_dump())
 
     @property
@@ -97,7 +99,7 @@ def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
     elif role in _STRING_ROLES:
         values = as_string(column, name)
     else:  # numeric, timestamp
-        values = _as_float(column, name, reasons, timestamp=role == "timestamp")
+        values = _as_float(column, name, reasons, timestamp=role == "timestamp", unit=col.get("unit"))
         values = pc.if_else(pc.is_nan(values), pa.scalar(None, pa.float64()), values)  # NaN = missing
         reasons.add(np.isinf(values.to_numpy(zero_copy_only=False)), f"{name}: infinite value")
     nulls = values.is_null().to_numpy(zero_copy_only=False)
@@ -147,13 +149,48 @@ def join_bag(column, separator: str, name: str) -> pa.Array:
     return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
 
-def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> pa.Array:
+def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False, unit: str | None = None) -> pa.Array:
     arr = as_array(column)
     t = arr.type
     if pa.types.is_dictionary(t):
         arr, t = arr.cast(t.value_type), t.value_type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         return _seconds(arr)
+    if not timestamp:
+        return _numbers(arr, t, name, reasons, None)
+    return _epoch_seconds(_numbers(arr, t, name, reasons, unit or "s"), name, reasons, unit)
+
+
+# Epoch numbers past this many seconds (the year 5138) are not seconds: read so, epoch milliseconds
+# became dates tens of thousands of years away (calendar parts NaN, "days" a thousand times too large)
+_LATEST_SECONDS = 1e11
+
+
+def _epoch_seconds(seconds: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
+    """A timestamp column's epoch seconds, each one too far from 1970 for its unit refused with
+    the unit that would read it."""
+    size = np.abs(np.nan_to_num(seconds.to_numpy(zero_copy_only=False), nan=0.0, posinf=0.0, neginf=0.0))
+    far = size > _LATEST_SECONDS
+    if far.any():
+        per = _TICKS_PER_SECOND[unit or "s"]
+        # the finest unit that brings the farthest of them back before the year 5138
+        guess = next((u for u, ticks in _TICKS_PER_SECOND.items() if ticks > per and size.max() * per / ticks <= _LATEST_SECONDS), None)
+        hint = (f"; if the column counts {_UNIT_NAMES[guess]}, set unit: {guess} on its entry in data.columns" if guess else "")
+        reasons.add(far, f"{name}: a timestamp past the year 5000 read as epoch {_UNIT_NAMES[unit or 's']}{hint}")
+    return seconds
+
+
+def _numbers(arr: pa.Array, t, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
+    """Numbers as float64; `unit` set: a timestamp column, whose numbers count `unit`s since 1970
+    and become seconds (its date texts parse to seconds)."""
+    per_second = float(_TICKS_PER_SECOND[unit or "s"])
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _texts(arr, name, reasons, unit)
+    values = _float64(arr, t, name)
+    return values if per_second == 1 else pc.divide(values, per_second)
+
+
+def _float64(arr: pa.Array, t, name: str) -> pa.Array:
     if pa.types.is_decimal(t):
         # a decimal (Spark's and databases' Parquet exports write money and rates as decimal128) is
         # read through its text: Arrow's decimal-to-float64 cast is not correctly rounded (0.35 gave
@@ -164,11 +201,14 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
         # A numeric feature is a float64: an integer past 2**53 becomes the nearest float (Arrow's
         # safe cast refuses it and stopped the whole job, or answered a request with a 500).
         return arr.cast(pa.float64(), safe=False)
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
+    raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
+
+
+def _texts(arr: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
+    timestamp = unit is not None
     text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     blank = text.isna() | (text.str.strip() == "")
-    parsed = _parse_numbers(text, timestamp)
+    parsed = _parse_numbers(text, timestamp, _TICKS_PER_SECOND[unit] if timestamp else 1)
     failed = (~blank & parsed.isna() & (text.str.strip().str.lower() != "nan")).to_numpy()
     reasons.add(failed, f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
     # A literal "nan" stays NaN (a NaN label is its own reason); blanks and failures are null.
@@ -176,6 +216,7 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False) -> 
 
 
 _TICKS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+_UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 
 
 def _seconds(arr: pa.Array) -> pa.Array:
@@ -195,9 +236,13 @@ def _seconds(arr: pa.Array) -> pa.Array:
     return pc.divide(arr.cast(pa.int64()).cast(pa.float64(), safe=False), float(per_second))
 
 
-def _parse_numbers(text: pd.Series, timestamp: bool) -> pd.Series:
+def _parse_numbers(text: pd.Series, timestamp: bool, per_second: int = 1) -> pd.Series:
+    """Numeric texts as float64; for a timestamp, numbers divided by `per_second` (their unit's
+    ticks) and date texts as epoch seconds."""
     lowered = text.str.strip().str.lower()
     parsed = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64")
+    if per_second != 1:
+        parsed = parsed / per_second
     if timestamp:
         needs = parsed.isna() & lowered.notna()
         if needs.any():
