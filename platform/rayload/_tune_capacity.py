@@ -10,17 +10,20 @@ class SearchResourceError(RayloadError):
     pass
 
 
-def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None, driver: dict[str, float] | None = None) -> None:
+def _check_shape(workers: int, cpus: float, gpus: float, accelerator: str | None, driver: dict[str, float] | None = None,
+                 fields: str = "trial_resources.workers / cpus_per_worker / gpus_per_worker") -> None:
     """A trial the cluster can never hold is refused before the search starts (`driver`: what
-    a multi-worker trial holds itself while its TorchTrainer's workers run)."""
+    a multi-worker trial holds itself while its TorchTrainer's workers run; `fields`: what the
+    message tells the user to lower)."""
     from .spec import ResourcesSpec
     from .train.resources import ResourceError, check_resources
 
     try:
         check_resources(ResourcesSpec(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus, accelerator_type=accelerator),
-                        driver)
+                        driver, fields)
     except ResourceError as exc:
-        raise SearchResourceError(f"trial_resources: one trial can never run here: {exc}") from None
+        where = "trial_resources" if fields.startswith("trial_resources") else fields
+        raise SearchResourceError(f"{where}: one trial can never run here: {exc}") from None
 
 
 def _concurrency(requested: int | None, bundles: list[dict[str, float]], total: int) -> int:

@@ -36,6 +36,8 @@ def _friendly(fn):
             return fn(*args, **kwargs)
         except RayloadError as exc:
             err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            for note in getattr(exc, "__notes__", ()):  # where it happened (which fold of a k-fold run)
+                err_console.print(note, highlight=False, markup=False)
             raise typer.Exit(2) from None
 
     return wrapper

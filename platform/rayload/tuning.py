@@ -235,7 +235,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     with driving(run_dir, resume=bool(resume)):  # a resume is refused while the run's driver is alive
         ensure_ray(address)
         _ship_by_value(fn)
-        _check_shape(1, cpus, 0, None)
+        _check_shape(1, cpus, 0, None, fields="cpus")
         max_t = spec.scheduler.max_epochs if spec.scheduler else None
         plan = _Plan(spec, run_dir, _storage(spec, run_dir, bool(resume)), {"CPU": cpus},
                      _concurrency(max_concurrent, [{"CPU": cpus}], trials_wanted(spec)), step_attr="training_iteration", max_t=max_t)

@@ -87,3 +87,33 @@ def test_each_fold_is_scored_on_the_held_out_test_rows_even_when_the_job_evaluat
     folds.clear()
     trainer.kfold(helpers.job("/x.parquet", eval={"split": "val"}, split={"kind": "kfold", "test": 0.0}), 2)
     assert [evaluate_test for _, evaluate_test in folds] == [False, False]  # no test rows: no test_* figures
+
+
+def test_a_failing_fold_is_named_with_the_run_name_that_resumes_the_finished_ones(monkeypatch, tmp_path):
+    """A fold that failed raised its error alone: no fold number, and the generated run name a
+    relaunch needs to keep the finished folds was never shown (a relaunch trained them all again)."""
+    from typer.testing import CliRunner
+
+    from rayload.cli import app
+    from rayload.errors import DataError
+
+    names = []
+
+    def fit(spec, address=None, evaluate_test=True):
+        names.append(spec.train.run_name)
+        if len(names) == 3:
+            raise DataError("the val split is empty")
+        return trainer.TrainResult("x", "x", "x", {"val_auc": 0.6})
+
+    monkeypatch.setattr(trainer, "fit", fit)
+    with pytest.raises(DataError, match="the val split is empty") as info:
+        trainer.kfold(helpers.job("/x.parquet"), 4)
+    base = names[0].removesuffix("-fold0")
+    assert info.value.__notes__ == [f"--kfold 4: fold 2 (run {base}-fold2) failed after 2 finished fold(s); relaunch with "
+                                    f"--run-name {base} to keep the finished folds (a finished fold is not trained again)"]
+    names.clear()
+    path = tmp_path / "job.yaml"
+    path.write_text("name: t\ndata: {source: {kind: movielens}}\n")
+    out = CliRunner().invoke(app, ["train", str(path), "--kfold", "3", "--run-name", "cv"])
+    assert out.exit_code == 2 and "the val split is empty" in out.output
+    assert "fold 2 (run cv-fold2) failed after 2 finished fold(s); relaunch with --run-name cv" in " ".join(out.output.split())

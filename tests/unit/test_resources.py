@@ -34,6 +34,39 @@ def test_of_two_file_systems_at_one_mount_point_the_one_on_top_counts(tmp_path, 
     assert not resources.is_shared("/scratch/runs", mounts_file=str(mounts))
 
 
+def test_fuse_clients_of_shared_file_systems_are_shared_and_types_match_whole(tmp_path, monkeypatch):
+    """GlusterFS and CephFS clients mount as fuse.glusterfs / fuse.ceph-fuse, which the prefix
+    match never took for shared (a multi-node run on them was refused), and it took nfsd for NFS."""
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\nsrv:/vol /gluster fuse.glusterfs rw 0 0\nceph-fuse /cephfs fuse.ceph-fuse rw 0 0\n"
+                      "nfsd /proc/fs/nfsd nfsd rw 0 0\ns3fs /bucket fuse.s3fs rw 0 0\nfoo /fusex fuse.sshfs rw 0 0\n")
+    monkeypatch.delenv("RAYLOAD_SHARED_PATHS", raising=False)
+    shared = [p for p in ("/gluster/runs", "/cephfs/runs", "/proc/fs/nfsd/x", "/bucket/runs", "/fusex/runs")
+              if resources.is_shared(p, mounts_file=str(mounts))]
+    assert shared == ["/gluster/runs", "/cephfs/runs", "/bucket/runs"]
+
+
+def test_the_largest_node_named_is_the_largest_and_the_fields_are_the_callers(monkeypatch):
+    """When no node placed one worker, every node tied at 0 and the first was named "the largest"
+    (a CPU-only node for a GPU request); a search's trial was told to lower resources.* fields
+    it does not have."""
+    from ray._private import state
+
+    from rayload._tune_capacity import SearchResourceError, _check_shape
+    from rayload.spec import ResourcesSpec
+
+    monkeypatch.setattr(state.state, "get_max_resources_from_cluster_config", lambda: None)
+    monkeypatch.setattr(resources, "_v1_autoscaler_running", lambda: False)
+    nodes = [{"CPU": 16.0}, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.5, "GPU": 1.0}]
+    monkeypatch.setattr(resources, "alive_nodes", lambda: [{"Alive": True, "Resources": n} for n in nodes])
+    with pytest.raises(resources.ResourceError, match=r"the largest has CPU=1.5, GPU=1; no autoscaler\); lower resources.workers"):
+        resources.check_resources(ResourcesSpec(workers=1, cpus_per_worker=2, gpus_per_worker=1))
+    with pytest.raises(SearchResourceError, match=r"^trial_resources: .* lower trial_resources.workers / cpus_per_worker"):
+        _check_shape(1, 2, 1, None)
+    with pytest.raises(SearchResourceError, match=r"^cpus: one trial can never run here: .*CPU=18.5 in total \(no autoscaler\); lower cpus or"):
+        _check_shape(1, 32, 0, None, fields="cpus")
+
+
 def test_fractional_workers_are_counted_as_ray_places_them():
     """Ray counts resources in units of 1/10,000; in floats 1.0 // 0.1 == 9 refused 10 x 0.1 CPU on 1 CPU."""
     one_cpu = [{"CPU": 1.0, "memory": 1e9}]

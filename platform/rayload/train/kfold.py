@@ -53,7 +53,15 @@ def kfold(spec: JobSpec, k: int, address: str | None = None) -> KFoldResult:
         raise SpecError([SpecIssue("--kfold", "k-fold cross-validation needs at least 2 folds", k, True)])
     name = trainer.run_name_for(spec)
     specs = [fold_spec(spec, k, fold, name) for fold in range(k)]  # every fold checked before the first trains
-    folds = [trainer.fit(s, address=address, evaluate_test=s.split.test > 0) for s in specs]
+    folds = []
+    for fold, s in enumerate(specs):
+        try:
+            folds.append(trainer.fit(s, address=address, evaluate_test=s.split.test > 0))
+        except Exception as exc:
+            # the error alone named no fold, and a relaunch without the run name trained every fold again
+            exc.add_note(f"--kfold {k}: fold {fold} (run {s.train.run_name}) failed after {fold} finished fold(s); relaunch with "
+                         f"--run-name {name} to keep the finished folds (a finished fold is not trained again)")
+            raise
 
     def figures(result) -> dict:
         out = {key: v for key, v in result.metrics.items() if key.startswith("val_") and isinstance(v, (int, float))}

@@ -10,7 +10,10 @@ import re
 from ..errors import RayloadError
 
 # Filesystems every node can see; a local path on any other filesystem is per-node.
-_SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "efs")
+# Matched whole, with a FUSE client's "fuse." prefix dropped (GlusterFS mounts as fuse.glusterfs,
+# CephFS as fuse.ceph-fuse); a prefix match took /proc/fs/nfsd's "nfsd" for NFS.
+_SHARED_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "ceph-fuse", "glusterfs", "s3fs",
+                        "gcsfuse", "juicefs", "efs"})
 
 
 log = logging.getLogger(__name__)
@@ -38,10 +41,14 @@ def requested(resources) -> tuple[int, dict[str, float]]:
     return workers, per
 
 
-def check_resources(resources, driver: dict[str, float] | None = None) -> None:
+_JOB_FIELDS = "resources.workers / cpus_per_worker / gpus_per_worker"
+
+
+def check_resources(resources, driver: dict[str, float] | None = None, fields: str = _JOB_FIELDS) -> None:
     """With an autoscaler, compare with the cluster config's maximum; else with the live nodes.
     `driver`: what the process that drives the workers holds besides them, on any node (a
-    search's trial that starts a TorchTrainer holds a hundredth of a CPU)."""
+    search's trial that starts a TorchTrainer holds a hundredth of a CPU). `fields`: the
+    settings the message tells the user to lower (a search's trial_resources, tune_function's cpus)."""
     from ray._private.state import state
 
     workers, per = requested(resources)
@@ -63,12 +70,14 @@ def check_resources(resources, driver: dict[str, float] | None = None) -> None:
         if not fits and _fits_total(workers, per, driver, nodes_can):
             # the totals would do: no node is big enough ("asks for CPU=3 ... has CPU=4 in total" read as a fit)
             asked = ", ".join(f"{k}={v:g}" for k, v in per.items())
-            largest = max(alive, key=lambda n: placeable_count(per, [n]), default={})
+            # most workers placed, then the most of the scarcest resource asked: when no node places
+            # one, the first node was named "the largest" (a CPU-only node for a GPU request)
+            largest = max(alive, key=lambda n: (placeable_count(per, [n]), min(n.get(k, 0) / v for k, v in per.items())), default={})
             biggest = ", ".join(f"{k}={largest.get(k, 0):g}" for k in per)
             raise ResourceError(
                 f"resources ask for {workers} worker(s) with {asked} each, and each worker must fit on one node: the "
                 f"{len(alive)} node(s) place {placeable_count(per, alive)} (the largest has {biggest}; no autoscaler); "
-                "lower cpus_per_worker / gpus_per_worker or resources.workers, or add bigger nodes")
+                f"lower {fields}, or add bigger nodes")
     if not fits:
         asked = ", ".join(f"{k}={v:g}" for k, v in per.items()) + " each"
         if driver:
@@ -77,7 +86,7 @@ def check_resources(resources, driver: dict[str, float] | None = None) -> None:
         raise ResourceError(
             f"resources ask for {workers} worker(s) with {asked}, but the cluster "
             f"{'can grow to' if ceiling else 'has'} {have} in total{'' if ceiling else ' (no autoscaler)'}; "
-            "lower resources.workers / cpus_per_worker / gpus_per_worker or add nodes"
+            f"lower {fields} or add nodes"
         )
 
 
@@ -203,7 +212,7 @@ def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
                     best, fstype = mount, parts[2]
     except OSError:
         return False
-    return fstype.startswith(_SHARED_FS)
+    return fstype.removeprefix("fuse.") in _SHARED_FS
 
 
 def _within(path: str, folder: str) -> bool:
