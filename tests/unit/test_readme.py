@@ -114,3 +114,14 @@ def test_every_sdk_name_the_readme_uses_exists():
         if obj is None:
             missing.append(f"rayload.{name}")
     assert used and not missing, f"the README's SDK examples use names rayload does not have: {missing}"
+
+
+def test_the_readme_lists_every_field_a_relaunch_may_change():
+    """identity.RELAUNCH_MAY_CHANGE let eval.calibration_bins change on a relaunch while the
+    README's list, which says any other difference is refused, left it out."""
+    from rayload.train.identity import RELAUNCH_MAY_CHANGE
+
+    listed = README[README.index("A relaunch may change"):README.index("any other difference is refused")]
+    wanted = {k for k in RELAUNCH_MAY_CHANGE if k.startswith(("train.", "eval."))} - {"train.run_name"}
+    assert {k for k in wanted if f"`{k}`" not in listed} == set()
+    assert "`resources`" in listed and "`name`" in listed and "path" in listed
