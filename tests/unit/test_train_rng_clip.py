@@ -151,3 +151,24 @@ def test_clipping_bounds_the_sparse_tables_gradients_too(monkeypatch, precision)
     (total, sparse), = seen
     assert sparse > 0  # the tables' gradients took part
     assert bound * 0.999 <= total <= bound * (1 + 1e-5), (before, total, sparse)
+
+
+def test_a_cuda_rng_state_saved_with_more_gpus_restores_on_fewer(monkeypatch):
+    """rng_state kept every visible GPU's generator and set_rng_state_all put them back by
+    index: a run resumed where fewer GPUs are visible (a Ray worker sees one) failed on an
+    invalid device. Only the rank's own device is saved and restored. (torch.cuda's state calls
+    are recorded here: this machine has no GPU; the gpu-marked tests resume on a real one.)"""
+    from rayload.train import checkpoint
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state.tolist()))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state set"))
+    state = checkpoint.rng_state()
+    assert state["cuda"].tolist() == [7]
+    checkpoint.set_rng_state(state)
+    old = dict(state, cuda=[torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)])  # saved on 2 GPUs
+    checkpoint.set_rng_state(old)
+    assert restored == [[7], [1]]

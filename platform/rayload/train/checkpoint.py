@@ -50,8 +50,8 @@ def rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
              "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # the device this rank trains on: a resume may see fewer GPUs
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -61,7 +61,12 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(_as_tuple(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):  # saved before: every visible GPU's, set_rng_state_all failed on fewer GPUs
+            here = torch.cuda.current_device()
+            cuda = cuda[here] if here < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def rank_rng_states(world_size: int) -> list[dict]:
