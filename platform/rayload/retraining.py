@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from .errors import RayloadError
+from .errors import DataError, RayloadError
 from .retrain_gate import GATE_SPLIT, Gate, gate_aucs
 from .retrain_rows import check_rows, input_columns, training_rows, windows
 from .paths import is_remote, localize, runs_root
@@ -74,7 +74,8 @@ class RetrainResult:
 
     @property
     def passed(self) -> bool:
-        return self.auc_new - self.auc_champion >= self.min_auc_gain
+        # "at least the champion's plus --min-auc-gain": 0.7 - 0.6 is 0.0999... in floats, refused at 0.1
+        return self.auc_new - self.auc_champion >= self.min_auc_gain - 1e-12
 
     def to_dict(self) -> dict:
         return {**asdict(self), "passed": self.passed}
@@ -164,11 +165,17 @@ def _new_folder(path: str) -> str:
 
 
 def _check_champion(champion: str, arm: str, run: str) -> None:
-    """The champion's checkpoint must still be there: named before anything is read or trained."""
+    """The champion's checkpoint must still be there, with a binary label (events are labelled
+    clicked or not, and the gate compares AUCs): named before anything is read or trained."""
     from .compression import require_checkpoint
+    from .features import FittedFeatures
 
     require_checkpoint(champion, f"the champion of A/B run {run} (arm {arm!r}, whose checkpoint a retrain starts from)",
                        "restore it, or retrain from a run whose champion's checkpoint exists")
+    task = FittedFeatures.load(os.path.join(localize(champion), "features.json")).label.task
+    if task != "binary":  # found by the gate, after a whole fine-tune of a regression model as a classifier
+        raise DataError(f"the champion of A/B run {run} (arm {arm!r}) has a {task} label; a retrain labels exposures 0/1 by "
+                        "their outcome and gates on AUC, so it needs a champion with a binary label")
 
 
 def _label_column(champion: str) -> str:
@@ -190,7 +197,10 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
     raw["data"] = {"source": {"kind": "parquet", "path": events_path},
                    "columns": [*columns, {"name": label, "role": "label"}, {"name": "request_id", "role": "id"}],
                    "label": {"column": label, "task": "binary"}}
-    raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": ["request_id"]}
+    # Keyed by what a row shows the model, not by its request: exposures of the same features
+    # (a user shown the same item again) were split apart, so the gate scored rows whose exact
+    # copies the retrained model had trained on, and the champion had not.
+    raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": [c["name"] for c in columns] or None}
     raw["rebalance"] = {"method": "none"}
     raw["train"] = {**raw["train"], "init_from": warm_start(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)
@@ -325,4 +335,11 @@ def _first_weight(prior: dict) -> float:
         return float(ramp["steps"][0])
     champion = prior.get("champion") or prior["arms"][0]["name"]
     others = [a["weight"] for a in prior["arms"] if a["name"] != champion]
-    return float(others[0]) if others and others[0] > 0 else 0.5
+    if not others:
+        return 0.5
+    if not others[0] > 0:  # 0.5 sent half of all traffic to an untested model where the last one had none
+        from .errors import SpecError, SpecIssue
+
+        raise SpecError([SpecIssue("--weight", "the prior experiment's challenger had weight 0 (no traffic) and no ramp or "
+                                   "shadow mode to start from; give --weight for the retrained model's share", None)])
+    return float(others[0])

@@ -35,7 +35,7 @@ def test_default_names_replace_the_earlier_retrain_stamp_instead_of_growing():
     name = "ab_movielens"
     for day in range(20):
         name = next_name(name, f"202611{day + 10:02d}-120000")
-        spec = next_ab_spec({"spec": {**SHADOW, "shadow": False}}, "a", "/x/a", "/x/new", name, None)
+        spec = next_ab_spec({"spec": {**SHADOW, "shadow": False}}, "a", "/x/a", "/x/new", name, 0.1)
     assert spec["name"] == name == "ab_movielens-r20261129-120000"
     assert next_name("exp-r2", "20261110-120000") == "exp-r2-r20261110-120000"  # not a stamp: kept
 

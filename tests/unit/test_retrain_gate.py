@@ -98,8 +98,31 @@ def test_the_retrain_job_holds_out_a_test_split_and_warm_starts_from_the_champio
     source, _ = champions
     spec = JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}})
     job = job_for(spec, source, str(tmp_path / "events.parquet"), "y", "retrain-x")
-    assert job.split.test > 0 and job.split.val > 0 and job.split.key == ["request_id"]
+    assert job.split.test > 0 and job.split.val > 0
     assert job.train.init_from == os.path.abspath(source)
+
+
+def test_exposures_of_the_same_features_never_land_in_two_splits(champions, tmp_path):
+    """The retrain split was keyed by request_id: a user shown the same item twice (the rehearsal
+    world's usual case) had one copy in train and one in the gate's test rows, so the gate scored
+    rows the retrained model had trained on exact copies of, and the champion had not."""
+    import pyarrow as pa
+
+    from rayload.data.split import SplitPlan, assign
+    from rayload.data.validate import Schema
+
+    source, _ = champions
+    job = job_for(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}), source,
+                  str(tmp_path / "events.parquet"), "y", "retrain-x")
+    assert job.split.key == ["x", "c"]
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, 40, 3000)  # 40 distinct rows, each logged ~75 times under its own request_id
+    table = pa.table({"x": (pairs % 8).astype(float), "c": [str(p // 8) for p in pairs], "y": (pairs % 3 == 0).astype(float),
+                      "request_id": [f"r{i}" for i in range(len(pairs))]})
+    codes = assign(table, SplitPlan.from_spec(job.split, Schema.from_spec(job.data)))
+    splits_of = {p: set(codes[pairs == p]) for p in np.unique(pairs)}
+    assert all(len(s) == 1 for s in splits_of.values())
+    assert {c for s in splits_of.values() for c in s} == {0, 1, 2}  # every split still gets rows
 
 
 def test_a_compressed_champion_warm_starts_from_its_source(champions, tmp_path):

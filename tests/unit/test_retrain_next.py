@@ -96,3 +96,44 @@ def test_a_retrain_with_too_few_rows_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="too few, or one class only"):  # 80 exposures two hours old, none in a 1h window
         retrain(job(str(tmp_path / "unused.parquet")), run, window="1h", attribution="30m", now=NOW)
     assert not os.listdir(os.path.join(os.environ["RAYLOAD_HOME"], "retrain"))
+
+
+def test_a_prior_challenger_at_weight_zero_asks_for_a_weight_instead_of_half_the_traffic(tmp_path):
+    """A live challenger at weight 0 (no ramp, no shadow) made the next experiment's default 0.5:
+    half of all traffic to a model no one had tested."""
+    args = {"spec": {"name": "exp", "arms": [{"name": "control", "weight": 1.0, "checkpoint": "a"},
+                                             {"name": "treatment", "weight": 0.0, "checkpoint": "b"}]}}
+    from rayload.errors import SpecError
+
+    with pytest.raises(SpecError, match="--weight: the prior experiment's challenger had weight 0"):
+        next_ab_spec(args, "control", str(tmp_path / "a"), str(tmp_path / "new"), "exp-r1", None)
+    spec = next_ab_spec(args, "control", str(tmp_path / "a"), str(tmp_path / "new"), "exp-r1", 0.05)
+    assert {a["name"]: a["weight"] for a in spec["arms"]} == {"control": 0.95, "retrained": 0.05}
+
+
+def test_a_gain_equal_to_the_minimum_passes_the_gate():
+    """0.7 - 0.6 is 0.09999999999999998 in floats: a gain of exactly --min-auc-gain 0.1 was refused
+    while the CLI printed "gain +0.1000"."""
+    one = retraining.RetrainResult("o", "e", "c", "n", 100, 50, 0.6, 0.7, 0.1, None)
+    assert one.passed and not retraining.RetrainResult("o", "e", "c", "n", 100, 50, 0.6, 0.6999, 0.1, None).passed
+
+
+def test_a_champion_with_a_regression_label_is_refused_before_anything_is_read(tmp_path, monkeypatch):
+    """It was fine-tuned as a binary classifier on the events, then refused by the gate."""
+    import dataclasses
+
+    from rayload.features import FittedFeatures
+
+    first = placeholder_checkpoint(tmp_path / "first")
+    path = os.path.join(first, "features.json")
+    loaded = FittedFeatures.load(path)
+    dataclasses.replace(loaded, label=dataclasses.replace(loaded.label, task="regression")).save(path)
+    spec = {"name": "exp", "champion": "control", "arms": [{"name": "control", "weight": 0.9, "checkpoint": first},
+                                                           {"name": "b", "weight": 0.1, "checkpoint": placeholder_checkpoint(tmp_path / "b")}]}
+    run = ab_run(tmp_path, spec, "control")
+    calls = []
+    stub_fit(monkeypatch, tmp_path, calls)
+    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    with pytest.raises(DataError, match=r"arm 'control'\) has a regression label; a retrain labels exposures 0/1"):
+        retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
+    assert calls == [] and not os.path.exists(os.path.join(tmp_path, "runs", "retrain"))
