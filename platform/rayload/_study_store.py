@@ -10,6 +10,7 @@ from typing import Any, Callable
 import optuna
 
 from .errors import RayloadError
+from .paths import shown_url
 
 
 OWNER = "rayload_run"  # the study's user attribute naming the search run (search.json's run_uid) that made it
@@ -35,7 +36,7 @@ def open_study(storage: str | None, name: str, mode: str, sampler: Callable[[int
     study = read_study(url, name)  # a missing database or study is a RayloadError naming it, and creates nothing
     made_by = study.user_attrs.get(OWNER)
     if owner and made_by and made_by != owner:
-        raise RayloadError(f"the study {name!r} in {url} was made by another search run; this run cannot continue it "
+        raise RayloadError(f"the study {name!r} in {shown_url(url)} was made by another search run; this run cannot continue it "
                            "(its own driver lost the race for the name): start a new search")
     study = optuna.load_study(storage=_storage(url), study_name=name, sampler=optuna.samplers.RandomSampler())
     study.sampler = sampler(len(study.get_trials(deepcopy=False)))
@@ -44,7 +45,7 @@ def open_study(storage: str | None, name: str, mode: str, sampler: Callable[[int
 
 class StudyExistsError(RayloadError):
     def __init__(self, name: str, url: str | None):
-        super().__init__(f"a study named {name!r} already exists in {url}: `rayload tune --resume RUN` continues the search "
+        super().__init__(f"a study named {name!r} already exists in {shown_url(url)}: `rayload tune --resume RUN` continues the search "
                          "that made it; a new search needs another `name` or `storage`")
 
 
@@ -73,9 +74,12 @@ def read_study(url: str, name: str) -> optuna.Study:
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         return optuna.load_study(storage=storage, study_name=name)
     except KeyError:
-        raise RayloadError(f"no study named {name!r} in {url}") from None
+        raise RayloadError(f"no study named {name!r} in {shown_url(url)}") from None
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
-        raise RayloadError(f"cannot read the study {name!r} from {url}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        # optuna wraps an unreachable database in "invalid data in the commit": its cause says what happened
+        cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None else e
+        detail = (str(cause).splitlines() or [""])[0].replace(url, shown_url(url))
+        raise RayloadError(f"cannot read the study {name!r} from {shown_url(url)}: {type(cause).__name__}: {detail}") from None
 
 
 def _storage(url: str | None):

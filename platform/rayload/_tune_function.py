@@ -19,6 +19,16 @@ def _cpus_issues(cpus) -> list[SpecIssue]:
     return [SpecIssue("cpus", "each trial's CPUs: a number > 0 (fractions share a CPU between trials)", cpus, True)]
 
 
+def _scheduler_issues(spec) -> list[SpecIssue]:
+    """ASHA stops every trial at its max_t: a job search takes it from the base job's epochs, a
+    function has none, and 100 was used unsaid (a function reporting 500 steps was cut at 100
+    and recorded complete)."""
+    if spec.scheduler is None or spec.scheduler.max_epochs is not None:
+        return []
+    return [SpecIssue("scheduler.max_epochs", "a searched function has no epochs to default to: give the most steps a trial "
+                      "reports (ASHA stops each trial there)")]
+
+
 def _ship_by_value(fn) -> None:
     """Trial processes may not import the objective's module (a script, a test file, a
     notebook): send its code along instead of a reference, unless it is an installed package."""

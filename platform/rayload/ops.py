@@ -341,11 +341,6 @@ def _db(url: str) -> Check:
 
 def _shown(url: str) -> str:
     """The URL as printed: doctor's table ends up in terminals and CI logs, its password must not."""
-    import re
+    from .paths import shown_url
 
-    import sqlalchemy
-
-    try:
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: mask user:password@ by hand
-        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return shown_url(url)

@@ -252,3 +252,18 @@ def download_folder(remote: str, local: str) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def shown_url(url: str | None) -> str:
+    """A database URL as printed (errors and tables end up in terminals and CI logs): its
+    password masked."""
+    import re
+
+    if url is None:
+        return "None"
+    try:
+        import sqlalchemy
+
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: mask user:password@ by hand
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)

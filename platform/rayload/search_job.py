@@ -77,6 +77,14 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
             issues.append(SpecIssue(f"fixed.{path}", f"names a section of the job spec, which this value would replace whole (every "
                                     f"field it leaves out back to its default); set its fields one by one: "
                                     f"{', '.join(f'fixed.{path}.{f}' for f in fields[:4])}{', ...' if len(fields) > 4 else ''}"))
+        elif path in spec.space and any(isinstance(v, dict) for v in spec.space[path].values) and (fields := _section_fields(path)):
+            # each trial (and best.yaml) silently lost the base's other fields of the section
+            given = [f for v in spec.space[path].values if isinstance(v, dict) for f in v if f in fields]
+            fields = list(dict.fromkeys(given + fields))  # the fields the values set, first
+            issues.append(SpecIssue(f"space.{path}", f"names a section of the job spec, which each value here would replace whole "
+                                    f"(every field it leaves out back to its default, not the base's); search its fields one by "
+                                    f"one: {', '.join(f'space.{path}.{f}' for f in fields[:4])}{', ...' if len(fields) > 4 else ''} "
+                                    "(null, to turn the section off, may stay a choice)"))
     if issues:
         return issues
     issues += _preprocessing_issues(spec)

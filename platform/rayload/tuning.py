@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._ray import ensure_ray
-from ._tune_function import _cpus_issues, _function_trial, _ship_by_value, function_result  # noqa: F401  (function_result: public here)
+from ._tune_function import _cpus_issues, _function_trial, _scheduler_issues, _ship_by_value, function_result  # noqa: F401  (function_result: public here)
 from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # noqa: F401  (SearchResourceError: public here)
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
@@ -224,7 +224,8 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
            "time_budget_s": time_budget_s}
     # mode=None with a metric of no known direction is refused for a new search (a resumed one
     # goes on in the direction its study was made with).
-    spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)) + _cpus_issues(cpus))
+    spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)) + _cpus_issues(cpus)
+                                                    + _scheduler_issues(s))
     if resume:
         run_dir = find_run(resume)
         check_resumed_spec(run_dir, read_state(run_dir)["spec"], spec)
@@ -281,7 +282,7 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     if todo and not ended:
         scheduler = None
         if spec.scheduler:
-            scheduler = stopping_asha(searcher, plan.step_attr, plan.max_t or 100, metric=spec.metric, mode=spec.score_mode,
+            scheduler = stopping_asha(searcher, plan.step_attr, plan.max_t, metric=spec.metric, mode=spec.score_mode,
                                       grace_period=spec.scheduler.grace_period, reduction_factor=spec.scheduler.reduction_factor)
         # Results live in the study; Tune keeps only its JSON log (no CSV, no TensorBoard).
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")

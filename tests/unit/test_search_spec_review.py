@@ -146,3 +146,26 @@ def test_a_searched_path_inside_a_section_the_base_job_writes_null_starts_that_s
                                                      "space": {"train.early_stopping.patience": {"choice": [2, 3]}}}))
     search = load_search_spec(str(tmp_path / "s.yaml"))
     assert job_from(base_raw(search, None), {"train.early_stopping.patience": 3}).train.early_stopping.patience == 3
+
+
+def test_a_searched_section_with_mapping_values_is_refused_and_null_stays_a_choice(tmp_path):
+    """fixed.<section> was refused for replacing the section whole, space.<section> was not: a
+    choice of {patience: 5} gave every trial (and best.yaml) early stopping without the base's
+    metric, and a choice of {name: deepfm, embedding_dim: 8} dropped the base's hidden layers."""
+    msg = _problems(tmp_path, space={"train.early_stopping": {"choice": [{"patience": 2}, {"patience": 5}]}})
+    assert ("space.train.early_stopping: names a section of the job spec, which each value here would replace whole" in msg
+            and "space.train.early_stopping.patience" in msg), msg
+    msg = _problems(tmp_path, space={"model": {"choice": [{"name": "deepfm", "embedding_dim": 8}]}})
+    assert "space.model: names a section" in msg and "space.model.name" in msg, msg
+    path = tmp_path / "off.yaml"  # a section searched as on or off: null with the base's own section is not a mapping choice
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "space": {"train.early_stopping": {"choice": [None]},
+                                                                        "train.lr": {"loguniform": [1e-4, 1e-2]}}}))
+    assert load_search_spec(str(path)).space
+
+
+def test_tune_function_with_asha_needs_its_most_steps_before_ray(tune_before_ray):
+    """ASHA's max_t was 100 unsaid: a function reporting more steps was cut at 100 and recorded complete."""
+    with pytest.raises(SpecError, match="scheduler.max_epochs: a searched function has no epochs to default to"):
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, scheduler={"kind": "asha"})
+    with pytest.raises(AssertionError, match="Ray was started"):  # with it, the checks pass
+        tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, scheduler={"kind": "asha", "max_epochs": 500})

@@ -83,6 +83,26 @@ def test_read_study_never_creates_a_database_tables_or_a_study(tmp_path):
     assert read_study(f"sqlite:///{tmp_path}/s.db", "s").trials[0].value == 0.6
 
 
+def test_study_errors_mask_the_database_password_and_say_why_it_cannot_be_read():
+    """Study URLs went into errors as given (terminals, CI logs) and an unreachable PostgreSQL
+    read "invalid data in the commit, e.g. exceeding max length" (optuna's wrapper), not the cause."""
+    import pytest
+
+    from rayload._study_store import StudyExistsError, read_study
+    from rayload.errors import RayloadError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://alice:s3cretPW@127.0.0.1:{port}/studies"
+    assert "s3cretPW" not in str(StudyExistsError("x", url)) and "alice:***@" in str(StudyExistsError("x", url))
+    with pytest.raises(RayloadError) as info:
+        read_study(url, "x")
+    message = str(info.value)
+    assert "s3cretPW" not in message and "alice:***@127.0.0.1" in message
+    assert "OperationalError" in message and "refused" in message and "invalid data" not in message
+
+
 def test_cut_off_records_running_trials_pruned_with_their_best_so_far_and_why(tmp_path):
     s = searcher(f"sqlite:///{tmp_path}/s.db")
     for tid in ("t0", "t1", "t2"):
