@@ -211,10 +211,12 @@ def weight_issues(weights: dict[str, float], arms: list[str], champion: str, whe
     issues = []
     if champion not in arms:  # set_weights(champion="contrl") was saved while the router refused it
         issues.append(SpecIssue("champion", f"must be one of the arms {arms}", champion, True))
-    if sorted(weights) != sorted(arms):
+    if sorted(map(str, weights)) != sorted(arms) or not all(isinstance(k, str) for k in weights):  # 1 and "1" both: a TypeError
         issues.append(SpecIssue(where, f"weights must name exactly the arms {arms}", list(weights), True))
         return issues
-    negative = {k: v for k, v in weights.items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)}
+    # true/false are ints to Python: a hand-edited user_config's true was taken as weight 1.0
+    negative = {k: v for k, v in weights.items()
+                if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)}
     if negative:
         issues.append(SpecIssue(where, "every weight must be a number >= 0", negative, True))
         return issues

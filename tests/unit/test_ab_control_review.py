@@ -70,3 +70,46 @@ def test_a_base_rate_of_0_or_1_has_no_detectable_effect_to_report_instead_of_0_o
         assert power.minimum_detectable_effect(1000, p) is None
         assert power.msprt_mde(1000, p) is None
     assert power.sample_size(0.1, 0.01) > 0 and 0 < power.minimum_detectable_effect(10_000, 0.1) < 0.05
+
+
+def test_a_router_config_of_true_false_weights_or_a_final_decision_beside_split_traffic_is_refused(tmp_path, monkeypatch):
+    """A hand-edited user_config's `true`/`false` weights were read as 1.0 / 0.0 (bool is an int
+    to Python); a `final: promote` beside 50/50 weights was accepted and GET /experiment said
+    "decided: promote" while traffic stayed split; weight keys 1 and "2" raised a TypeError
+    (sorting) instead of naming the problem; set_weights(decision=...) took any weights."""
+    from rayload.ab_spec import weight_issues
+    from rayload.serve.router_config import config_issues
+
+    issues = config_issues({"weights": {"1": True, "2": False}, "champion": "1"}, ["1", "2"])
+    assert issues and "every weight must be a number >= 0" in issues[0]
+    final = {"decision": "promote", "reason": "x", "time": 1.0}
+    issues = config_issues({"weights": {"1": 0.5, "2": 0.5}, "champion": "1", "final": final}, ["1", "2"])
+    assert issues == ["user_config.final: a promote gives the champion all traffic: weights {'1': 0.5, '2': 0.5} with champion '1'"]
+    assert config_issues({"weights": {"1": 0.0, "2": 1.0}, "champion": "2", "final": final}, ["1", "2"]) == []
+    assert [i.path for i in weight_issues({1: 0.9, "2": 0.1}, ["1", "2"], "1")] == ["arms"]
+    make = control_run(tmp_path, monkeypatch)
+    run_dir = make(spec_of(0.95), None)
+    before = user(run_dir)
+    with pytest.raises(SpecError, match="weights: a promote gives the champion all traffic"):
+        control.set_weights(run_dir, {"A": 0.5, "B": 0.5}, champion="B", decision="promote")
+    assert user(run_dir) == before and make.box["deployed"] == []
+
+
+def test_serve_json_is_renamed_into_place_and_its_folder_synced(tmp_path, monkeypatch):
+    """The temporary file was fsynced, the folder holding the rename was not: a power cut could
+    bring back the previous serve.json (a recorded promote undone)."""
+    import os
+    import stat
+
+    from rayload.serve.run_state import save_state
+
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    save_state(str(tmp_path), {"config": {}})
+    assert synced == [False, True] and (tmp_path / "serve.json").read_text().startswith("{")

@@ -457,3 +457,18 @@ def test_a_relative_sqlite_store_in_an_ab_spec_is_the_spec_folders(tmp_path, mon
                                       "  - {name: a, weight: 0.9, checkpoint: ck}\n  - {name: b, weight: 0.1, checkpoint: ck}\n")
     monkeypatch.chdir("/")
     assert load_ab_spec(str(tmp_path / "ab.yaml")).events.url == f"sqlite:///{tmp_path}/ev/events.db"
+
+
+def test_exposures_of_one_time_come_back_in_one_order(url):
+    """A combined-mode batch logs its exposures with one ts; frame() had no ORDER BY, so rows of
+    one time came back in whatever order the database chose, and a sequential-test look cut
+    inside such a group could hold other rows the next time it was computed."""
+    writer = EventWriter(url, flush_ms=1)
+    ts = time.time()
+    for rid in ("r9", "r3", "r7", "r1"):
+        writer.submit("exposure", {**exposure(0), "request_id": rid, "ts": ts}).result(timeout=30)
+    writer.submit("exposure", {**exposure(0), "request_id": "r0", "ts": ts + 1}).result(timeout=30)
+    writer.close()
+    reader = EventReader(url)
+    assert list(reader.frame("e")["request_id"]) == ["r1", "r3", "r7", "r9", "r0"]
+    reader.close()

@@ -329,7 +329,7 @@ def final_reasons(final: dict) -> list[str]:
     and time, as serve.json and the router's user_config keep it): the live statistics then
     compare the arms in their new roles and no longer steer anything."""
     return [f"decided: {final['decision']} ({final['reason']}); automatic steps have stopped, "
-            "`rayload ab set-weights` starts a new ramp"]
+            "`rayload ab set-weights` starts a new ramp on the same evidence"]
 
 
 def _fmt(x) -> str:

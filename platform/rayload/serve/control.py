@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 
 from ..ab_spec import ABSpec, weight_issues
-from ..errors import RayloadError, SpecError
+from ..errors import RayloadError, SpecError, SpecIssue
 from ..paths import runs_root
 from .ingress import check_direct_ingress, direct_ingress_env, ingress_urls
+from .router_config import final_weights_issue
 from .run_state import _locked, load_state, new_generation, save_state  # noqa: F401  (load_state, save_state: public here)
 from .serve_config import NotRunningError, app_args, deploy, resolve_checkpoints, serve_config
 
@@ -179,6 +180,8 @@ def _apply(run_dir: str, state: dict, weights: dict[str, float], champion: str |
     champion = champion or user["champion"]
     if issues := weight_issues(weights, args["arms"], champion, where="weights", shadow=bool(user.get("shadow"))):
         raise SpecError(issues)
+    if decision in FINAL and (why := final_weights_issue(weights, champion)):
+        raise SpecError([SpecIssue("weights", f"a {decision} gives the champion all traffic and every other arm none", why, True)])
     now = time.time()  # a final decision rides in the user_config too: the router's GET /experiment reports it
     final = {"decision": decision, "reason": reason, "time": now} if decision in FINAL else None
     user.update(weights={a: float(weights[a]) for a in args["arms"]}, champion=champion, final=final)

@@ -239,6 +239,9 @@ class EventReader:
                  .where(exposures.c.experiment == experiment))
         if generation is not None:
             query = query.where(exposures.c.generation == generation)
+        # one order for rows of one time (a batch's exposures share its ts): the sequential test's
+        # looks cut the rows in time order, and without it a look could hold other rows next time
+        query = query.order_by(exposures.c.ts, exposures.c.request_id)
         with self.engine.connect() as conn:
             return pd.DataFrame(conn.execute(query).mappings().all(), columns=[c.name for c in query.selected_columns])
 

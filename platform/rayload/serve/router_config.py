@@ -25,7 +25,18 @@ def config_issues(config: dict, arms: list[str]) -> list[str]:
                                   and isinstance(final.get("reason"), str) and isinstance(final.get("time"), (int, float))):
         # a hand-edited one was kept, and every GET /experiment then failed reading it (a 500)
         return [f"user_config.final: null, or {{decision: promote | rollback, reason: text, time: seconds}} (got {final!r})"]
-    return [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
+    issues = [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
+    if final is not None and not issues and final_weights_issue(weights, champion):
+        # GET /experiment reported "decided: promote, automatic steps have stopped" while traffic was still split
+        issues.append(f"user_config.final: a {final['decision']} gives the champion all traffic: {final_weights_issue(weights, champion)}")
+    return issues
+
+
+def final_weights_issue(weights: dict, champion: str) -> str | None:
+    """Why `weights` are not those of a final decision (the champion 1.0, every other arm 0), or None."""
+    if weights.get(champion) == 1.0 and all(w == 0 for a, w in weights.items() if a != champion):
+        return None
+    return f"weights {dict(weights)} with champion {champion!r}"
 
 
 @dataclasses.dataclass(frozen=True)

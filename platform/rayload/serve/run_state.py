@@ -32,6 +32,18 @@ def save_state(run_dir: str, state: dict) -> None:
         f.flush()
         os.fsync(f.fileno())  # a restart after a crash reads it: never an empty file renamed into place
     os.replace(path + ".tmp", path)
+    # the rename itself is durable only once the folder is: a power cut could bring back the old
+    # serve.json, undoing a recorded promote or rollback
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError:  # a platform without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_state(run: str) -> tuple[str, dict]:
