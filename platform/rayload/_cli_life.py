@@ -14,7 +14,8 @@ from .cli import AddressOpt, SetOpt, _friendly, _g, app, console, err_console
 def compress(
     checkpoint: Annotated[str, typer.Argument(help="checkpoint directory (rayload train's output)")],
     method: Annotated[str, typer.Option(help="int8 (dynamic int8 linear layers, int8 embedding tables) or prune")] = "int8",
-    amount: Annotated[float, typer.Option(help="prune: fraction of linear weights (or neurons, with --structured) to cut")] = 0.5,
+    amount: Annotated[Optional[float], typer.Option(help="prune: fraction of linear weights (or neurons, with --structured) to cut "
+                                                          "[default: 0.5]")] = None,
     structured: Annotated[bool, typer.Option(help="prune whole output neurons instead of single weights")] = False,
     finetune_epochs: Annotated[int, typer.Option(help="prune: epochs of fine-tuning with the cut weights held at zero")] = 0,
     max_auc_drop: Annotated[float, typer.Option(help="refuse when the validation AUC drops by more than this")] = 0.002,

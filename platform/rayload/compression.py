@@ -69,17 +69,18 @@ class GateRefused(RayloadError):
         )
 
 
-def compress(checkpoint: str, method: Method = "int8", amount: float = 0.5, structured: bool = False, finetune_epochs: int = 0,
+def compress(checkpoint: str, method: Method = "int8", amount: float | None = None, structured: bool = False, finetune_epochs: int = 0,
              max_auc_drop: float = 0.002, out: str | None = None, spec=None, address: str | None = None,
              overrides=()) -> CompressResult:
     """Compress `checkpoint`; raises GateRefused (with both AUCs) when the gate fails.
-    `overrides` (key=value, as --set) change the job spec in its manifest; with `spec`, give
-    them to that spec instead."""
+    `amount`: prune only, the fraction to cut (default 0.5). `overrides` (key=value, as --set)
+    change the job spec in its manifest; with `spec`, give them to that spec instead."""
     from .evaluate import auc
     from .train import checkpoint as ckpt
     from .train.loop import class_weight_pair
 
     _check_args(method, amount, finetune_epochs, max_auc_drop, structured)
+    amount = 0.5 if amount is None else amount
     if spec is not None and overrides:
         raise RayloadError(f"overrides {list(overrides)} change the job spec in the checkpoint's manifest; with a spec given, "
                            "apply them to that spec (rayload compress --spec FILE --set ... does)")
@@ -227,10 +228,12 @@ def _check_remote_out(destination: str, origin: str) -> None:
         raise RayloadError(f"--out {destination} {what} the checkpoint being compressed; write the compressed copy somewhere else")
 
 
-def _check_args(method: str, amount: float, finetune_epochs: int, max_auc_drop: float, structured: bool = False) -> None:
+def _check_args(method: str, amount: float | None, finetune_epochs: int, max_auc_drop: float, structured: bool = False) -> None:
     if method not in ("int8", "prune"):
         raise RayloadError(f"--method must be int8 or prune, got {method!r}")
-    if not 0.0 < amount < 1.0:
+    if amount is not None and method != "prune":  # it was ignored: an int8 model written where half the weights were to go
+        raise RayloadError("--amount applies to --method prune only")
+    if amount is not None and not 0.0 < amount < 1.0:
         raise RayloadError(f"--amount is the fraction of weights to cut and must be in (0, 1), got {amount}")
     if finetune_epochs < 0 or not max_auc_drop >= 0 or math.isinf(max_auc_drop):  # NaN: every model refused, gains too
         raise RayloadError(f"--finetune-epochs and --max-auc-drop must be >= 0 (and finite), got {finetune_epochs} and {max_auc_drop}")

@@ -126,3 +126,20 @@ def test_structured_without_prune_is_refused_not_ignored():
 
     with pytest.raises(RayloadError, match="--structured applies to --method prune only"):
         compress("/no/such/checkpoint", "int8", structured=True)
+
+
+def test_amount_without_prune_is_refused_not_ignored(tmp_path):
+    """`compress --amount 0.9` with the default --method int8 was ignored: an int8 model was
+    written; left out, prune still cuts half."""
+    from typer.testing import CliRunner
+
+    from rayload import _cli_life  # noqa: F401  (registers compress)
+    from rayload.cli import app
+    from rayload.compression import compress
+
+    with pytest.raises(RayloadError, match="--amount applies to --method prune only"):
+        compress("/no/such/checkpoint", "int8", amount=0.9)
+    out = CliRunner().invoke(app, ["compress", str(tmp_path / "none"), "--amount", "0.9"])
+    assert out.exit_code == 2 and "--amount applies to --method prune only" in out.output
+    with pytest.raises(RayloadError, match="no checkpoint|does not exist|not found"):  # the default amount passes the checks
+        compress(str(tmp_path / "none"), "prune")
