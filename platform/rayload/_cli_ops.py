@@ -88,8 +88,9 @@ def _key_outputs(stage) -> str:
 @_friendly
 def demo(
     spec: Annotated[str, typer.Option(help="the demo pipeline spec")] = DEMO_PIPELINE,
-    trials: Annotated[Optional[int], typer.Option(help="trials of the search stage (default: the pipeline's)")] = None,
-    search_epochs: Annotated[Optional[int], typer.Option(help="most epochs of one search trial")] = None,
+    # min=1: a 0 was refused as the search spec's num_samples, a field the command line never named
+    trials: Annotated[Optional[int], typer.Option(min=1, help="trials of the search stage (default: the pipeline's)")] = None,
+    search_epochs: Annotated[Optional[int], typer.Option(min=1, help="most epochs of one search trial")] = None,
     port: Annotated[int, typer.Option(help="HTTP port of the demo A/B experiment")] = 8000,
     ab_requests: Annotated[Optional[int], typer.Option(help="simulated requests of the A/B test (default: the pipeline's)")] = None,
     run_id: Annotated[str, typer.Option(help="run folder runs/<run-id>/")] = "demo",

@@ -238,3 +238,15 @@ def test_the_sdk_functions_train_and_evaluate_are_also_their_modules():
 
     for dumps in (pickle.dumps, ray.cloudpickle.dumps):  # by reference, as a plain function was (Ray ships closures over it)
         assert pickle.loads(dumps(rayload.train)) is rayload.train and pickle.loads(dumps(rayload.evaluate)) is rayload.evaluate
+
+
+def test_demo_trials_of_0_are_refused_as_the_option_given():
+    """`demo --trials 0` was refused as the search spec's num_samples, a field the user never wrote."""
+    from typer.testing import CliRunner
+
+    from rayload import _cli_ops  # noqa: F401  (registers demo)
+    from rayload.cli import app
+
+    for option in ("--trials", "--search-epochs"):
+        r = CliRunner().invoke(app, ["demo", option, "0"])
+        assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.output and "num_samples" not in r.output, r.output
