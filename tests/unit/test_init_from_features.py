@@ -106,7 +106,8 @@ def test_out_of_fold_encoding_without_the_key_columns_is_a_data_error_naming_the
 def _transfer(path: str, folder: str, columns: list[tuple[str, str]]) -> JobSpec:
     return JobSpec.model_validate({
         "name": "ft", "data": {"source": {"kind": "parquet", "path": path}, "label": {"column": "y"},
-                               "columns": [{"name": n, "role": r} for n, r in columns]},
+                               "columns": [{"name": c[0], "role": c[1], **({"unit": c[2]} if len(c) > 2 else {})}
+                                           for c in columns]},
         "train": {"init_from": folder}})
 
 
@@ -115,6 +116,8 @@ def _transfer(path: str, folder: str, columns: list[tuple[str, str]]) -> JobSpec
     ([("x", "numeric"), ("c", "categorical"), ("ts", "timestamp"), ("z", "numeric")], r"\(not in the checkpoint: z\)"),
     ([("x", "categorical"), ("c", "categorical"), ("ts", "timestamp")], r"x \(numeric in the checkpoint, categorical here\)"),
     ([("x", "numeric"), ("c", "categorical")], r"\(missing: ts\)"),  # the source of the derived feature `hour`
+    # rows read as milliseconds, requests as the checkpoint's seconds: the hour of training and serving differed
+    ([("x", "numeric"), ("c", "categorical"), ("ts", "timestamp", "ms")], r"ts \(unit s in the checkpoint, ms here\)"),
 ])
 def test_init_from_a_checkpoint_fitted_on_other_columns_is_refused_naming_them(champion, tmp_path, columns, message):
     """A missing or retyped column failed with a bare pyarrow KeyError / ArrowTypeError, and an

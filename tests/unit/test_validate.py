@@ -138,7 +138,7 @@ def test_epoch_numbers_in_a_declared_unit_and_milliseconds_read_as_seconds():
     good, bad = validate_table(raw, ms)
     assert good.column("t").to_pylist() == [1_700_000_000.123, 1_700_000_000.0]
     assert bad.column("reason").to_pylist() == [
-        "t: a timestamp past the year 5000 read as epoch milliseconds; if the column counts microseconds, set unit: us on its entry in data.columns"]
+        "t: a timestamp more than 3,000 years from 1970 read as epoch milliseconds; if the column counts microseconds, set unit: us on its entry in data.columns"]
     # texts: numbers in the unit, dates in their own
     text = pa.table({"x": ["1", "2"], "c": ["a", "b"], "t": ["1700000000123", "2020-01-01T00:00:00Z"], "y": ["1", "0"]})
     assert validate_table(text, ms)[0].column("t").to_pylist() == [1_700_000_000.123, 1_577_836_800.0]
@@ -146,9 +146,20 @@ def test_epoch_numbers_in_a_declared_unit_and_milliseconds_read_as_seconds():
     good, bad = validate_table(raw.slice(0, 2), BINARY)
     assert good.num_rows == 0 and bad.num_rows == 2
     assert bad.column("reason")[0].as_py().endswith("read as epoch seconds; if the column counts milliseconds, set unit: ms on its entry in data.columns")
-    with pytest.raises(DataError, match="request row 1: t: a timestamp past the year 5000 read as epoch seconds"):
+    with pytest.raises(DataError, match="request row 1: t: a timestamp more than 3,000 years from 1970 read as epoch seconds"):
         validate_request([{"t": 1_700_000_000}, {"t": 1_700_000_000_000}], [stamp], {"t"})
     assert validate_request([{"t": 1_700_000_000_000}], [dict(stamp, unit="ms")], {"t"}).column("t").to_pylist() == [1_700_000_000.0]
+    # each far row gets the unit that reads it, not its neighbours'; a number past every unit gets none
+    good, bad = validate_table(pa.table({"x": [1.0] * 3, "c": ["a"] * 3, "t": [1.6e12, 1.6e18, -1.6e30], "y": [1, 0, 1]}), BINARY)
+    assert [r.split("; ")[-1] for r in bad.column("reason").to_pylist()] == [
+        "if the column counts milliseconds, set unit: ms on its entry in data.columns",
+        "if the column counts nanoseconds, set unit: ns on its entry in data.columns",
+        "t: a timestamp more than 3,000 years from 1970 read as epoch seconds"]
+    # numbers in ns are floored to whole microseconds, as the same instant typed or as text is
+    ns = dict(stamp, unit="ns")
+    typed = validate_request([{"t": "2020-09-13T12:26:40.123456789Z"}], [stamp], {"t"}).column("t").to_pylist()
+    assert validate_request([{"t": 1_600_000_000_123_456_789}], [ns], {"t"}).column("t").to_pylist() == typed
+    assert validate_request([{"t": "1600000000123456789"}], [ns], {"t"}).column("t").to_pylist() == typed
     # the spec: unit only on a timestamp column, and left out of the schema where unset
     base = {"name": "j", "data": {"source": {"kind": "csv", "path": "x.csv"}, "label": {"column": "y"},
                                   "columns": [{"name": "p", "role": "numeric", "unit": "ms"}, {"name": "y", "role": "label"}]}}

@@ -118,10 +118,15 @@ def check_fixed_columns(declared, fixed: FittedFeatures, where: str) -> None:
     declared_separators = {c.name: c.separator for c in declared if c.role == "multi_categorical"}
     retyped += [f"{n} (separator {separators[n]!r} in the checkpoint, {declared_separators[n]!r} here)"
                 for n in separators if n in declared_separators and declared_separators[n] != separators[n]]
+    # Likewise a timestamp's numbers: written with this data's unit, served with the checkpoint's
+    units = {c["name"]: c.get("unit") or "s" for c in fixed.columns if c["role"] == "timestamp" and c["name"] in fixed.derived_sources}
+    declared_units = {c.name: c.unit or "s" for c in declared if c.role == "timestamp"}
+    retyped += [f"{n} (unit {units[n]} in the checkpoint, {declared_units[n]} here)"
+                for n in units if n in declared_units and declared_units[n] != units[n]]
     if not (missing or retyped or extra):
         return
     found = "; ".join(f"{what}: {', '.join(names)}" for what, names in (
-        ("missing", missing), ("declared with another role or separator", retyped), ("not in the checkpoint", extra)) if names)
+        ("missing", missing), ("declared with another role, separator or unit", retyped), ("not in the checkpoint", extra)) if names)
     expected = ", ".join(f"{n}: {r}" for n, r in needed.items())
     raise DataError(f"{where} transforms the data with the checkpoint's fitted features, which were fitted on other columns than "
                     f"data.columns declares ({found}). Declare the checkpoint's columns ({expected}; plus this data's label), or "

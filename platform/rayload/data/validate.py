@@ -161,33 +161,48 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False, uni
     return _epoch_seconds(_numbers(arr, t, name, reasons, unit or "s"), name, reasons, unit)
 
 
-# Epoch numbers past this many seconds (the year 5138) are not seconds: read so, epoch milliseconds
-# became dates tens of thousands of years away (calendar parts NaN, "days" a thousand times too large)
+# Epoch numbers past this many seconds from 1970 (the year 5138, or 1200 BC) are not in their
+# unit: read as seconds, epoch milliseconds became dates tens of thousands of years away
+# (calendar parts NaN, "days" a thousand times too large)
 _LATEST_SECONDS = 1e11
 
 
 def _epoch_seconds(seconds: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
     """A timestamp column's epoch seconds, each one too far from 1970 for its unit refused with
-    the unit that would read it."""
+    the unit that would read that row (the coarsest finer unit that brings it back)."""
     size = np.abs(np.nan_to_num(seconds.to_numpy(zero_copy_only=False), nan=0.0, posinf=0.0, neginf=0.0))
     far = size > _LATEST_SECONDS
     if far.any():
         per = _TICKS_PER_SECOND[unit or "s"]
-        # the finest unit that brings the farthest of them back before the year 5138
-        guess = next((u for u, ticks in _TICKS_PER_SECOND.items() if ticks > per and size.max() * per / ticks <= _LATEST_SECONDS), None)
-        hint = (f"; if the column counts {_UNIT_NAMES[guess]}, set unit: {guess} on its entry in data.columns" if guess else "")
-        reasons.add(far, f"{name}: a timestamp past the year 5000 read as epoch {_UNIT_NAMES[unit or 's']}{hint}")
+        read = f"{name}: a timestamp more than 3,000 years from 1970 read as epoch {_UNIT_NAMES[unit or 's']}"
+        for finer, ticks in _TICKS_PER_SECOND.items():  # coarse to fine: the first that fits is the unit
+            if ticks > per:
+                reasons.add(far & (size * per / ticks <= _LATEST_SECONDS),
+                            f"{read}; if the column counts {_UNIT_NAMES[finer]}, set unit: {finer} on its entry in data.columns")
+        reasons.add(far, read)
     return seconds
 
 
 def _numbers(arr: pa.Array, t, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
     """Numbers as float64; `unit` set: a timestamp column, whose numbers count `unit`s since 1970
     and become seconds (its date texts parse to seconds)."""
-    per_second = float(_TICKS_PER_SECOND[unit or "s"])
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return _texts(arr, name, reasons, unit)
-    values = _float64(arr, t, name)
-    return values if per_second == 1 else pc.divide(values, per_second)
+    return _in_seconds(_float64(arr, t, name), unit)
+
+
+def _in_seconds(values, unit: str | None):
+    """Epoch numbers in `unit` as seconds (pyarrow or pandas values alike), floored to whole
+    microseconds below a second as typed and text timestamps are (`_seconds`, `_micro_seconds`).
+    Seconds, and plain numbers, stay as they are."""
+    if unit in (None, "s"):
+        return values
+    per = _TICKS_PER_SECOND[unit]
+    if isinstance(values, pd.Series):
+        micros = values * (1_000_000 // per) if per <= 1_000_000 else values / (per // 1_000_000)
+        return np.floor(micros) / 1e6
+    micros = pc.multiply(values, float(1_000_000 // per)) if per <= 1_000_000 else pc.divide(values, float(per // 1_000_000))
+    return pc.divide(pc.floor(micros), 1e6)
 
 
 def _float64(arr: pa.Array, t, name: str) -> pa.Array:
@@ -208,7 +223,7 @@ def _texts(arr: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.
     timestamp = unit is not None
     text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     blank = text.isna() | (text.str.strip() == "")
-    parsed = _parse_numbers(text, timestamp, _TICKS_PER_SECOND[unit] if timestamp else 1)
+    parsed = _parse_numbers(text, timestamp, unit)
     failed = (~blank & parsed.isna() & (text.str.strip().str.lower() != "nan")).to_numpy()
     reasons.add(failed, f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
     # A literal "nan" stays NaN (a NaN label is its own reason); blanks and failures are null.
@@ -236,13 +251,11 @@ def _seconds(arr: pa.Array) -> pa.Array:
     return pc.divide(arr.cast(pa.int64()).cast(pa.float64(), safe=False), float(per_second))
 
 
-def _parse_numbers(text: pd.Series, timestamp: bool, per_second: int = 1) -> pd.Series:
-    """Numeric texts as float64; for a timestamp, numbers divided by `per_second` (their unit's
-    ticks) and date texts as epoch seconds."""
+def _parse_numbers(text: pd.Series, timestamp: bool, unit: str | None = None) -> pd.Series:
+    """Numeric texts as float64; for a timestamp, numbers in `unit` as seconds (`_in_seconds`)
+    and date texts as epoch seconds."""
     lowered = text.str.strip().str.lower()
-    parsed = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64")
-    if per_second != 1:
-        parsed = parsed / per_second
+    parsed = _in_seconds(pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64"), unit)
     if timestamp:
         needs = parsed.isna() & lowered.notna()
         if needs.any():
