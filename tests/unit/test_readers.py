@@ -159,3 +159,52 @@ def test_an_empty_source_path_is_a_spec_error(path, message):
 
     with pytest.raises(Exception, match=message):
         FileSource(kind="csv", path=path)
+
+
+def test_jsonl_lines_end_at_newlines_and_a_line_nested_too_deep_is_quarantined():
+    """splitlines() broke a line at a lone \\r (whitespace inside JSON): one line became two bad
+    ones and every later line number was off by one; a line nested 1,200 deep raised
+    RecursionError and stopped the whole job."""
+    deep = b'{"a":' + b"[" * 1200 + b"]" * 1200 + b',"y":0}'
+    data = b'{"a":1,\r"y":0}\r\n{"a":2,"y":1}\n' + deep + b'\n{"a":[1],"y":1}\n'
+    table, bad = parse_jsonl(data, ["a", "y"], "f.jsonl")
+    assert table.column("a").to_pylist() == [1, 2]
+    assert [reason.split(":")[0] for _, reason in bad] == ["invalid JSON on line 3", "line 4"]
+    assert bad[0][1] == "invalid JSON on line 3: nested too deeply"
+
+
+def test_a_csv_line_holding_an_empty_quoted_value_is_a_row():
+    """A line `""` was taken for a blank line and dropped without a word (the record reader,
+    which a ragged file takes); with one column it is a row of one empty value."""
+    table, bad = parse_csv(b'a\n1\n""\n\n3\n', ["a"], "f.csv")
+    assert table.column("a").to_pylist() == ["1", None, "3"] and bad == []
+    table, bad = parse_csv(b'a,b\n1,2\n""\n3,4\n5\n', ["a", "b"], "f.csv")
+    assert table.column("a").to_pylist() == ["1", "3"]
+    assert [(text, reason) for text, reason in bad] == [('""', "malformed CSV line 3: expected 2 columns, got 1"),
+                                                        ("5", "malformed CSV line 5: expected 2 columns, got 1")]
+
+
+def test_reasons_are_counted_without_their_line_numbers_and_a_stop_after_the_write_shows_rows(tmp_path):
+    """Each bad CSV line was its own reason (57 KB of counts and error for 1,000 ragged rows); the
+    bad-fraction stop for rows the transform quarantined showed no example rows."""
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    def job(path, kind="csv", split=None, bad=0.5):
+        return JobSpec.model_validate({"name": "t", "data": {"source": {"kind": kind, "path": str(path)}, "max_bad_fraction": bad,
+                                                            "columns": [{"name": "x", "role": "numeric"}, {"name": "t", "role": "timestamp"}],
+                                                            "label": {"column": "y"}}, **({"split": split} if split else {})})
+
+    lines = ["x,t,y"] + [f"{i},{i},{i % 2}" if i % 2 else f"{i},{i},{i % 2},extra" for i in range(400)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    out = preprocess(job(tmp_path / "d.csv"), out=str(tmp_path / "pre"), engine="local")
+    assert out.counts["reasons"] == {"malformed CSV line N: expected 3 columns, got 4": 200}
+    quarantine = pq.read_table(str(tmp_path / "pre" / "quarantine")).column("reason").to_pylist()
+    assert sorted(quarantine)[0].startswith("malformed CSV line 1") and len(set(quarantine)) == 200  # each row keeps its line
+    # the last rows (temporal: test) are scaled past anything a model can score: quarantined by the transform
+    lines = ["x,t,y"] + [f"{1e13 if i >= 380 else i % 7},{i},{i % 2}" for i in range(400)]
+    (tmp_path / "far.csv").write_text("\n".join(lines) + "\n")
+    split = {"kind": "temporal", "train": 0.8, "val": 0.1, "test": 0.1}
+    with pytest.raises(DataError, match=r"20 of 400 rows .* are bad[\s\S]*examples:\n  - x: ") as info:
+        preprocess(job(tmp_path / "far.csv", split=split, bad=0.01), out=str(tmp_path / "pre2"), engine="local")
+    assert str(info.value).count("\n  - ") == 3

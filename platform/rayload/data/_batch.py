@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,9 +105,16 @@ def fit_pass(batch: pa.Table, plan: BatchPlan) -> pa.Table:
     return _pickled(results)
 
 
+_LINE = re.compile(r"\bline \d+\b")
+
+
 def _reason_counts(bad: pa.Table) -> dict[str, int]:
+    """Quarantined rows per reason, a reason's line number left out (each row keeps it in the
+    quarantine): one entry per bad CSV/JSONL line grew the counts and the max_bad_fraction
+    error by a line each (57 KB for 1,000 ragged rows)."""
     counts: dict[str, int] = {}
     for reason in bad.column("reason").to_pylist():
+        reason = _LINE.sub("line N", reason)
         counts[reason] = counts.get(reason, 0) + 1
     return counts
 

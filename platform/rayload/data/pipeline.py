@@ -328,6 +328,19 @@ def _non_finite(obj, path: str = "") -> tuple[str, float] | None:
     return None
 
 
+def _quarantined(out_dir: str, files: list[str], n: int = 3) -> list[dict]:
+    """The first `n` rows of the quarantine shards just written (reason and row), for an error
+    that stops the run after the write pass: it showed none."""
+    fs, base = filesystem(out_dir)
+    out: list[dict] = []
+    for path in files:
+        table = pq.read_table(path if path.startswith(base) else f"{base}/{path}", filesystem=fs, columns=["reason", "row"])
+        out += table.slice(0, n - len(out)).to_pylist()
+        if len(out) >= n:
+            break
+    return out
+
+
 def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str, counts: dict, manifest: list[dict],
             spec=None) -> PreprocessResult:
     files: dict[str, list[str]] = {}
@@ -337,7 +350,7 @@ def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str
     written = {s: sum(r["rows"] for r in manifest if r["split"] == s) for s in (*SPLIT_NAMES, "quarantine")}
     moved = with_moved(counts, manifest)
     if moved is not counts and spec is not None:  # rows the transform quarantined count as the others do
-        check_bad_fraction(moved, [], spec.data.max_bad_fraction)
+        check_bad_fraction(moved, [{"examples": _quarantined(out_dir, files.get("quarantine", []))}], spec.data.max_bad_fraction)
         check_split_rows(moved["split_rows"], spec.split)
     counts = moved
     if written["quarantine"] != counts["quarantined"]:

@@ -160,7 +160,7 @@ def _read_csv_records(data: bytes, names: list[str], source: str) -> tuple[pa.Ta
             fields, error = _fields(b"\n".join(lines[first:last + 1]).rstrip(b"\r"), strict=last > first)
         text = b"\n".join(lines[first:last + 1]).rstrip(b"\r").decode(errors="replace")
         i = last + 1
-        if fields == [""] and not error:  # a blank line
+        if not text and not error:  # a blank line (a line holding "" is a record: one empty value)
             continue
         if header is None:
             header = fields
@@ -262,7 +262,10 @@ def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str]
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
     lines: list[tuple[int, bytes]] = []  # each row's line, for the rows refused below
-    for number, line in enumerate(data.splitlines(), start=1):
+    # lines end at \n (a \r before it dropped): splitlines() also broke lines at a lone \r, which is
+    # whitespace inside JSON, and at form feeds and the like (one line read as two bad ones)
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        line = line.removesuffix(b"\r")
         if not line.strip():
             continue
         try:
@@ -272,6 +275,9 @@ def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str]
             continue
         except ValueError as exc:
             malformed.append((line.decode(errors="replace"), f"invalid JSON on line {number}: {getattr(exc, 'msg', exc)}"))
+            continue
+        except RecursionError:  # nested ~1,000 deep: it stopped the whole job
+            malformed.append((line.decode(errors="replace"), f"invalid JSON on line {number}: nested too deeply"))
             continue
         if not isinstance(obj, dict):
             malformed.append((line.decode(errors="replace"), f"line {number} is not a JSON object"))
