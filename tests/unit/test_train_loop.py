@@ -541,11 +541,33 @@ def test_a_resumed_worker_trains_its_first_epoch_in_the_order_the_run_would_have
     assert streamed.reads == 2
 
 
+def test_a_resumed_worker_keeps_to_a_lower_cache_budget_or_fewer_ranks():
+    """A resumed worker read its whole epoch into memory whenever the checkpoint said the run had
+    cached, past a train.worker_cache_mb lowered at the relaunch (or more rows per rank after a
+    restart on fewer ranks): the size the cache had, and on how many ranks, travels with it now."""
+    t = table(2048, 0)
+    whole = StreamSession(t, cache_bytes=2**20)
+    list(whole.train_batches(0, 128))
+    assert whole.cached is True and 0 < whole.cache_bytes <= 2**20
+    # a lower budget; and two ranks' halves that fit, now one rank holding both
+    for budget, before, world in ((1000, whole.cache_bytes, 1), (whole.cache_bytes // 2 + 100, whole.cache_bytes // 2, 2)):
+        resumed = StreamSession(t, cache_bytes=budget)
+        resumed.cached_before, resumed.cached_before_bytes, resumed.cached_before_world = True, before, world
+        list(resumed.train_batches(2, 128))
+        assert resumed.cached is False and getattr(resumed, "_train_cache", None) is None, (budget, world)
+    same = StreamSession(t, cache_bytes=2**20)
+    same.cached_before, same.cached_before_bytes, same.cached_before_world = True, whole.cache_bytes, 1
+    list(same.train_batches(2, 128))
+    assert same.cached is True and same.cache_bytes == whole.cache_bytes
+
+
 def test_the_cache_state_travels_in_the_checkpoint(tmp_path):
     session = MemorySession(table(512, 0), table(256, 1), str(tmp_path))
     session._train_cache = (256, [])  # Session.cached is True: this rank kept its batches
+    session.cache_bytes = 4096
     run(job(epochs=1), features(), session, {"train_rows": 512, "manifest": {}})
-    assert ckpt.load_train_state(session.reports[-1][1])["state"].cached is True
+    state = ckpt.load_train_state(session.reports[-1][1])["state"]
+    assert (state.cached, state.cached_bytes, state.cached_world) == (True, 4096, 1)
 
 
 @pytest.mark.parametrize("rows,world,batch,k", [(1000, 1, 300, 1), (7800, 2, 400, 4), (4096, 1, 256, 1), (1001, 2, 250, 2),

@@ -40,6 +40,8 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     restarts: int = 0  # times this run resumed from a checkpoint (worker or driver failures)
     cached: bool | None = None  # whether the ranks trained from their batch cache (Session.cached)
+    cached_bytes: int | None = None  # then: the largest rank's cached bytes (Session.cache_bytes)
+    cached_world: int | None = None  # and the ranks that held them
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -108,6 +110,7 @@ def save(path: str, model, features: FittedFeatures, model_config: dict, train: 
         # "rng": rank 0's (what readers from before the per-rank states restore on every rank)
         "rng": rngs[0], "rng_ranks": rngs,
         "epoch": ts.epoch, "step": ts.step, "best": ts.best, "bad_epochs": ts.bad_epochs, "restarts": ts.restarts, "cached": ts.cached,
+        "cached_bytes": ts.cached_bytes, "cached_world": ts.cached_world,
         "history": json.dumps(ts.history),
     }, os.path.join(path, STATE))
     features.save(os.path.join(path, FEATURES))
@@ -126,7 +129,7 @@ def load_train_state(path: str) -> dict:
     path = localize(path)
     raw = torch.load(os.path.join(path, STATE), weights_only=True, map_location="cpu")
     raw["state"] = TrainState(raw["epoch"], raw["step"], raw["best"], raw["bad_epochs"], json.loads(raw["history"]), raw["restarts"],
-                              raw.get("cached"))
+                              raw.get("cached"), raw.get("cached_bytes"), raw.get("cached_world"))
     return raw
 
 

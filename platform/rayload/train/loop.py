@@ -367,6 +367,7 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
             trainer.restore(path)
             trainer.state.restarts += 1
             session.cached_before = trainer.state.cached
+            session.cached_before_bytes, session.cached_before_world = trainer.state.cached_bytes, trainer.state.cached_world
             log.info("rank %d resumed from %s at epoch %d, step %d", session.rank, path, trainer.state.epoch + 1, trainer.state.step)
     history = trainer.state.history
     if history and (history[-1].get("early_stopped") or trainer.state.epoch + 1 >= spec.train.epochs):
@@ -379,6 +380,7 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
     for epoch in range(trainer.state.epoch + 1, spec.train.epochs):
         metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}
         trainer.state.cached = session.cached
+        trainer.state.cached_bytes, trainer.state.cached_world = (session.cache_bytes, session.world_size) if session.cached else (None, None)
         metrics.update(trainer.validate())
         _check_scored(spec, features, context, metrics)
         stop = trainer.early_stop(metrics)

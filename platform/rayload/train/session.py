@@ -69,17 +69,31 @@ class Session:
         budget = self.loader.get("cache_bytes", 0)
         if not budget or self.cached is False:
             return stream
-        if epoch > 0 and self.cached is None and self.cached_before:
+        if epoch > 0 and self.cached is None and self.cached_before and self._fits_as_before(budget):
             # A run resumed in this process (after a restart): the cache it had is gone. Read it
-            # again before training on it (it fit in the budget before: the same rows), then
-            # train in this epoch's seeded order, the one the run would have had uninterrupted.
+            # again before training on it (it fit in this budget before: the same rows on as many
+            # ranks), then train in this epoch's seeded order, the one the run would have had
+            # uninterrupted.
             self._train_cache = (batch_size, _Rows(list(stream)))
+            self.cache_bytes = self.cached_before_bytes
             return self._train_cache[1].batches(seed)
         return self._keeping(stream, batch_size, budget)
 
     # Set by the loop from a restored checkpoint: whether the run kept its training batches in
-    # the cache before it stopped (None: not known, a checkpoint written before this was kept).
+    # the cache before it stopped (None: not known, a checkpoint written before this was kept),
+    # the largest rank's kept bytes and the ranks it had then (None: not recorded).
     cached_before: bool | None = None
+    cached_before_bytes: int | None = None
+    cached_before_world: int | None = None
+    cache_bytes: int | None = None  # the largest rank's kept bytes, once the batches are cached
+
+    def _fits_as_before(self, budget: int) -> bool:
+        """Whether the resumed run's cache fits this launch: a relaunch may lower
+        train.worker_cache_mb, and a group restarted on fewer ranks gives each more rows; read
+        whole regardless, one epoch went into memory past the budget meant to prevent that."""
+        if self.cached_before_bytes is None:  # a checkpoint from before the size was kept: as it was
+            return True
+        return self.cached_before_world == self.world_size and self.cached_before_bytes <= budget
 
     @property
     def cached(self) -> bool | None:
@@ -104,12 +118,14 @@ class Session:
         whole = bool(kept)
         if self.world_size > 1:
             # Every rank caches or none does: a rank that streams alone would wait forever at
-            # the streaming split's next epoch for ranks that no longer read it.
-            flag = torch.tensor([int(whole)], device=self.device)  # NCCL reduces CUDA tensors only
+            # the streaming split's next epoch for ranks that no longer read it. The largest
+            # rank's bytes ride along (as a minimum of their negatives), for a resume to compare.
+            flag = torch.tensor([int(whole), -size], dtype=torch.int64, device=self.device)  # NCCL reduces CUDA tensors only
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            whole = bool(flag.item())
+            whole, size = bool(flag[0].item()), -int(flag[1].item())
         if whole:
             self._train_cache = (batch_size, _Rows(kept))
+            self.cache_bytes = size
         else:
             self._streaming = True  # every later epoch streams, without trying to keep it again
             log.info("rank %d: training batches exceed train.worker_cache_mb (here or on another rank); streaming every epoch", self.rank)
