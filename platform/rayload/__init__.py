@@ -116,7 +116,8 @@ def run(spec, run_id: str | None = None, overrides=(), address: str | None = Non
     if isinstance(spec, PipelineSpec) and overrides:  # they were dropped without a word
         raise TypeError("overrides apply to a spec file; change a PipelineSpec with model_copy")
     pipeline = spec if isinstance(spec, PipelineSpec) else load_pipeline(spec, list(overrides))
-    return run_stages(pipeline, run_id, address, tuple(force))
+    # one stage's name as a string was split into letters ("ab": --force names no stage: ['a', 'b'])
+    return run_stages(pipeline, run_id, address, (force,) if isinstance(force, str) else tuple(force))
 
 
 def compress(checkpoint: str, method: str = "int8", **options):

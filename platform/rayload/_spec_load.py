@@ -61,8 +61,8 @@ def read_yaml(path: str) -> dict:
         raise SpecError([SpecIssue("", f"not valid YAML: {exc}")], file=path) from None
     except OSError as exc:
         raise SpecError([SpecIssue("", f"cannot read the spec file: {exc.strerror or exc}")], file=path) from None
-    if raw is None:
-        raw = {}
+    if raw is None:  # it was read as a job spec missing name and data
+        raise SpecError([SpecIssue("", "the file is empty (or only comments): a spec is a mapping of its sections")], file=path)
     if not isinstance(raw, dict):
         raise SpecError([SpecIssue("", "the top level must be a mapping of sections", raw, True)], file=path)
     return raw

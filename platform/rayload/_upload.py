@@ -33,7 +33,7 @@ def check_spec(spec: str, sets=(), working_dir: str | None = None) -> None:
         path = pipeline.path(given)
         where = f"stages[{i}] ({stage.name}).{field}"
         files.append((where, path, not os.path.isabs(os.path.expanduser(given))))
-        files += [(w, p, False) for w, p in _read_by(stage.kind, path, where)]
+        files += [(w, p, False) for w, p in _read_by(stage, path, where)]
     issues = []
     for where, path, relative in files:
         why = None if "://" in path else _not_uploaded(path, working_dir)
@@ -43,17 +43,20 @@ def check_spec(spec: str, sets=(), working_dir: str | None = None) -> None:
         raise SpecError(issues, file=spec)
 
 
-def _read_by(kind: str, path: str, where: str) -> list[tuple[str, str]]:
-    """The files a stage's own spec names in turn: a search's base job, an A/B arm's job or checkpoint."""
-    if kind == "tune":
+def _read_by(stage, path: str, where: str) -> list[tuple[str, str]]:
+    """The files a stage's own spec names in turn, as the stage reads it (its `set` applied): a
+    search's base job, an A/B arm's job or checkpoint (none when the stage fills its arms with
+    earlier stages' models). Read without the stage's `set`, a base it moved was missed and arms
+    it replaces were refused."""
+    if stage.kind == "tune":
         from .search_job import load_search_spec
 
-        return [(f"{where} -> base", load_search_spec(path).base)]
-    if kind == "ab":
+        return [(f"{where} -> base", load_search_spec(path, stage.set).base)]
+    if stage.kind == "ab" and not stage.champion:
         from .ab_spec import load_ab_spec
 
         return [(f"{where} -> arms[{j}].{'job' if arm.job else 'checkpoint'}", arm.job or arm.checkpoint)
-                for j, arm in enumerate(load_ab_spec(path).arms) if arm.job or arm.checkpoint]
+                for j, arm in enumerate(load_ab_spec(path, stage.set).arms) if arm.job or arm.checkpoint]
     return []
 
 

@@ -92,7 +92,10 @@ class PipelineSpec(_Spec):
     folder: str = ""  # set at load: the pipeline file's folder (paths resolve against it)
 
     def stage(self, name: str):
-        return next(s for s in self.stages if s.name == name)
+        found = next((s for s in self.stages if s.name == name), None)
+        if found is None:  # a bare StopIteration named nothing
+            raise KeyError(f"no stage named {name!r}; the stages are {', '.join(s.name for s in self.stages)}")
+        return found
 
     def path(self, relative: str) -> str:
         if "://" in relative:
@@ -128,8 +131,9 @@ def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
             if ref is None:
                 continue
             if ref not in seen:
-                later = any(s.name == ref for s in spec.stages[i:])
-                what = "names a later stage; a stage can only use the outputs of stages before it" if later else \
+                later = any(s.name == ref for s in spec.stages[i + 1:])
+                what = ("names this stage itself; a stage can only use the outputs of stages before it" if ref == stage.name else
+                        "names a later stage; a stage can only use the outputs of stages before it") if later or ref == stage.name else \
                     f"no stage of that name before it; earlier stages: {list(seen) or 'none'}"
                 issues.append(SpecIssue(f"{where}.{field}", what, ref, True))
             elif seen[ref] not in kinds:
@@ -191,16 +195,41 @@ def single_stage(path: str, raw: dict) -> dict:
     return {"name": raw.get("name") or os.path.splitext(name)[0], "stages": stages[spec_kind(raw)]}
 
 
+def _inner_fields(kind: str) -> set[str]:
+    """The top-level fields of the spec a stage of `kind` reads (its `set` applies to it)."""
+    from .ab_spec import ABSpec
+    from .search_spec import SearchSpec
+    from .spec import JobSpec
+
+    model = {"prepare": JobSpec, "train": JobSpec, "tune": SearchSpec, "ab": ABSpec}.get(kind)
+    return set(model.model_fields) if model else set()
+
+
 def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str, list[str]]]:
-    """`--set` items whose first part names a stage go to that stage's `set` (`baseline.train.epochs=2`);
-    the rest apply to the pipeline spec itself."""
+    """`--set` items whose first part names a stage go to that stage: a field of the stage itself
+    that its spec does not have (`decide.act=false`, `ab.traffic=live`) as
+    `stages.<i>.<field>`, anything else to its `set` (`baseline.train.epochs=2`); the rest apply
+    to the pipeline spec itself. A pipeline of one spec (`rayload run jobs/x.yaml`) also takes
+    that spec's own paths (`train.epochs=3` for its stage named train)."""
     names = [s.name for s in spec.stages]
     own, per_stage = [], {}
     for item in overrides:
+        key = item.partition("=")[0]
         # the longest stage name the item starts with: a stage name may hold dots (base.v2)
         head = max((n for n in names if item.startswith(n + ".")), key=len, default=None)
         if head is not None:
-            per_stage.setdefault(head, []).append(item[len(head) + 1:])
+            i, rest = names.index(head), item[len(head) + 1:]
+            stage = spec.stages[i]
+            field, inner = rest.partition("=")[0].partition(".")[0], _inner_fields(stage.kind)
+            if field in type(stage).model_fields and field not in inner and field not in ("name", "kind", "set"):
+                own.append(f"stages.{i}.{rest}")
+                continue
+            whole = [j for j, s in enumerate(spec.stages) if key.partition(".")[0] in _inner_fields(s.kind)]
+            if field not in inner and field not in type(stage).model_fields and len(whole) == 1:
+                # `rayload run jobs/x.yaml --set train.epochs=3`: the job's own path, not the stage named train
+                per_stage.setdefault(names[whole[0]], []).append(item)
+                continue
+            per_stage.setdefault(head, []).append(rest)
         elif item.partition(".")[0].partition("=")[0] in ("name", "stages"):
             own.append(item)
         else:  # was "model: unknown field; allowed: folder, name, stages", folder being internal
@@ -209,17 +238,24 @@ def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str,
     return own, per_stage
 
 
-def with_stage_sets(spec: PipelineSpec, per_stage: dict[str, list[str]]) -> PipelineSpec:
+def with_stage_sets(spec: PipelineSpec, per_stage: dict[str, list[str]], file: str | None = None) -> PipelineSpec:
     """The same pipeline with more `set` overrides for the named stages (checked again)."""
     from ._spec_load import validate_model
 
     raw = spec.model_dump(mode="json")
-    for stage in raw["stages"]:
+    names = [stage["name"] for stage in raw["stages"]]
+    for name in per_stage:
+        if name not in names:  # a --set renamed it (stages.N.name): its overrides were dropped without a word
+            raise SpecError([SpecIssue(f"--set {name}", f"no stage is named {name} once the other --set items are applied "
+                                       f"(stages: {', '.join(names)}); name a renamed stage by its new name")], file=file)
+    for i, stage in enumerate(raw["stages"]):
         if stage["name"] in per_stage and "set" in stage:
             stage["set"] = [*stage["set"], *per_stage[stage["name"]]]
         elif stage["name"] in per_stage:
-            raise SpecError([SpecIssue(f"--set {stage['name']}", f"a {stage['kind']} stage takes no overrides")])
-    return validate_model(PipelineSpec, raw, check=pipeline_issues)
+            raise SpecError([SpecIssue(f"--set {stage['name']}", f"a {stage['kind']} stage has no spec of its own to override; "
+                                       f"its fields ({', '.join(f for f in type(spec.stages[i]).model_fields if f not in ('name', 'kind'))}) "
+                                       f"are set as {stage['name']}.FIELD=VALUE", per_stage[stage["name"]], True)], file=file)
+    return validate_model(PipelineSpec, raw, check=pipeline_issues, file=file)
 
 
 def load_pipeline(path: str, overrides=()) -> PipelineSpec:
@@ -228,4 +264,4 @@ def load_pipeline(path: str, overrides=()) -> PipelineSpec:
     own, per_stage = split_overrides(spec, overrides)
     if own:
         spec = load_pipeline_spec(path, own)
-    return with_stage_sets(spec, per_stage) if per_stage else spec
+    return with_stage_sets(spec, per_stage, file=path) if per_stage else spec

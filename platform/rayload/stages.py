@@ -56,7 +56,10 @@ class PipelineResult:
     stages: list[StageResult]
 
     def outputs(self, name: str) -> dict:
-        return next(s.outputs for s in self.stages if s.name == name)
+        found = next((s for s in self.stages if s.name == name), None)
+        if found is None:  # a bare StopIteration named nothing (and became a RuntimeError in a generator)
+            raise KeyError(f"no stage named {name!r} in run {self.run_id}; its stages: {', '.join(s.name for s in self.stages) or 'none'}")
+        return found.outputs
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,7 @@ check asks the cluster, a spec that does not load is never uploaded, the job get
 RAYLOAD_HOME, an unreachable address fails without ray.init (which retries for minutes),
 and RAY_AUTH_TOKEN_PATH is honoured."""
 
+import os
 import re
 import socket
 
@@ -208,3 +209,34 @@ def test_submit_refuses_a_spec_the_uploads_gitignore_leaves_out(tmp_path):
     with pytest.raises(SpecError, match=r"ignored by the .gitignore or .rayignore in sub/"):
         check_spec(str(tmp_path / "sub" / "secret" / "job.yaml"), working_dir=str(tmp_path))
     check_spec(str(tmp_path / "jobs" / "job.yaml"), working_dir=str(tmp_path))
+
+
+def test_the_upload_check_reads_each_stage_spec_as_the_stage_does(tmp_path, monkeypatch):
+    """It read a stage's search or A/B spec without the stage's `set` and listed A/B arms the
+    stage replaces with earlier stages' models: a checkpoint arm under runs/ that the stage never
+    reads was refused, and a base job the stage's `set` moved into runs/ was let through."""
+    import shutil
+
+    from rayload._upload import check_spec
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for folder in ("jobs", "tune"):
+        shutil.copytree(os.path.join(root, folder), tmp_path / folder)
+    (tmp_path / "runs" / "train" / "r1" / "epoch_0001").mkdir(parents=True)
+    shutil.copy(tmp_path / "jobs" / "movielens_deepfm.yaml", tmp_path / "runs" / "base.yaml")
+    (tmp_path / "jobs" / "ab_ck.yaml").write_text(
+        "name: ab_ck\narms:\n  - {name: a, weight: 0.9, checkpoint: ../runs/train/r1/epoch_0001}\n"
+        "  - {name: b, weight: 0.1, job: movielens_deepfm.yaml}\nchampion: a\n")
+    (tmp_path / "jobs" / "filled.yaml").write_text(
+        "name: p\nstages:\n  - {name: base, kind: train, job: movielens_deepfm.yaml}\n"
+        "  - {name: search, kind: tune, search: ../tune/movielens_bayes.yaml}\n"
+        "  - {name: ab, kind: ab, spec: ab_ck.yaml, champion: base, challenger: search, traffic: simulate}\n")
+    (tmp_path / "jobs" / "moved.yaml").write_text(
+        "name: p2\nstages:\n  - {name: search, kind: tune, search: ../tune/movielens_bayes.yaml, set: [base=../runs/base.yaml]}\n")
+    monkeypatch.chdir(tmp_path)
+    check_spec("jobs/filled.yaml", [], ".")
+    with pytest.raises(SpecError, match=r"stages\[0\] \(search\).search -> base: in an excluded folder \(runs/\)"):
+        check_spec("jobs/moved.yaml", [], ".")
+    (tmp_path / "jobs" / "arms.yaml").write_text("name: p3\nstages:\n  - {name: ab, kind: ab, spec: ab_ck.yaml, traffic: simulate}\n")
+    with pytest.raises(SpecError, match=r"stages\[0\] \(ab\).spec -> arms\[0\].checkpoint: in an excluded folder \(runs/\)"):
+        check_spec("jobs/arms.yaml", [], ".")

@@ -66,8 +66,31 @@ def test_set_routes_stage_fields_and_pipeline_fields():
     spec = load_pipeline(PIPELINE, ["search.num_samples=3", "name=other"])
     assert spec.name == "other"
     assert spec.stage("search").set[-1] == "num_samples=3"
-    with pytest.raises(SpecError, match="takes no overrides"):
-        load_pipeline(PIPELINE, ["decide.act=false"])
+    # a stage's own field its spec does not have is the stage's (it was "takes no overrides" for
+    # decide.act, and "traffic: unknown field" of the A/B spec for ab.traffic)
+    spec = load_pipeline(PIPELINE, ["decide.act=false", "ab.traffic=live", "ab.simulate.requests=10"])
+    assert spec.stage("decide").act is False and spec.stage("ab").traffic == "live"
+    assert spec.stage("ab").set[-1] == "simulate.requests=10"
+    with pytest.raises(SpecError, match=r"--set decide: a decide stage has no spec of its own to override; its fields \(experiment, act\)"):
+        load_pipeline(PIPELINE, ["decide.analysis.alpha=0.1"])
+
+
+def test_set_items_of_a_renamed_stage_and_a_missing_stage_are_named():
+    """Routed by the names in the file, a stage renamed by the same call lost its items silently."""
+    with pytest.raises(SpecError, match=r"--set baseline: no stage is named baseline once the other --set items are applied") as info:
+        load_pipeline(PIPELINE, ["stages.1.name=b2", "stages.3.champion=b2", "baseline.train.epochs=2"])
+    assert info.value.file == PIPELINE
+    spec = load_pipeline(PIPELINE)
+    with pytest.raises(KeyError, match="no stage named 'Search'; the stages are prepare, baseline, search, ab, decide"):
+        spec.stage("Search")
+
+
+def test_a_single_job_run_takes_the_jobs_own_paths():
+    """`rayload run jobs/x.yaml --set train.epochs=3` was read as stage `train`, field `epochs`."""
+    job = os.path.join(ROOT, "jobs", "movielens_deepfm.yaml")
+    assert load_pipeline(job, ["train.epochs=3"]).stages[0].set == ["train.epochs=3"]
+    assert load_pipeline(job, ["train.train.epochs=3"]).stages[0].set == ["train.epochs=3"]
+    assert load_pipeline(job, ["train.model.embedding_dim=8"]).stages[0].set == ["model.embedding_dim=8"]
 
 
 @pytest.mark.parametrize("name, kinds", [("movielens_deepfm.yaml", ["train"]), ("ab_movielens.yaml", ["ab", "decide"])])
@@ -149,3 +172,24 @@ def test_an_ab_stage_fingerprint_reads_its_arms_job_specs_and_checkpoints(tmp_pa
     shutil.copy(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), job)
     one = runners._arm_identity({"job": str(job), "set": []})
     assert runners._arm_identity({"job": str(job), "set": ["train.epochs=3"]}) != one
+
+
+def test_sdk_and_loader_edges_name_the_problem(tmp_path):
+    """An empty file was read as a job spec lacking name and data; a stage naming itself was
+    told it "names a later stage"; PipelineResult.outputs of a stage that did not run raised a
+    bare StopIteration; rayload.run(force="ab") forced stages 'a' and 'b'."""
+    import rayload
+    from rayload.stages import PipelineResult
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(SpecError, match="the file is empty"):
+        load_pipeline(str(empty))
+    with pytest.raises(SpecError, match=r"stages\[4\]\.experiment: names this stage itself"):
+        load_pipeline(PIPELINE, ["stages.4.experiment=decide"])
+    with pytest.raises(KeyError, match="no stage named 'search' in run r1; its stages: prepare"):
+        PipelineResult("r1", str(tmp_path), [type("S", (), {"name": "prepare", "outputs": {}})()]).outputs("search")
+    from rayload.errors import RayloadError
+
+    with pytest.raises(RayloadError, match=r"names no stage: \['nosuch'\]"):
+        rayload.run(os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), force="nosuch")
