@@ -205,7 +205,7 @@ def _inner_fields(kind: str) -> set[str]:
     return set(model.model_fields) if model else set()
 
 
-def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str, list[str]]]:
+def split_overrides(spec: PipelineSpec, overrides, single: bool = False) -> tuple[list[str], dict[str, list[str]]]:
     """`--set` items whose first part names a stage go to that stage: a field of the stage itself
     that its spec does not have (`decide.act=false`, `ab.traffic=live`) as
     `stages.<i>.<field>`, anything else to its `set` (`baseline.train.epochs=2`); the rest apply
@@ -224,17 +224,19 @@ def split_overrides(spec: PipelineSpec, overrides) -> tuple[list[str], dict[str,
             if field in type(stage).model_fields and field not in inner and field not in ("name", "kind", "set"):
                 own.append(f"stages.{i}.{rest}")
                 continue
-            whole = [j for j, s in enumerate(spec.stages) if key.partition(".")[0] in _inner_fields(s.kind)]
-            if field not in inner and field not in type(stage).model_fields and len(whole) == 1:
+            if single and field not in inner and field not in type(stage).model_fields and key.partition(".")[0] in inner:
                 # `rayload run jobs/x.yaml --set train.epochs=3`: the job's own path, not the stage named train
-                per_stage.setdefault(names[whole[0]], []).append(item)
+                per_stage.setdefault(head, []).append(item)
                 continue
             per_stage.setdefault(head, []).append(rest)
         elif item.partition(".")[0].partition("=")[0] in ("name", "stages"):
             own.append(item)
+        elif single and key.partition(".")[0] in _inner_fields(spec.stages[0].kind):
+            # a spec run as its own stages takes its own paths (data.max_bad_fraction=0.2)
+            per_stage.setdefault(names[0], []).append(item)
         else:  # was "model: unknown field; allowed: folder, name, stages", folder being internal
-            raise SpecError([SpecIssue("--set", f"the first part names a stage of the pipeline ({', '.join(names)}) or its name; "
-                                       f"for a stage's field: {names[0]}.{item}", item, True)])
+            raise SpecError([SpecIssue("--set", f"the first part names a stage of the pipeline ({', '.join(names)}) or the "
+                                       "pipeline's own name or stages: STAGE.field=value changes one stage", item, True)])
     return own, per_stage
 
 
@@ -246,8 +248,7 @@ def with_stage_sets(spec: PipelineSpec, per_stage: dict[str, list[str]], file: s
     names = [stage["name"] for stage in raw["stages"]]
     for name in per_stage:
         if name not in names:  # a --set renamed it (stages.N.name): its overrides were dropped without a word
-            raise SpecError([SpecIssue(f"--set {name}", f"no stage is named {name} once the other --set items are applied "
-                                       f"(stages: {', '.join(names)}); name a renamed stage by its new name")], file=file)
+            raise SpecError([SpecIssue(f"--set {name}", f"no stage is named {name} (stages: {', '.join(names)})")], file=file)
     for i, stage in enumerate(raw["stages"]):
         if stage["name"] in per_stage and "set" in stage:
             stage["set"] = [*stage["set"], *per_stage[stage["name"]]]
@@ -259,9 +260,18 @@ def with_stage_sets(spec: PipelineSpec, per_stage: dict[str, list[str]], file: s
 
 
 def load_pipeline(path: str, overrides=()) -> PipelineSpec:
-    """load_pipeline_spec, with `--set STAGE.field=value` routed to that stage."""
+    """load_pipeline_spec, with `--set STAGE.field=value` routed to that stage. The pipeline's
+    own items (`name=`, `stages.N.field=`) apply first, so the others find a stage by the name
+    those give it (routed by the file's names, a renamed stage could take no overrides)."""
+    from ._spec_load import read_yaml, spec_kind
+
     spec = load_pipeline_spec(path)
-    own, per_stage = split_overrides(spec, overrides)
+    single = spec_kind(read_yaml(path)) != "pipeline"
+    own = [item for item in overrides if item.partition(".")[0].partition("=")[0] in ("name", "stages")
+           and not any(item.startswith(s.name + ".") for s in spec.stages)]
     if own:
         spec = load_pipeline_spec(path, own)
+    own_after, per_stage = split_overrides(spec, [item for item in overrides if item not in own], single=single)
+    if own_after:  # a stage's own field (decide.act=false), as stages.N.field
+        spec = load_pipeline_spec(path, [*own, *own_after])
     return with_stage_sets(spec, per_stage, file=path) if per_stage else spec

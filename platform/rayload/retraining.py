@@ -199,8 +199,11 @@ def job_for(job, champion: str, events_path: str, label: str, run_name: str):
                    "label": {"column": label, "task": "binary"}}
     # Keyed by what a row shows the model, not by its request: exposures of the same features
     # (a user shown the same item again) were split apart, so the gate scored rows whose exact
-    # copies the retrained model had trained on, and the champion had not.
-    raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": [c["name"] for c in columns] or None}
+    # copies the retrained model had trained on, and the champion had not. A timestamp (the
+    # source of a derived hour or weekday) is left out: nearly unique per exposure, it split
+    # showings the model reads alike.
+    key = [c["name"] for c in columns if c["role"] != "timestamp"]
+    raw["split"] = {"kind": "random", **SPLIT, "seed": job.split.seed, "key": key or None}
     raw["rebalance"] = {"method": "none"}
     raw["train"] = {**raw["train"], "init_from": warm_start(champion), "run_name": run_name}
     raw["model"] = _model_section(champion)

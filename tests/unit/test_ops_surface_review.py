@@ -92,10 +92,10 @@ def test_run_refuses_overrides_it_cannot_apply_to_a_loaded_pipeline():
 def test_a_pipeline_set_whose_head_is_no_stage_names_the_stages_and_the_fix():
     from rayload.pipeline_spec import load_pipeline
 
-    with pytest.raises(SpecError, match=r"--set: the first part names a stage of the pipeline \(train\) or its name; "
-                                        r"for a stage's field: train.model.embedding_dim=8"):
-        load_pipeline(DEEPFM, ["model.embedding_dim=8"])
-    with pytest.raises(SpecError, match="--set"):
+    # a single job run as its own stage takes the job's paths as they are (since 2026-11-27)
+    assert load_pipeline(DEEPFM, ["model.embedding_dim=8"]).stages[0].set == ["model.embedding_dim=8"]
+    with pytest.raises(SpecError, match=r"--set: the first part names a stage of the pipeline \(train\) or the pipeline's own "
+                                        r"name or stages: STAGE.field=value changes one stage"):
         load_pipeline(DEEPFM, ["folder=/tmp"])
     assert load_pipeline(DEEPFM, ["train.model.embedding_dim=8"]).stages[0].set == ["model.embedding_dim=8"]
 

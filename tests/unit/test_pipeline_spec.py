@@ -76,10 +76,12 @@ def test_set_routes_stage_fields_and_pipeline_fields():
 
 
 def test_set_items_of_a_renamed_stage_and_a_missing_stage_are_named():
-    """Routed by the names in the file, a stage renamed by the same call lost its items silently."""
-    with pytest.raises(SpecError, match=r"--set baseline: no stage is named baseline once the other --set items are applied") as info:
+    """Routed by the names in the file, a stage renamed by the same call lost its items silently,
+    and could take none under its new name."""
+    renamed = load_pipeline(PIPELINE, ["stages.1.name=b2", "stages.3.champion=b2", "b2.train.epochs=2"])
+    assert renamed.stage("b2").set[-1] == "train.epochs=2"
+    with pytest.raises(SpecError, match=r"--set: the first part names a stage of the pipeline \(prepare, b2, search, ab, decide\)"):
         load_pipeline(PIPELINE, ["stages.1.name=b2", "stages.3.champion=b2", "baseline.train.epochs=2"])
-    assert info.value.file == PIPELINE
     spec = load_pipeline(PIPELINE)
     with pytest.raises(KeyError, match="no stage named 'Search'; the stages are prepare, baseline, search, ab, decide"):
         spec.stage("Search")
@@ -91,6 +93,12 @@ def test_a_single_job_run_takes_the_jobs_own_paths():
     assert load_pipeline(job, ["train.epochs=3"]).stages[0].set == ["train.epochs=3"]
     assert load_pipeline(job, ["train.train.epochs=3"]).stages[0].set == ["train.epochs=3"]
     assert load_pipeline(job, ["train.model.embedding_dim=8"]).stages[0].set == ["model.embedding_dim=8"]
+    assert load_pipeline(job, ["data.max_bad_fraction=0.2", "model.embedding_dim=8"]).stages[0].set == [
+        "data.max_bad_fraction=0.2", "model.embedding_dim=8"]
+    ab = load_pipeline(os.path.join(ROOT, "jobs", "ab_movielens.yaml"), ["simulate.requests=10", "decide.act=false"])
+    assert ab.stage("ab").set == ["simulate.requests=10"] and ab.stage("decide").act is False
+    with pytest.raises(SpecError, match="the first part names a stage"):  # a pipeline file keeps STAGE.field
+        load_pipeline(PIPELINE, ["data.max_bad_fraction=0.2"])
 
 
 @pytest.mark.parametrize("name, kinds", [("movielens_deepfm.yaml", ["train"]), ("ab_movielens.yaml", ["ab", "decide"])])

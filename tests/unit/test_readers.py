@@ -173,6 +173,20 @@ def test_jsonl_lines_end_at_newlines_and_a_line_nested_too_deep_is_quarantined()
     assert bad[0][1] == "invalid JSON on line 3: nested too deeply"
 
 
+
+def test_a_jsonl_file_whose_lines_hold_a_lone_cr_is_read_whole(tmp_path):
+    """The schema pre-check still split the file's first lines at a lone \r and stopped the job
+    with "no JSON objects in the first lines" before the reader, which reads them, ran."""
+    from rayload.data.pipeline import preprocess
+    from rayload.spec import JobSpec
+
+    (tmp_path / "d.jsonl").write_bytes(b"".join(b'{"x":%d,\r"y":%d}\n' % (i, i % 2) for i in range(200)))
+    spec = JobSpec.model_validate({"name": "t", "data": {"source": {"kind": "jsonl", "path": str(tmp_path / "d.jsonl")},
+                                                        "columns": [{"name": "x", "role": "numeric"}], "label": {"column": "y"}}})
+    out = preprocess(spec, out=str(tmp_path / "pre"), engine="local")
+    assert (out.counts["good"], out.counts["quarantined"]) == (200, 0)
+
+
 def test_a_csv_line_holding_an_empty_quoted_value_is_a_row():
     """A line `""` was taken for a blank line and dropped without a word (the record reader,
     which a ragged file takes); with one column it is a row of one empty value."""

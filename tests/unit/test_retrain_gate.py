@@ -155,3 +155,21 @@ def test_a_model_scoring_nan_is_named_by_the_gate(which, name):
     scores[which][7] = np.nan
     with pytest.raises(DataError, match=rf"{name} scored 1 of the 200 held-out {GATE_SPLIT} rows NaN or infinite"):
         gate_from_scores(labels, scores["new"], scores["champion"])
+
+
+def test_a_timestamp_a_derived_feature_reads_is_left_out_of_the_retrain_split_key(tmp_path):
+    """Nearly unique per exposure, a raw timestamp in the key split showings the model reads
+    alike (same user, item and hour) between train and the gate's rows."""
+    import dataclasses
+
+    from _loop import features
+
+    folder = placeholder_checkpoint(tmp_path / "ck")
+    path = os.path.join(folder, "features.json")
+    loaded = features()
+    dataclasses.replace(loaded, columns=[*PLACEHOLDER_COLUMNS[:2], {"name": "ts", "role": "timestamp"}, PLACEHOLDER_COLUMNS[2]],
+                        derived={"hour": {"source": "ts", "part": "hour"}}).save(path)
+    job = job_for(JobSpec.model_validate({"name": "x", "data": {"source": {"kind": "movielens"}}}), folder,
+                  str(tmp_path / "events.parquet"), "y", "retrain-x")
+    assert [c.name for c in job.data.columns if c.role == "timestamp"] == ["ts"]  # still read: the hour is derived from it
+    assert job.split.key == ["x", "c"]

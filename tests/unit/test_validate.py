@@ -160,6 +160,12 @@ def test_epoch_numbers_in_a_declared_unit_and_milliseconds_read_as_seconds():
     typed = validate_request([{"t": "2020-09-13T12:26:40.123456789Z"}], [stamp], {"t"}).column("t").to_pylist()
     assert validate_request([{"t": 1_600_000_000_123_456_789}], [ns], {"t"}).column("t").to_pylist() == typed
     assert validate_request([{"t": "1600000000123456789"}], [ns], {"t"}).column("t").to_pylist() == typed
+    # just under a microsecond: floored in integers (through float64 it rounded up, 1 us off the typed stamp)
+    typed = validate_request([{"t": "2020-09-13T12:26:40.123456999Z"}], [stamp], {"t"}).column("t").to_pylist()
+    assert validate_request([{"t": 1_600_000_000_123_456_999}], [ns], {"t"}).column("t").to_pylist() == typed
+    assert validate_request([{"t": "1600000000123456999"}], [ns], {"t"}).column("t").to_pylist() == typed
+    # a date text far away is a date, not epoch seconds to be told a unit: as a typed stamp, accepted
+    assert validate_request([{"t": "9999-12-31"}], [stamp], {"t"}).column("t").to_pylist() == [253402214400.0]
     # the spec: unit only on a timestamp column, and left out of the schema where unset
     base = {"name": "j", "data": {"source": {"kind": "csv", "path": "x.csv"}, "label": {"column": "y"},
                                   "columns": [{"name": "p", "role": "numeric", "unit": "ms"}, {"name": "y", "role": "label"}]}}

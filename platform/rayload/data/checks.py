@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..paths import cache_root
-from .readers import header_line, parse_jsonl, strip_bom
+from .readers import header_line, jsonl_lines, parse_jsonl, strip_bom
 from .sources import Inputs, resolve_inputs
 from .validate import Schema, validate_table
 
@@ -52,7 +52,8 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
         names = next(csv.reader([header_line(strip_bom(head)).decode(errors="replace").rstrip("\r")]), [])
         return pa.schema([(n, pa.string()) for n in names])
     whole = len(raw) < 1 << 20 and len(head) == len(raw)  # the sample is the whole file
-    lines = head.splitlines()[:-1] if len(head.splitlines()) > 1 and not whole else head.splitlines()
+    lines = jsonl_lines(head)  # as the reader splits them (splitlines() also broke lines at a lone \r)
+    lines = lines[:-1] if len(lines) > 1 and not whole else lines  # the last may be cut off by the sample
     table, _ = parse_jsonl(b"\n".join(lines), _keys(lines), path)
     if table.num_columns == 0:
         raise DataError(f"{path}: no JSON objects in the first lines")

@@ -255,6 +255,14 @@ def _repeated_keys(line: bytes, names: list[str]) -> list[str]:
     return found
 
 
+def jsonl_lines(data: bytes) -> list[bytes]:
+    """A JSONL file's lines: they end at \n (a \r before it dropped). splitlines() also broke
+    lines at a lone \r, which is whitespace inside JSON, and at form feeds and the like (one
+    line read as two bad ones). A final newline ends the last line; it starts no empty one."""
+    lines = [line.removesuffix(b"\r") for line in data.split(b"\n")]
+    return lines[:-1] if lines and lines[-1] == b"" else lines
+
+
 def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str] | None = None) -> tuple[pa.Table, list[tuple[str, str]]]:
     """`bags`: multi_categorical column -> separator. Values are read as serving reads a
     request's (validate.read_values): a bag's JSON array as its joined text; a line with a list
@@ -262,10 +270,7 @@ def parse_jsonl(data: bytes, names: list[str], source: str, bags: dict[str, str]
     columns: dict[str, list] = {n: [] for n in names}
     malformed: list[tuple[str, str]] = []
     lines: list[tuple[int, bytes]] = []  # each row's line, for the rows refused below
-    # lines end at \n (a \r before it dropped): splitlines() also broke lines at a lone \r, which is
-    # whitespace inside JSON, and at form feeds and the like (one line read as two bad ones)
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        line = line.removesuffix(b"\r")
+    for number, line in enumerate(jsonl_lines(data), start=1):
         if not line.strip():
             continue
         try:

@@ -158,6 +158,9 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False, uni
         return _seconds(arr)
     if not timestamp:
         return _numbers(arr, t, name, reasons, None)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        numeric: list = []  # which texts were numbers: a date text ("9999-12-31") has no unit to get wrong
+        return _epoch_seconds(_texts(arr, name, reasons, unit or "s", numeric), name, reasons, unit, numeric[0])
     return _epoch_seconds(_numbers(arr, t, name, reasons, unit or "s"), name, reasons, unit)
 
 
@@ -167,11 +170,15 @@ def _as_float(column, name: str, reasons: _Reasons, timestamp: bool = False, uni
 _LATEST_SECONDS = 1e11
 
 
-def _epoch_seconds(seconds: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
-    """A timestamp column's epoch seconds, each one too far from 1970 for its unit refused with
-    the unit that would read that row (the coarsest finer unit that brings it back)."""
+def _epoch_seconds(seconds: pa.Array, name: str, reasons: _Reasons, unit: str | None,
+                   numeric: np.ndarray | None = None) -> pa.Array:
+    """A timestamp column's epoch seconds, each one that was a number (`numeric`: which were;
+    None: all) too far from 1970 for its unit refused with the unit that would read that row
+    (the coarsest finer unit that brings it back)."""
     size = np.abs(np.nan_to_num(seconds.to_numpy(zero_copy_only=False), nan=0.0, posinf=0.0, neginf=0.0))
     far = size > _LATEST_SECONDS
+    if numeric is not None:
+        far &= numeric
     if far.any():
         per = _TICKS_PER_SECOND[unit or "s"]
         read = f"{name}: a timestamp more than 3,000 years from 1970 read as epoch {_UNIT_NAMES[unit or 's']}"
@@ -188,6 +195,11 @@ def _numbers(arr: pa.Array, t, name: str, reasons: _Reasons, unit: str | None) -
     and become seconds (its date texts parse to seconds)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return _texts(arr, name, reasons, unit)
+    if unit in ("us", "ns") and pa.types.is_integer(t):
+        # floored in integers: through float64 a stamp just under a microsecond rounded up,
+        # 1 us off the same instant typed as timestamp[ns]
+        ticks = np.floor_divide(arr.fill_null(0).to_numpy(zero_copy_only=False), _TICKS_PER_SECOND[unit] // 1_000_000)
+        return pa.array(ticks.astype(np.float64) / 1e6, pa.float64(), mask=arr.is_null().to_numpy(zero_copy_only=False))
     return _in_seconds(_float64(arr, t, name), unit)
 
 
@@ -219,11 +231,11 @@ def _float64(arr: pa.Array, t, name: str) -> pa.Array:
     raise DataError(f"column '{name}' has type {t}; a numeric column must hold numbers or numeric strings")
 
 
-def _texts(arr: pa.Array, name: str, reasons: _Reasons, unit: str | None) -> pa.Array:
+def _texts(arr: pa.Array, name: str, reasons: _Reasons, unit: str | None, numeric: list | None = None) -> pa.Array:
     timestamp = unit is not None
     text = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     blank = text.isna() | (text.str.strip() == "")
-    parsed = _parse_numbers(text, timestamp, unit)
+    parsed = _parse_numbers(text, timestamp, unit, numeric)
     failed = (~blank & parsed.isna() & (text.str.strip().str.lower() != "nan")).to_numpy()
     reasons.add(failed, f"{name}: cannot parse as a {'timestamp' if timestamp else 'number'}")
     # A literal "nan" stays NaN (a NaN label is its own reason); blanks and failures are null.
@@ -251,11 +263,18 @@ def _seconds(arr: pa.Array) -> pa.Array:
     return pc.divide(arr.cast(pa.int64()).cast(pa.float64(), safe=False), float(per_second))
 
 
-def _parse_numbers(text: pd.Series, timestamp: bool, unit: str | None = None) -> pd.Series:
-    """Numeric texts as float64; for a timestamp, numbers in `unit` as seconds (`_in_seconds`)
-    and date texts as epoch seconds."""
+def _parse_numbers(text: pd.Series, timestamp: bool, unit: str | None = None, numeric: list | None = None) -> pd.Series:
+    """Numeric texts as float64; for a timestamp, numbers in `unit` as seconds (`_in_seconds`;
+    whole numbers floored in integers) and date texts as epoch seconds. `numeric`, given, gets
+    which rows were numbers."""
     lowered = text.str.strip().str.lower()
-    parsed = _in_seconds(pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce").astype("float64"), unit)
+    numbers = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce")
+    if unit in ("us", "ns") and pd.api.types.is_integer_dtype(numbers):
+        parsed = (numbers // (_TICKS_PER_SECOND[unit] // 1_000_000)).astype("float64") / 1e6
+    else:
+        parsed = _in_seconds(numbers.astype("float64"), unit)
+    if numeric is not None:
+        numeric.append(parsed.notna().to_numpy())
     if timestamp:
         needs = parsed.isna() & lowered.notna()
         if needs.any():
