@@ -141,17 +141,19 @@ def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="pr
 def print_analysis(result) -> None:
     table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", "95% CI", "errors", "p99 ms", "guardrails",
                   title=f"experiment {result.experiment} (champion {result.champion})")
+    from rich.markup import escape  # "[0.1, 0.2]" and "[n/a]" are style tags to Rich: it dropped them
+
+    from .serve.analysis import points
+    from .serve.report import _n, lift_text
+
     for a in result.arms:
-        table.add_row(a.arm, _g(result.weights.get(a.arm)), str(a.units), str(a.exposures), str(a.clicks), _g(a.ctr),
-                      f"[{_g(a.ctr_ci[0])}, {_g(a.ctr_ci[1])}]", f"{a.error_rate:.2%}", _g(a.p99_ms),
-                      "ok" if a.guardrail_ok else "; ".join(a.guardrail_reasons))
+        table.add_row(escape(a.arm), _g(result.weights.get(a.arm)), str(a.units), str(a.exposures), str(a.clicks), _n(a.ctr, ".4g"),
+                      escape(f"[{_n(a.ctr_ci[0], '.4g')}, {_n(a.ctr_ci[1], '.4g')}]"), _n(a.error_rate, ".2%"), _n(a.p99_ms, ".4g"),
+                      "ok" if a.guardrail_ok else escape("; ".join(a.guardrail_reasons)))
     console.print(table)
     if result.diff is not None:
-        from .serve.report import lift_text
-
-        console.print(f"difference {result.diff:+.4f} [{_g(result.diff_ci[0])}, {_g(result.diff_ci[1])}], {lift_text(result)}; "
-                      f"fixed-horizon p={_g(result.z_p_value)}, "
-                      f"sequential (always valid) p={_g(result.sequential_p)}")
+        console.print(escape(f"difference {points(result.diff, result.diff_ci)}, {lift_text(result)}; "
+                             f"fixed-horizon p={_g(result.z_p_value)}, sequential (always valid) p={_g(result.sequential_p)}"))
     console.print(f"sample ratio check p={_g(result.srm_p)}{' [red]MISMATCH: results invalid[/]' if result.srm_flagged else ''}")
     if result.sequential_mde_now is not None:
         console.print(f"sequential test (decides): detectable effect now {_g(result.sequential_mde_now)}; about "
@@ -167,7 +169,7 @@ def print_analysis(result) -> None:
             drift.add_row(r["arm"], r["feature"], str(r["rows"]), f"{r['psi']:.4f}", f"{r['oov_rate']:.2%}" if "oov_rate" in r else "",
                           "[red]DRIFT[/]" if r["flagged"] else "ok" if r.get("judged", True) else "too few rows")
         console.print(drift)
-    console.print(f"decision: [bold]{result.decision}[/] ({'; '.join(result.reasons)})")
+    console.print(f"decision: [bold]{result.decision}[/] ({escape('; '.join(result.reasons))})")
 
 
 @ab_app.command("set-weights")

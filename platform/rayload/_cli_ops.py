@@ -147,9 +147,12 @@ def print_summary(result, report_path: str) -> None:
     if decided:
         arms = "; ".join(f"{arm} CTR {_g(a['ctr'])} [{_g(a['ctr_ci'][0])}, {_g(a['ctr_ci'][1])}] over {a['units']} users"
                          for arm, a in decided["arms"].items())
-        lift = f"lift {decided['lift']:+.2%}" if decided.get("lift") is not None else "lift n/a"
-        console.print(f"A/B decision: {decided['decision']} ({'; '.join(decided['reasons'])}); {arms}; {lift}; "
-                      f"sequential p {_g(decided.get('sequential_p'))}; {decided['action']}")
+        from rich.markup import escape  # the intervals' brackets are style tags to Rich
+
+        lift = (f"lift of {decided.get('challenger')} over {decided.get('champion')} {decided['lift']:+.2%}"
+                if decided.get("lift") is not None else "lift n/a")
+        console.print(escape(f"A/B decision: {decided['decision']} ({'; '.join(decided['reasons'])}); {arms}; {lift}; "
+                             f"sequential p {_g(decided.get('sequential_p'))}; {decided['action']}"))
     console.print(f"report: [bold]{report_path}[/]")
 
 

@@ -104,8 +104,12 @@ def write_plots(study: optuna.Study, out_dir: str) -> list[str]:
 
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for name, plot in (("history", ov.plot_optimization_history), ("importances", ov.plot_param_importances),
-                       ("parallel_coordinates", ov.plot_parallel_coordinate)):
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    for name, plot, needs in (("history", ov.plot_optimization_history, 1), ("importances", ov.plot_param_importances, 2),
+                              ("parallel_coordinates", ov.plot_parallel_coordinate, 1)):
+        if complete < needs:  # optuna only warns and draws empty axes: three blank PNGs were written and listed
+            log.info("plot %s skipped: %d complete trial(s), it needs %d", name, complete, needs)
+            continue
         try:
             ax = plot(study)
             figure = (ax.flat[0] if hasattr(ax, "flat") else ax).figure

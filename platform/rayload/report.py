@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 
 from .serve.report import _png
@@ -30,7 +31,8 @@ def _outputs(manifest: dict, kind: str) -> dict:
 
 
 def _num(value, fmt: str = ".4f") -> str:
-    return "-" if value is None else format(value, fmt)
+    """A figure, or "-" where there is none (None, or NaN: an arm with no exposures yet)."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
 
 def _plt():
@@ -79,8 +81,15 @@ def search_plot(trials: list[dict], baseline: float | None, metric: str, mode: s
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     xs, ys = [t["number"] for t in done], [t["value"] for t in done]
-    ax.scatter(xs, ys, c=["tab:blue" if t["state"] == "complete" else "tab:orange" for t in done], label="trial (orange: stopped early)")
-    ax.step(xs, best_so_far(ys, mode), where="post", color="tab:green", label="best so far")
+    colours = {"complete": "tab:blue", "fail": "tab:red"}
+    ax.scatter(xs, ys, c=[colours.get(t["state"], "tab:orange") for t in done],
+               label="trial (orange: stopped early, its best epoch; red: failed)")
+    # the best of the complete trials, as the search reports its best: a pruned trial's
+    # intermediate value drew the line above the best trial the report named
+    complete = [t for t in done if t["state"] == "complete"]
+    if complete:
+        ax.step([t["number"] for t in complete], best_so_far([t["value"] for t in complete], mode), where="post",
+                color="tab:green", label="best complete trial so far")
     if baseline is not None:
         ax.axhline(baseline, color="grey", ls="--", label="baseline")
     ax.set(xlabel="trial", ylabel=metric, title="search history")
@@ -113,9 +122,11 @@ def _ab_section(ab: dict, decided: dict) -> str:
 
     result = analysis_for(ab["run_dir"])
     rows = "".join(f"<tr><td>{html.escape(a.arm)}</td><td>{a.units}</td><td>{a.exposures}</td><td>{a.clicks}</td>"
-                   f"<td>{a.ctr:.4f}</td><td>[{a.ctr_ci[0]:.4f}, {a.ctr_ci[1]:.4f}]</td></tr>" for a in result.arms)
+                   f"<td>{_num(a.ctr, '.4f')}</td><td>[{_num(a.ctr_ci[0], '.4f')}, {_num(a.ctr_ci[1], '.4f')}]</td></tr>"
+                   for a in result.arms)
     # lift_text: the lift and its interval (MOVER-R: defined with no challenger clicks); none at a champion CTR of 0
-    lift = "" if result.diff is None else (f"<p><b>{html.escape(lift_text(result))}</b>; "
+    roles = f"{html.escape(str(result.challenger))} over {html.escape(result.champion)}: " if result.challenger else ""
+    lift = "" if result.diff is None else (f"<p>{roles}<b>{html.escape(lift_text(result))}</b>; "
                                            f"fixed-horizon p {_num(result.z_p_value, '.4g')}; sequential p {_num(result.sequential_p, '.4g')}; "
                                            f"sample ratio p {_num(result.srm_p, '.4g')}</p>")
     images = "".join(_img(name, png) for name, png in plots(result, events_of(ab["run_dir"])).items())
@@ -131,8 +142,9 @@ def render(manifest: dict) -> str:
     metric = search.get("metric", "val_auc")
     mode = search.get("mode") or _metric_mode(metric)
     base_val = (base.get("val") or {}).get(metric)  # the baseline on the search's own metric
-    stages = "".join(f"<tr><td>{html.escape(s['name'])}</td><td>{s['kind']}</td><td>{s['outcome']}</td><td>{s['seconds']:.1f}</td></tr>"
-                     for s in manifest["stages"])
+    # a failed stage's error beside it: the report showed "failed" and, for a search, "0 trials ({})"
+    stages = "".join(f"<tr><td>{html.escape(s['name'])}</td><td>{s['kind']}</td><td>{s['outcome']}</td><td>{s['seconds']:.1f}</td>"
+                     f"<td>{html.escape(str(s.get('error') or ''))}</td></tr>" for s in manifest["stages"])
     decision = decided.get("decision") or ab.get("decision") or "none"
     reasons = html.escape("; ".join(decided.get("reasons") or ab.get("reasons") or []))
     versions = ", ".join(f"{k} {v}" for k, v in manifest.get("versions", {}).items())
@@ -148,7 +160,7 @@ A/B decision <b id="decision">{html.escape(decision)}</b></p>
 <h2>Search</h2><p>{search.get('trials', 0)} trials ({html.escape(json.dumps(search.get('counts', {})))}); best parameters
 <code>{html.escape(json.dumps(best.get('params')))}</code></p>{_img('search history', search_plot(search.get('history', []), base_val, metric, mode))}
 <h2>A/B experiment</h2>{_ab_section(ab, decided)}
-<h2>Run</h2><table><tr><th>stage</th><th>kind</th><th>outcome</th><th>seconds</th></tr>{stages}</table>
+<h2>Run</h2><table><tr><th>stage</th><th>kind</th><th>outcome</th><th>seconds</th><th>error</th></tr>{stages}</table>
 <p>git {html.escape(str(manifest.get('git_commit')))}; {html.escape(versions)}; started {manifest.get('started')}, last stage {manifest.get('finished')}</p>
 </body></html>"""
 

@@ -113,3 +113,45 @@ def test_serve_json_is_renamed_into_place_and_its_folder_synced(tmp_path, monkey
     monkeypatch.setattr(os, "fsync", fsync)
     save_state(str(tmp_path), {"config": {}})
     assert synced == [False, True] and (tmp_path / "serve.json").read_text().startswith("{")
+
+
+def test_after_a_promote_the_analysis_keeps_the_roles_it_was_decided_in(tmp_path, monkeypatch):
+    """A promote makes the winner the champion; analysed in those roles the lift was the
+    loser's, so the report, the demo summary and decision.json showed "promote" beside a
+    negative lift with champion and challenger swapped."""
+    from _ab_control import events
+
+    make = control_run(tmp_path, monkeypatch)
+    run_dir = make(spec_of(0.5), events(20_000, {"A": 0.10, "B": 0.13}, {"A": 0.5, "B": 0.5}))
+    before = control.analysis_for(run_dir)
+    assert (before.champion, before.challenger) == ("A", "B") and before.lift > 0.15
+    control.promote(run_dir, "by hand")
+    assert user(run_dir)["champion"] == "B"
+    after = control.analysis_for(run_dir)
+    assert (after.decision, after.champion, after.challenger) == ("promote", "A", "B")
+    assert after.lift == pytest.approx(before.lift) and after.diff == pytest.approx(before.diff)
+    control.rollback(run_dir, "by hand")  # back to A: the roles are the champion's own again
+    rolled = control.analysis_for(run_dir)
+    assert (rolled.decision, rolled.champion, rolled.challenger) == ("rollback", "A", "B")
+    from rayload.serve.analysis import decided_champion  # what the router's GET /experiment uses with its user_config
+
+    assert decided_champion(["A", "B"], "B", {"decision": "promote"}) == "A" and decided_champion(["A", "B"], "B", None) == "B"
+
+
+def test_status_keeps_bracketed_figures_and_small_differences_show(tmp_path, monkeypatch):
+    """Rich read "[nan, nan]" and "[n/a]" as style tags and dropped them (an arm with no
+    exposures had a blank 95% CI; "lift +200% [n/a]" printed as "lift +200% "); a real
+    difference of 0.004 points printed as +0.0000, in the promote reason too."""
+    from _ab_control import events
+    from rayload._cli_ab import print_analysis
+    from rayload.cli import console
+    from rayload.serve.analysis import points
+
+    make = control_run(tmp_path, monkeypatch)
+    run_dir = make(spec_of(0.95), events(400, {"A": 0.1, "B": 0.1}, {"A": 1.0, "B": 0.0}))
+    with console.capture() as out:
+        print_analysis(control.analysis_for(run_dir))
+    text = out.get()
+    assert "[n/a," in text and "n/a]" in text, text  # B's interval, wrapped in its narrow cell
+    assert points(0.00004) == "+0.004 points" and points(0.0301, (0.02, 0.04)) == "+3.01 points [+2, +4]"
+    assert points(float("nan")) == "n/a points"

@@ -105,3 +105,33 @@ def test_a_point_whose_mapping_lists_a_choices_keys_in_another_order_runs_as_tha
 
     assert encode({"patience": 3, "metric": "auc"}) == 'json:{"patience": 3, "metric": "auc"}'
     assert decode('json:{"patience": 3, "metric": "auc"}') == decode('json:{"metric": "auc", "patience": 3}')
+
+
+def test_plots_need_complete_trials_and_the_best_line_follows_complete_ones(tmp_path):
+    """A search whose trials all failed wrote three blank PNGs (optuna only warns) and listed
+    them; the report's best-so-far line took pruned trials' intermediate values, above the
+    best trial it named."""
+    from rayload._tune_report import write_plots
+    from rayload.report import search_plot
+
+    study = optuna.create_study(direction="maximize")
+    for _ in range(3):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, params={"x": 1.0},
+                                                  distributions={"x": optuna.distributions.FloatDistribution(0, 2)}))
+    assert write_plots(study, str(tmp_path / "a")) == [] and not os.listdir(tmp_path / "a")
+    study.add_trial(optuna.trial.create_trial(value=0.7, params={"x": 1.0}, distributions={"x": optuna.distributions.FloatDistribution(0, 2)}))
+    assert [os.path.basename(p) for p in write_plots(study, str(tmp_path / "b"))] == ["history.png", "parallel_coordinates.png"]
+    trials = [{"number": 0, "state": "complete", "value": 0.70}, {"number": 1, "state": "pruned", "value": 0.75},
+              {"number": 2, "state": "fail", "value": 0.2}]
+    assert search_plot(trials, None, "val_auc") and search_plot(trials[1:], None, "val_auc")  # no complete trial: no line, no crash
+
+
+def test_the_run_report_shows_a_failed_stages_error():
+    """A failed stage read "failed" and nothing else (a search's "0 trials ({})")."""
+    from rayload.report import render
+
+    manifest = {"stages": [{"name": "prepare", "kind": "prepare", "outcome": "ok", "seconds": 1.0, "outputs": {}},
+                           {"name": "search", "kind": "tune", "outcome": "failed", "seconds": 2.0, "outputs": {},
+                            "error": "SpecError: space.train.lr: <bad>"}], "versions": {}, "run_id": "r", "pipeline": "p"}
+    page = render(manifest)
+    assert "<td>failed</td><td>2.0</td><td>SpecError: space.train.lr: &lt;bad&gt;</td>" in page

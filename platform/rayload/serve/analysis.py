@@ -17,7 +17,7 @@ from . import stats
 from .guardrails import breaches, recent_rows, versus_champion
 from .sequential import Pairs, sequential
 
-__all__ = ["Analysis", "ArmReport", "analyze", "decide", "final_reasons", "timeline", "unit_sums", "cumulative_unit_sums",
+__all__ = ["Analysis", "ArmReport", "analyze", "decide", "decided_champion", "final_reasons", "points", "timeline", "unit_sums", "cumulative_unit_sums",
            "attribution_window", "ATTRIBUTION_S"]
 
 # How long after its exposure an outcome may still arrive, by analysis.event (seconds): the
@@ -319,9 +319,30 @@ def _sequential_decision(result: Analysis, spec: ABSpec) -> tuple[str, list[str]
     sign = 1 if result.diff > 0 else -1
     if result.sequential_direction is not None and result.sequential_direction != sign:
         then = {1: "a win", -1: "a loss", 0: "a win at some and a loss at others"}[result.sequential_direction]
-        return "continue", [f"{p}, but the looks that crossed saw {then} and the CTR difference is {result.diff:+.4f} now: the effect "
+        return "continue", [f"{p}, but the looks that crossed saw {then} and the CTR difference is {points(result.diff)} now: the effect "
                             "changed sign over time, so the evidence is not for this direction; no automatic decision"]
-    return ("promote" if sign > 0 else "rollback"), [f"{p}: CTR difference {result.diff:+.4f}"]
+    return ("promote" if sign > 0 else "rollback"), [f"{p}: CTR difference {points(result.diff)}"]
+
+
+def points(diff: float | None, interval=None) -> str:
+    """A CTR difference in percentage points, three significant figures (with its interval):
+    four fixed decimals showed a real 0.004-point effect at conversion-sized rates as +0.0000."""
+    def one(x):
+        return f"{x * 100:+.3g}" if x is not None and math.isfinite(x) else "n/a"
+
+    text = f"{one(diff)} points"
+    return text if interval is None else f"{text} [{one(interval[0])}, {one(interval[1])}]"
+
+
+def decided_champion(arms: list[str], champion: str, final: dict | None) -> str:
+    """The champion a final decision was made against, for the analysis reported beside it: a
+    promote makes the winner the champion, and analysed in those roles the lift read as the
+    loser's (a promote shown beside "lift -23%", in the report, the demo and decision.json)."""
+    if final and final.get("decision") == "promote":
+        others = [a for a in arms if a != champion]
+        if len(others) == 1:
+            return others[0]
+    return champion
 
 
 def final_reasons(final: dict) -> list[str]:

@@ -328,14 +328,15 @@ class ABRouter(ShadowScoring):
     @api.get("/experiment")
     async def experiment(self, request: Request):
         from ..ab_spec import ABSpec
-        from .analysis import analyze, final_reasons
+        from .analysis import analyze, decided_champion, final_reasons
 
         if denied := self._denied(request):
             return denied
         spec = ABSpec.model_validate(self.spec_raw)
         frame = await asyncio.to_thread(self.reader.frame, self.experiment, spec.analysis.event, self.generation)
         config = self.config
-        result = await asyncio.to_thread(analyze, frame, spec, config.weights, config.champion)
+        champion = decided_champion(list(config.weights), config.champion, config.final)  # as control.analysis_for
+        result = await asyncio.to_thread(analyze, frame, spec, config.weights, champion)
         if config.shadow:
             result.shadow_scores = await asyncio.to_thread(self.reader.shadow_summary, self.experiment, self.generation)
         if final := config.final:  # as control.analysis_for: the statistics after it no longer steer anything

@@ -275,11 +275,13 @@ def events_of(run: str):
 
 
 def _analysis_of(state: dict):
-    from .analysis import analyze
+    from .analysis import analyze, decided_champion
 
     args, user = parts(state["config"])
     spec = ABSpec.model_validate(args["spec"])
-    result = analyze(_events_frame(args, spec), spec, user["weights"], user["champion"])
+    # after a promote, in the roles it was decided in (the winner as the challenger)
+    champion = decided_champion(args["arms"], user["champion"], state.get("final"))
+    result = analyze(_events_frame(args, spec), spec, user["weights"], champion)
     if args.get("shadow"):  # a generation's shadow mode is fixed (a change starts a new one)
         result.shadow_scores = _shadow_summary(args)
     if spec.drift.enabled:

@@ -8,7 +8,7 @@ import html
 import io
 import math
 
-from .analysis import Analysis
+from .analysis import Analysis, points
 
 
 def _png(fig) -> str:
@@ -91,7 +91,7 @@ def render(result: Analysis, frame=None) -> str:
     images = "".join(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>' for name, data in plots(result, frame).items())
     lift = ""
     if result.diff is not None:
-        lift = (f"<p>difference {result.diff:+.4f} [{result.diff_ci[0]:+.4f}, {result.diff_ci[1]:+.4f}], {html.escape(lift_text(result))}; "
+        lift = (f"<p>difference {points(result.diff, result.diff_ci)}, {html.escape(lift_text(result))}; "
                 f"fixed-horizon p = {result.z_p_value:.4g}; "
                 f"sequential (always valid) p = {result.sequential_p:.4g}</p>")
     srm = "MISMATCH: results invalid" if result.srm_flagged else "ok"
