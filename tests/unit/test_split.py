@@ -226,3 +226,26 @@ def test_a_temporal_split_cuts_on_the_time_column_named():
         p = SplitPlan(kind="temporal", train=0.8, val=0.1, test=0.1, seed=0, key=("ts",), label="y", time_column=column)
         codes = assign(table, p.with_cutoffs([split_keys(table, p)]))
         assert (codes[np.argsort(latest)[-10:]] == TEST).all()  # the latest rows by the named column are the test rows
+
+
+def test_a_rare_label_gives_each_asked_for_split_at_least_one_row():
+    """Rounded alone, 5 positives at 0.8 / 0.1 / 0.1 went 4 / 0 / 1 (round(4.5) is 4): the
+    validation split had no positive, so its AUC was undefined; 3 positives went 2 / 1 / 0."""
+    for positives in (3, 5, 9):
+        y = np.array([0.0] * 2000 + [1.0] * positives)
+        table = pa.table({"x": [str(i) for i in range(len(y))], "y": y})
+        p = SplitPlan(kind="stratified", train=0.8, val=0.1, test=0.1, seed=0, key=("x", "y"), label="y", columns=("x", "y"))
+        codes = assign(table, p.with_cutoffs([split_keys(table, p)]))
+        per_split = np.bincount(codes[y == 1], minlength=3)
+        assert (per_split >= 1).all() and per_split.sum() == positives, (positives, per_split)
+        assert abs(np.bincount(codes[y == 0], minlength=3)[1] - 200) <= 1  # the large label as rounded
+    # two rows cannot fill three splits: as rounded, as before
+    y = np.array([0.0] * 100 + [1.0] * 2)
+    table = pa.table({"x": [str(i) for i in range(len(y))], "y": y})
+    p = SplitPlan(kind="stratified", train=0.8, val=0.1, test=0.1, seed=0, key=("x", "y"), label="y", columns=("x", "y"))
+    assert np.bincount(assign(table, p.with_cutoffs([split_keys(table, p)]))[y == 1], minlength=3).tolist() == [2, 0, 0]
+    # no test split asked for: val still gets one
+    p = SplitPlan(kind="stratified", train=0.9, val=0.1, test=0.0, seed=0, key=("x", "y"), label="y", columns=("x", "y"))
+    y = np.array([0.0] * 500 + [1.0] * 4)
+    table = pa.table({"x": [str(i) for i in range(len(y))], "y": y})
+    assert np.bincount(assign(table, p.with_cutoffs([split_keys(table, p)]))[y == 1], minlength=3).tolist() == [3, 1, 0]

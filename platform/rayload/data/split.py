@@ -81,9 +81,14 @@ class SplitPlan:
         if not strata:
             return replace(self, cutoffs=())  # no good rows: preprocessing refuses that with its own error
         edges = np.concatenate([[-np.inf], _mixed_keys(u, labels), [np.inf]])
-        gap1, c1, k1 = _stratified_cuts(strata, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0)
+        # A label with enough rows gives each split asked for at least one: rounded alone, 3-9 rows of
+        # a rare label at 0.8 / 0.1 / 0.1 left val or test without it (a validation AUC of one class)
+        val, test = int(self.val > 0), int(self.test > 0)
+        first = [(1, len(st) - val - test) if len(st) >= 1 + val + test else None for st in strata]
+        gap1, c1, k1 = _stratified_cuts(strata, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0, bounds=first)
+        second = [(k + val, len(st) - test) if len(st) - k >= val + test and k >= 1 else None for st, k in zip(strata, k1)]
         _, c2, _ = _stratified_cuts(strata, edges, self.train + self.val, gap1, rest_wanted=self.test > 0, before=k1,
-                                    between_wanted=self.val > 0)
+                                    between_wanted=self.val > 0, bounds=second)
         return replace(self, cutoffs=tuple((float(v), a, b) for v, a, b in zip(np.unique(labels), c1, c2)))
 
 
@@ -132,13 +137,15 @@ def _mixed_keys(u: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: float, first_gap: int, rest_wanted: bool,
-                     before: list[int] | None = None, between_wanted: bool = False) -> tuple[int, list[float], list[int]]:
+                     before: list[int] | None = None, between_wanted: bool = False,
+                     bounds: list | None = None) -> tuple[int, list[float], list[int]]:
     """One cut per label (rows with u < cut come before it), all in the same gap (edges[j], edges[j + 1]]
     between two consecutive keys that carry several labels: such a key then falls on the same
     side of every label's cut, so its rows stay in one split. Within the gap each label's cut
     takes the rank closest to round(n * fraction); the gap is the one whose ranks come closest
     (summed relative error), from `first_gap` on so a later cut never precedes an earlier one.
-    Without such keys (the default key holds the label) there is one gap and the split is exact.
+    Without such keys (the default key holds the label) there is one gap and the split is exact,
+    but for a label's target held within `bounds` (each split asked for gets one of its rows).
 
     A gap that would leave a split that was asked for without rows loses to every gap that does
     not: with relative errors one step of a 5-row label outweighed 32 steps of a 158-row one and
@@ -147,6 +154,8 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     between the two cuts (`between_wanted`: val).
     Returns the gap, the cuts and each label's rank."""
     targets = [int(round(len(s) * fraction)) for s in strata]
+    # `bounds`: per label, (lowest, highest) rank the target may take, or None: kept as rounded
+    targets = [t if not bounds or bounds[i] is None else min(max(t, bounds[i][0]), bounds[i][1]) for i, t in enumerate(targets)]
     lo = [np.searchsorted(s, edges[:-1], side="right") for s in strata]  # rows at or before the gap
     hi = [np.searchsorted(s, edges[1:], side="left") for s in strata]  # rows before the gap's end
     ranks = [np.minimum(np.maximum(r, lo_l), hi_l) for r, lo_l, hi_l in zip(targets, lo, hi)]  # each label's rank per gap
