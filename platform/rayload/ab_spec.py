@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .errors import SpecError, SpecIssue
+from .errors import FieldValueError, SpecError, SpecIssue
 from .paths import NAME_PATTERN
 from .spec import _Spec as _JobSpecBase
 
@@ -165,6 +165,15 @@ class Simulation(_Spec):
     concurrency: int = Field(default=8, ge=1)
     seed: int = Field(default=0, ge=0)
     drift_seed: int | None = Field(default=None, ge=0, description="synthetic-ctr: clicks follow a ground truth redrawn from this seed")
+
+    @model_validator(mode="after")
+    def _drift_needs_synthetic(self) -> "Simulation":
+        """MovieLens replays recorded ratings: it has no ground truth to redraw, and a drift_seed
+        given with it was ignored without a word (a drift rehearsal that changed nothing)."""
+        if self.drift_seed is not None and self.source != "synthetic-ctr":
+            raise FieldValueError("drift_seed", "needs source: synthetic-ctr (MovieLens replays recorded ratings, which have no "
+                                  "ground truth to redraw)", self.drift_seed)
+        return self
 
 
 class ABSpec(_Spec):

@@ -166,3 +166,14 @@ def test_string_and_integer_unit_ids_are_kept_as_sent():
     assert PredictBody.model_validate({"unit_id": "1", "features": {}}).unit_id == "1"
     assert PredictBody.model_validate({"unit_id": 1, "features": {}}).unit_id == 1
     assert PredictBody.model_validate(json.loads('{"unit_id": 12345678901234567890}')).unit_id == 12345678901234567890
+
+
+def test_a_drift_seed_with_movielens_traffic_is_refused_by_name():
+    """MovieLens replays recorded ratings: a drift_seed with it was ignored, a drift rehearsal that changed nothing."""
+    from rayload.ab_spec import ab_from_dict
+    from rayload.errors import SpecError
+
+    arms = [{"name": "a", "weight": 0.5, "checkpoint": "/x"}, {"name": "b", "weight": 0.5, "checkpoint": "/y"}]
+    with pytest.raises(SpecError, match=r"simulate.drift_seed: needs source: synthetic-ctr"):
+        ab_from_dict({"name": "t", "arms": arms, "simulate": {"drift_seed": 7}})
+    assert ab_from_dict({"name": "t", "arms": arms, "simulate": {"source": "synthetic-ctr", "drift_seed": 7}}).simulate.drift_seed == 7

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -242,3 +243,35 @@ def test_writing_into_a_folder_of_an_earlier_run_replaces_its_shards(tmp_path):
     assert len(first.files) == 3 and len(second.files) == 1
     assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["part-00000.parquet"]
     assert sum(pq.read_metadata(str(p)).num_rows for p in tmp_path.glob("*.parquet")) == 1000
+
+
+def test_a_rerun_stopped_part_way_leaves_no_old_truth_and_lists_and_constant_parts_are_named(tmp_path, monkeypatch):
+    """A rerun into the same folder stopped after its first shard left the old run's
+    synthetic.json (another seed, file list and Bayes AUC) beside the new shards; a list of
+    cardinalities failed as an unhashable cache key; all-constant features (cardinality 1, no
+    missing values) gave every label the same value, then an unrelated AUC error."""
+    import pyarrow.parquet as pq_
+
+    from rayload.data import synthetic
+    from rayload.errors import DataError
+
+    out = str(tmp_path / "s")
+    synthetic.write_synthetic(out, synthetic.SynthParams(rows=12, numeric=2, categorical=1, shard_rows=3, seed=1))
+    real, calls = pq_.write_table, []
+
+    def stop_at_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synthetic.pq, "write_table", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic.write_synthetic(out, synthetic.SynthParams(rows=12, numeric=2, categorical=1, shard_rows=3, seed=2))
+    monkeypatch.setattr(synthetic.pq, "write_table", real)
+    assert sorted(os.listdir(out)) == ["part-00000.parquet"]  # no synthetic.json: not a complete generation
+    params = synthetic.SynthParams(rows=50, numeric=1, categorical=2, cardinalities=[10, 20])
+    assert params.cardinalities == (10, 20) and synthetic.generate_table(params, 0, 50).num_rows == 50
+    with pytest.raises(DataError, match="the synthetic features carry no signal"):
+        synthetic.write_synthetic(str(tmp_path / "c"), synthetic.SynthParams(rows=100, numeric=0, categorical=2,
+                                                                            cardinalities=(1, 1), missing_rate=0.0))

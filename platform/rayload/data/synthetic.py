@@ -64,6 +64,8 @@ class SynthParams:
             raise ValueError(f"cardinalities length must equal categorical={self.categorical}, got {len(cards)}")
         if cards is not None and any(not 1 <= int(c) < 2**32 for c in cards):
             raise ValueError(f"cardinalities must each be in [1, 2**32), got cardinalities={cards!r}")
+        if cards is not None:  # a list (or an array) failed later as an unhashable cache key
+            object.__setattr__(self, "cardinalities", tuple(int(c) for c in cards))
 
 
 @dataclass(frozen=True)
@@ -280,7 +282,16 @@ def _build_model(params: SynthParams, items_seed: int | None = None) -> _Model:
         items = _model(dataclasses.replace(params, seed=items_seed))
         model = dataclasses.replace(model, num_mu=items.num_mu, num_sigma=items.num_sigma, id_keys=items.id_keys, cards=items.cards)
     sample = _draw(params, model, np.random.SeedSequence([params.seed, _CALIB_CHUNK]), _CALIB_ROWS)
-    stds = [float(np.std(part)) for part in _raw_scores(model, sample)]
+    # a part constant up to rounding (every categorical of cardinality 1, no missing values) has a
+    # spread of ~1e-16, not 0: scaled by its inverse the logit was +-1e16, and every label the same
+    stds = [float(np.std(part)) if np.ptp(part) > 1e-9 * (1.0 + float(np.abs(part).max(initial=0.0))) else 0.0
+            for part in _raw_scores(model, sample)]
+    if not any(stds):
+        from ..errors import DataError
+
+        raise DataError(f"the synthetic features carry no signal (cardinalities={cardinalities(params)}, "
+                         f"missing_rate={params.missing_rate}, numeric={params.numeric}): raise a cardinality above 1, "
+                         "missing_rate above 0, or numeric above 0")
     total = sum(share for share, sd in zip(_SHARES, stds) if sd > 0)
     scales = tuple(float(_TARGET_LOGIT_STD * np.sqrt(sh / total) / sd) if sd > 0 else 0.0
                    for sh, sd in zip(_SHARES, stds))
@@ -372,7 +383,10 @@ def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
 
         raise RayloadError(f"cannot write the synthetic data to {out_dir}: {exc.strerror or exc}") from None
     # Shards of an earlier run into this folder go first: left there, a reader of the folder took
-    # them with the new ones, two generations that synthetic.json does not describe
+    # them with the new ones, two generations that synthetic.json does not describe. Its
+    # synthetic.json before them: a rerun stopped part-way left the old truth beside new shards.
+    if fs.get_file_info(f"{root}/synthetic.json").type == pafs.FileType.File:
+        fs.delete_file(f"{root}/synthetic.json")
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
         if info.type == pafs.FileType.File and re.fullmatch(r"part-\d{5}\.parquet", info.base_name):
             fs.delete_file(info.path)
@@ -390,8 +404,9 @@ def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
     meta = {"params": dataclasses.asdict(params), "cardinalities": list(cardinalities(params)),
             "rows": result.rows, "positive_rate": result.positive_rate, "bayes_auc": result.bayes_auc,
             "files": [f.rsplit("/", 1)[-1] for f in files], "chunk_rows": CHUNK_ROWS}
-    with fs.open_output_stream(f"{root}/synthetic.json") as f:
+    with fs.open_output_stream(f"{root}/synthetic.json.tmp") as f:  # whole or absent: a complete generation ends with it
         f.write(json.dumps(meta, indent=2).encode())
+    fs.move(f"{root}/synthetic.json.tmp", f"{root}/synthetic.json")
     log.info("synthetic data: %d rows, positive_rate=%.4f, bayes_auc=%.4f",
              result.rows, result.positive_rate, result.bayes_auc)
     return result
