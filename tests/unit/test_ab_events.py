@@ -472,3 +472,24 @@ def test_exposures_of_one_time_come_back_in_one_order(url):
     reader = EventReader(url)
     assert list(reader.frame("e")["request_id"]) == ["r1", "r3", "r7", "r9", "r0"]
     reader.close()
+
+
+def test_one_callers_events_are_never_split_across_commits(url):
+    """The writer cut its queue every max_batch items whoever waited on them: a serve batch's
+    exposures handed over at once (the locked-store fallback) could commit in part while the
+    rest failed, and every request was told to retry although some exposures were stored."""
+    writer = EventWriter(url, flush_ms=50, max_batch=2)
+
+    async def go():
+        rows = [exposure(i) for i in range(3)]
+        rows[2]["unit_id"] = None  # NOT NULL: the third row fails its commit
+        with pytest.raises(Exception, match="unit_id|NOT NULL|null value"):
+            await writer.write(*[("exposure", r) for r in rows])
+        ok = [exposure(i) for i in range(10, 15)]  # five events of one caller, past max_batch: one commit, all stored
+        await writer.write(*[("exposure", r) for r in ok])
+
+    asyncio.run(go())
+    writer.close()
+    reader = EventReader(url)
+    assert sorted(reader.frame("e")["request_id"]) == ["r10", "r11", "r12", "r13", "r14"]
+    reader.close()

@@ -179,6 +179,36 @@ def test_a_non_finite_score_is_its_arms_error_not_an_ok_exposure_and_a_500(run, 
     assert {(a, s, sc is None) for a, s, sc in stored} == {("A", "ok", False), ("B", "error", True)}
 
 
+def test_a_wrapped_data_error_is_a_422_with_its_message_and_a_failed_error_log_a_503(run, make_router, models):
+    """Separate mode: Serve raises the model deployment's DataError wrapped (RayTaskError), whose
+    text is the remote traceback: the client's 422 carried ANSI codes, a pid, an ip and server
+    paths. An arm failing while the event store is down raised out of predict (a bare 500)."""
+    from ray.exceptions import RayTaskError
+
+    _, rows = models
+    router = make_router()
+    wrapped = RayTaskError("score", "Traceback (most recent call last):\n  File \"/srv/x.py\"", DataError("request row 0: price: cannot parse")
+                           ).as_instanceof_cause()
+    assert isinstance(wrapped, DataError) and "/srv/x.py" in str(wrapped)  # what the client was sent
+
+    async def wrapped_answer(*a, **k):
+        return wrapped
+
+    router._score_or_error = wrapped_answer
+    code, body = answer(run(router.predict(request({"unit_id": "u1", "features": rows[1]}))))
+    assert code == 422 and body["detail"][0]["msg"] == "request row 0: price: cannot parse"
+
+    async def crashed(*a, **k):
+        return RuntimeError("model crashed")
+
+    async def store_down(*a, **k):
+        raise sa.exc.OperationalError("insert", {}, Exception("disk I/O error"))
+
+    router._score_or_error, router._log = crashed, store_down
+    code, body = answer(run(router.predict(request({"unit_id": "u2", "features": rows[2]}))))
+    assert (code, body["detail"]) == (503, "the exposure could not be recorded; retry")
+
+
 def test_a_separate_arm_deployment_raises_its_model_error(run, models, no_replica):
     from rayload.serve.batch_scoring import ModelDeployment, ModelError
     from rayload.serve.scorer import Scorer

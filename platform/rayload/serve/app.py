@@ -193,6 +193,10 @@ class ABRouter(ShadowScoring):
         # combined mode on SQLite: the batch commits this exposure before the call returns
         batch_logs = self.models is not None and self.models.log is not None
         answer = await self._score_or_error(arm, rows, (request_id, unit, start, fast, layout) if batch_logs else None)
+        if isinstance(getattr(answer, "cause", None), DataError):
+            # separate mode: Serve raises the model deployment's DataError wrapped (RayTaskError), whose
+            # text is the remote traceback (ANSI codes, pid, ip, file paths); the client gets the message
+            answer = answer.cause
         if isinstance(answer, DataError):
             return _problem(422, [{"loc": ["body", "candidates" if body.candidates is not None else "features"], "msg": str(answer), "type": "value_error"}])
         if isinstance(answer, EventStoreError):
@@ -200,7 +204,11 @@ class ABRouter(ShadowScoring):
         latency = (time.perf_counter() - start) * 1000  # the answering arm's own call: no shadow has started yet
         if isinstance(answer, BaseException):
             log.error("arm %s failed: %r", arm, answer)
-            await self._log(request_id, unit, arm, "error", None, "error", latency, layout)
+            try:
+                await self._log(request_id, unit, arm, "error", None, "error", latency, layout)
+            except Exception as exc:  # noqa: BLE001 - the store is down too: answered as the ok path does, not raised
+                log.error("error exposure %s not recorded: %r", request_id, exc)
+                return _problem(503, "the exposure could not be recorded; retry")
             return _problem(500, _failure_detail(arm, answer))
         scores, version = answer
         top = _top(scores)

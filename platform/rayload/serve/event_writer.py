@@ -210,7 +210,7 @@ class EventWriter:
                 if not self._closed:  # what arrives within the window shares the commit; close() ends the wait
                     self._closing.wait(self.flush_s)  # (a sleep of flush_ms up to 60 s outlasted close's join, which refused the events)
                 while self._items:
-                    self._commit([self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))])
+                    self._commit(self._next_batch())
             if self._closed:
                 self._checkpoint()
                 return
@@ -219,6 +219,16 @@ class EventWriter:
             since = self._unsynced_since
             if since is not None and time.monotonic() >= since + self.fsync_s:
                 self._checkpoint()
+
+    def _next_batch(self) -> list:
+        """Up to max_batch queued items, and then the rest of the last one's waiter: a request's
+        events (a serve batch's exposures handed over at once) stay one transaction. Cut at
+        max_batch alone, one part of a group committed and the other could fail, and every
+        request of it was told to retry although some of its exposures were stored."""
+        batch = [self._items.popleft() for _ in range(min(self.max_batch, len(self._items)))]
+        while self._items and self._items[0][2] is batch[-1][2]:
+            batch.append(self._items.popleft())
+        return batch
 
     def _checkpoint(self) -> None:
         """Make every commit so far durable on disk, through SQLite alone: on one connection
