@@ -1,8 +1,6 @@
 """Every spec in jobs/ as a small `ray job submit --working-dir .` run (test_job_submit.py), except
-those another test runs the same way (ELSEWHERE): the pipeline, which test_demo.py runs whole
-through `rayload demo` (the same `rayload run` the job's entrypoint calls; its A/B stage on a
-cluster is the A/B spec's job here), and the MovieLens job, which `rayload submit` runs as the
-same job with the uploaded working dir."""
+those another test runs the same way (ELSEWHERE): the MovieLens job, which `rayload submit` runs
+as the same job with the uploaded working dir."""
 
 import json
 import os
@@ -16,10 +14,14 @@ SMALL = {
                             "train.train.batch_size=256"],
     "ab_movielens.yaml": ['ab.arms.0.set=["train.epochs=1", "model.hidden=[16]"]', 'ab.arms.1.set=["train.epochs=1", "model.hidden=[16]"]',
                           "ab.simulate.requests=300", "ab.serving.port=8781"],
+    # every stage kind as a submitted job (test_demo.py runs it whole, but through `rayload demo`'s
+    # embedded Ray, not as a job with an uploaded working dir)
+    "movielens_pipeline.yaml": ["baseline.train.epochs=1", "baseline.model.hidden=[16]",
+                                "search.num_samples=2", "search.startup_trials=2", "search.scheduler.max_epochs=2",
+                                "search.scheduler.grace_period=1", "ab.simulate.requests=300", "ab.serving.port=8782"],
 }
 # Specs a job here would only repeat: what runs them instead.
-ELSEWHERE = {"movielens_pipeline.yaml": "tests/e2e/test_demo.py (`rayload demo` runs this file)",
-             # the same `rayload run` of the same file as a job with the uploaded working dir, by `rayload submit`
+ELSEWHERE = {# the same `rayload run` of the same file as a job with the uploaded working dir, by `rayload submit`
              # (`ray job submit` itself: the other specs here, and test_fake_cluster.py's training job of this file)
              "movielens_deepfm.yaml": "tests/e2e/test_job_submit.py::test_rayload_submit_runs_a_spec_with_the_uploaded_code"}
 # The small settings of the specs run elsewhere from here.
