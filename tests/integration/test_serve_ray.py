@@ -212,17 +212,20 @@ def test_overload_is_refused_by_the_queue_bound_instead_of_queueing(served):
                          "serving": {"port": PORT, "route_prefix": "/overload", "max_ongoing_requests": 1, "max_queued_requests": 1,
                                      "batch_wait_ms": 200, "max_batch_size": 1},
                          "events": {"url": served["events"]}})
-    control.start(spec)
-    with httpx.Client(timeout=30) as client:  # the first experiment keeps running beside the second
-        assert predict(client, "still-there", served["rows"][0]).status_code == 200
-    body = {"unit_id": "o", "features": features(served["rows"][0])}
+    dep = control.start(spec)
+    try:  # stopped here, not at the module's end: its replica shared the 2 CPUs with every later test
+        with httpx.Client(timeout=30) as client:  # the first experiment keeps running beside the second
+            assert predict(client, "still-there", served["rows"][0]).status_code == 200
+        body = {"unit_id": "o", "features": features(served["rows"][0])}
 
-    def call(_):
-        r = httpx.post(f"{URL}/overload/predict", json=body, timeout=60)
-        return r.status_code, r.text
+        def call(_):
+            r = httpx.post(f"{URL}/overload/predict", json=body, timeout=60)
+            return r.status_code, r.text
 
-    with cf.ThreadPoolExecutor(24) as pool:
-        results = list(pool.map(call, range(24)))
+        with cf.ThreadPoolExecutor(24) as pool:
+            results = list(pool.map(call, range(24)))
+    finally:
+        control.stop(dep.run_dir)
     codes = [c for c, _ in results]
     assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
     # Refused by the queue bound, not queued until something timed out: Serve's backpressure
@@ -242,27 +245,30 @@ def test_separate_deployments_and_shadow_mode(served):
                          "serving": {"port": PORT, "route_prefix": "/sep", "mode": "separate", "cpus_per_replica": 0.1},
                          "events": {"url": served["events"]}})
     dep = control.start(spec)
-    assert dep.args["mode"] == "separate"
-    ids = []
-    with httpx.Client(timeout=30) as client:
-        for i, row in enumerate(served["rows"][:10]):
-            sep = client.post(f"{URL}/sep/predict", json={"unit_id": f"s{i}", "features": features(row)})
-            assert sep.status_code == 200 and sep.json()["arm"] == "control", sep.text
-            ids.append(sep.json()["request_id"])
-            unit = next(f"c{j}" for j in range(1000) if Layout.build(served["spec"].weights, "control", ["control", "challenger"]).assign("itest", f"c{j}") == "control")
-            combined = predict(client, unit, row).json()
-            assert sep.json()["score"] == pytest.approx(combined["score"], abs=1e-6)
-        bad = client.post(f"{URL}/sep/predict", json={"unit_id": "s", "features": {**features(served["rows"][0]), "year": "old"}})
-        assert bad.status_code == 422 and "year" in bad.text
-    engine = sa.create_engine(served["events"])
-    deadline = time.monotonic() + 15  # a shadow row is written after its request was answered
-    while True:
-        with engine.connect() as conn:
-            shadow = conn.execute(sa.text("select request_id, arm, status from ab_shadow")).all()
-        if {r.request_id for r in shadow} >= set(ids) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    engine.dispose()
+    try:
+        assert dep.args["mode"] == "separate"
+        ids = []
+        with httpx.Client(timeout=30) as client:
+            for i, row in enumerate(served["rows"][:10]):
+                sep = client.post(f"{URL}/sep/predict", json={"unit_id": f"s{i}", "features": features(row)})
+                assert sep.status_code == 200 and sep.json()["arm"] == "control", sep.text
+                ids.append(sep.json()["request_id"])
+                unit = next(f"c{j}" for j in range(1000) if Layout.build(served["spec"].weights, "control", ["control", "challenger"]).assign("itest", f"c{j}") == "control")
+                combined = predict(client, unit, row).json()
+                assert sep.json()["score"] == pytest.approx(combined["score"], abs=1e-6)
+            bad = client.post(f"{URL}/sep/predict", json={"unit_id": "s", "features": {**features(served["rows"][0]), "year": "old"}})
+            assert bad.status_code == 422 and "year" in bad.text
+        engine = sa.create_engine(served["events"])
+        deadline = time.monotonic() + 15  # a shadow row is written after its request was answered
+        while True:
+            with engine.connect() as conn:
+                shadow = conn.execute(sa.text("select request_id, arm, status from ab_shadow")).all()
+            if {r.request_id for r in shadow} >= set(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        engine.dispose()
+    finally:
+        control.stop(dep.run_dir)
     assert {r.request_id for r in shadow} >= set(ids) and {r.arm for r in shadow} == {"challenger"}
     assert {r.status for r in shadow} == {"ok"}
 
@@ -281,49 +287,70 @@ def test_postgresql_event_store_behind_two_router_replicas(served, pg_url):
                          "serving": {"port": PORT, "route_prefix": "/pg", "replicas": 2, "cpus_per_replica": 0.1},
                          "events": {"url": pg_url}})
     dep = control.start(spec)
-    rows = served["rows"]
+    try:
+        rows = served["rows"]
 
-    def healthz_pids(n: int) -> set:
+        def healthz_pids(n: int) -> set:
+            with httpx.Client(timeout=30) as client:
+                return {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(n)}
+
+        # Serve's router keeps choosing a replica whose queue length it has cached and probes the
+        # other only once that entry expires (10 s) or the first is full; a replica that missed its
+        # first probe (100 ms deadline) on a busy machine waits for that. Both answer before the traffic.
+        pids, deadline = healthz_pids(20), time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            time.sleep(11)
+            pids |= healthz_pids(20)
+        assert len(pids) == 2, f"only replica(s) {pids} answered within 60 s"
+
+        def one(i):
+            with httpx.Client(timeout=30) as client:
+                r = client.post(f"{URL}/pg/predict", json={"unit_id": f"pg-{i % 40}", "features": features(rows[i % 50])})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(one, range(120)))
+        clicked = [a["request_id"] for a in answers[::3]]
+        pids |= healthz_pids(40)
         with httpx.Client(timeout=30) as client:
-            return {client.get(f"{URL}/pg/healthz").json()["pid"] for _ in range(n)}
+            for rid in clicked:
+                assert client.post(f"{URL}/pg/feedback", json={"request_id": rid, "event": "click"}).status_code == 200
+            again = client.post(f"{URL}/pg/feedback", json={"request_id": clicked[0], "event": "click"})
+            assert again.status_code == 200 and again.json()["duplicate"]
+            live = client.get(f"{URL}/pg/experiment").json()
+        assert len(pids) == 2  # both replicas are the same two, each with its own writer
+        engine = sa.create_engine(pg_url)
+        with engine.connect() as conn:
+            stored = [r[0] for r in conn.execute(sa.text("select request_id from ab_exposures where experiment = 'pgtest'"))]
+            outcomes = conn.execute(sa.text("select count(*) from ab_outcomes")).scalar_one()
+        engine.dispose()
+        assert sorted(stored) == sorted(a["request_id"] for a in answers)  # each acknowledged exposure, once
+        assert outcomes == len(clicked)
+        arms = live["arms"]
+        assert sum(a["exposures"] for a in arms) == 120 and sum(a["clicks"] for a in arms) == len(clicked)
+        assert sum(a["units"] for a in arms) == 40
+    finally:
+        control.stop(dep.run_dir)
 
-    # Serve's router keeps choosing a replica whose queue length it has cached and probes the
-    # other only once that entry expires (10 s) or the first is full; a replica that missed its
-    # first probe (100 ms deadline) on a busy machine waits for that. Both answer before the traffic.
-    pids, deadline = healthz_pids(20), time.monotonic() + 60
-    while len(pids) < 2 and time.monotonic() < deadline:
-        time.sleep(11)
-        pids |= healthz_pids(20)
-    assert len(pids) == 2, f"only replica(s) {pids} answered within 60 s"
 
-    def one(i):
-        with httpx.Client(timeout=30) as client:
-            r = client.post(f"{URL}/pg/predict", json={"unit_id": f"pg-{i % 40}", "features": features(rows[i % 50])})
-            assert r.status_code == 200, r.text
-            return r.json()
+def test_direct_ingress_on_a_proxy_serve_is_refused_before_anything_is_deployed(served):
+    """This module's Ray runs Serve through its proxy; with an app running that shows in Serve's
+    target groups, so `ingress: direct` is refused before its deploy could replace anything."""
+    from ray import serve
 
-    with cf.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(one, range(120)))
-    clicked = [a["request_id"] for a in answers[::3]]
-    pids |= healthz_pids(40)
+    from rayload.errors import RayloadError
+
+    spec = ab_from_dict({"name": "itest-direct", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
+                                                          {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
+                         "serving": {"port": PORT, "ingress": "direct"}})
+    with pytest.raises(RayloadError, match="without direct ingress.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1.*serving.ingress: proxy") as err:
+        control.start(spec)
+    assert "removed again" not in str(err.value)  # refused before the deploy, not undone after it
+    apps = serve.status().applications
+    assert "itest-direct" not in apps and apps["itest"].status == "RUNNING"
     with httpx.Client(timeout=30) as client:
-        for rid in clicked:
-            assert client.post(f"{URL}/pg/feedback", json={"request_id": rid, "event": "click"}).status_code == 200
-        again = client.post(f"{URL}/pg/feedback", json={"request_id": clicked[0], "event": "click"})
-        assert again.status_code == 200 and again.json()["duplicate"]
-        live = client.get(f"{URL}/pg/experiment").json()
-    assert len(pids) == 2  # both replicas are the same two, each with its own writer
-    engine = sa.create_engine(pg_url)
-    with engine.connect() as conn:
-        stored = [r[0] for r in conn.execute(sa.text("select request_id from ab_exposures where experiment = 'pgtest'"))]
-        outcomes = conn.execute(sa.text("select count(*) from ab_outcomes")).scalar_one()
-    engine.dispose()
-    assert sorted(stored) == sorted(a["request_id"] for a in answers)  # each acknowledged exposure, once
-    assert outcomes == len(clicked)
-    arms = live["arms"]
-    assert sum(a["exposures"] for a in arms) == 120 and sum(a["clicks"] for a in arms) == len(clicked)
-    assert sum(a["units"] for a in arms) == 40
-    control.stop(dep.run_dir)
+        assert predict(client, "u-direct", served["rows"][0]).status_code == 200
 
 
 def assignments(client, units: list[str], chunk: int = 200) -> dict:
@@ -370,22 +397,3 @@ def test_sticky_assignment_survives_router_restarts_and_replica_counts(served):
         assert assignments(client, units) == before
     share = sum(arm == "challenger" for arm in before.values()) / len(units)
     assert abs(share - 0.3) < 0.02
-
-
-def test_direct_ingress_on_a_proxy_serve_is_refused_before_anything_is_deployed(served):
-    """This module's Ray runs Serve through its proxy; with an app running that shows in Serve's
-    target groups, so `ingress: direct` is refused before its deploy could replace anything."""
-    from ray import serve
-
-    from rayload.errors import RayloadError
-
-    spec = ab_from_dict({"name": "itest-direct", "arms": [{"name": "control", "weight": 0.5, "checkpoint": served["ckpts"]["control"]},
-                                                          {"name": "challenger", "weight": 0.5, "checkpoint": served["ckpts"]["challenger"]}],
-                         "serving": {"port": PORT, "ingress": "direct"}})
-    with pytest.raises(RayloadError, match="without direct ingress.*RAY_SERVE_ENABLE_DIRECT_INGRESS=1.*serving.ingress: proxy") as err:
-        control.start(spec)
-    assert "removed again" not in str(err.value)  # refused before the deploy, not undone after it
-    apps = serve.status().applications
-    assert "itest-direct" not in apps and apps["itest"].status == "RUNNING"
-    with httpx.Client(timeout=30) as client:
-        assert predict(client, "u-direct", served["rows"][0]).status_code == 200

@@ -199,8 +199,19 @@ def test_a_trial_reporting_without_the_metric_fails_the_search_with_tunes_reason
     assert "the search failed" in trials[0].user_attrs["rayload"]["stopped"]
 
 
+def _pg_tables() -> set[str]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(PG)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
 def test_study_in_postgresql(ray_local):
     name = f"rayload-test-{os.getpid()}"
+    before = _pg_tables()  # optuna's schema, made in the shared `test` database by this test, goes with it
     try:
         res = rayload.tune_function(branin, BRANIN, strategy="random", num_samples=3, storage=PG, name=name)
         study = optuna.load_study(study_name=name, storage=PG)
@@ -211,7 +222,15 @@ def test_study_in_postgresql(ray_local):
         assert len(optuna.load_study(study_name=name, storage=PG).trials) == 3  # refused before a trial ran
     finally:
         optuna.delete_study(study_name=name, storage=PG)
-    assert name not in [s.study_name for s in optuna.get_all_study_summaries(storage=PG)]
+        assert name not in [s.study_name for s in optuna.get_all_study_summaries(storage=PG)]
+        if made := _pg_tables() - before:  # the tables optuna created here (none when they were there before: kept)
+            import sqlalchemy as sa
+
+            engine = sa.create_engine(PG)
+            with engine.begin() as conn:
+                conn.execute(sa.text("DROP TABLE IF EXISTS " + ", ".join(f'"{t}"' for t in sorted(made)) + " CASCADE"))
+            engine.dispose()
+    assert _pg_tables() == before
 
 
 def test_a_two_worker_trial_that_leaves_no_room_for_its_own_driver_is_refused(base_job, tmp_path):

@@ -547,3 +547,30 @@ def test_an_mde_no_rate_can_move_by_in_either_direction_leaves_the_power_figures
     refused it, and every live analysis raised with it."""
     result = _fifty_fifty(1000, 2, {"control": 0.55, "challenger": 0.55}, mde=0.6)
     assert result.units_needed is None and result.sequential_units_needed is None and result.decision == "continue"
+
+
+def test_aa_through_the_decision_path_keeps_alpha():
+    """The test above runs stats.msprt_lambda on plain sums; automatic decisions run
+    sequential.sequential(): the stratified estimate, its own looks and variance and the spec's
+    default tau. 300 A/A experiments of 4,000 units through that path stay within alpha."""
+    import json
+
+    import pandas as pd
+
+    from rayload.ab_spec import ab_from_dict
+    from rayload.serve.assign import Layout
+    from rayload.serve.sequential import Pairs, sequential
+
+    spec = ab_from_dict(SPEC)
+    weights = {"control": 0.5, "challenger": 0.5}
+    units = [f"u{i}" for i in range(4000)]
+    layout = Layout.build(weights, "control", ["control", "challenger"])
+    arms = [layout.assign("t", u) for u in units]
+    base = pd.DataFrame({"unit_id": units, "arm": arms, "layout": json.dumps(weights, sort_keys=True),
+                         "ts": np.arange(len(units), dtype=float)})
+    rng = np.random.default_rng(11)
+    sims, false_positives = 300, 0
+    for _ in range(sims):
+        frame = base.assign(clicked=(rng.random(len(units)) < 0.1).astype(float))
+        false_positives += sequential(Pairs.of(frame, "control", "challenger"), spec.analysis.tau, spec.analysis.alpha).p <= 0.05
+    assert false_positives / sims <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / sims), false_positives
