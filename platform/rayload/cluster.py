@@ -84,6 +84,10 @@ def gpu_option_issues(config: dict) -> list[SpecIssue]:
         if gpus(options) and not (node.get("resources") or {}).get("GPU"):
             issues.append(SpecIssue(f"available_node_types.{name}.docker.worker_run_options",
                                     "--gpus on a node type without GPU resources", options, True))
+    head = (config.get("available_node_types") or {}).get(config.get("head_node_type")) or {}
+    if gpus(docker.get("head_run_options")) and not (head.get("resources") or {}).get("GPU"):  # the head container never started
+        issues.append(SpecIssue("docker.head_run_options", "--gpus on a head node type without GPU resources, and `docker run "
+                                "--gpus` fails on a node without GPUs", docker.get("head_run_options"), True))
     return issues
 
 
@@ -269,17 +273,28 @@ def pins(constraints: str) -> dict[str, str]:
 
 
 def version_issues(config: dict, constraints: str) -> list[SpecIssue]:
-    """The image's Ray and Python must be what constraints.txt was tested with."""
-    image = (config.get("docker") or {}).get("image")
-    if not image:
-        return []
-    tag = image.rsplit(":", 1)[-1]
+    """Every image a node runs must have the Ray and Python constraints.txt was tested with:
+    docker.image, the head and worker images that replace it, and a node type's own worker
+    image (only docker.image was checked, not the images the nodes actually start)."""
     want = pins(constraints).get("ray")
+    docker = config.get("docker") or {}
+    images = [(f"docker.{key}", docker.get(key)) for key in ("image", "head_image", "worker_image")]
+    images += [(f"available_node_types.{name}.docker.worker_image", ((node or {}).get("docker") or {}).get("worker_image"))
+               for name, node in (config.get("available_node_types") or {}).items() if isinstance(node, dict)]
+    return [issue for field, image in images if image for issue in _image_issues(field, str(image), want)]
+
+
+def _image_issues(field: str, image: str, want: str | None) -> list[SpecIssue]:
+    name = image.rsplit("/", 1)[-1]
+    if "@" in name or ":" not in name:  # a digest or no tag: nothing says which Ray it holds
+        return [SpecIssue(field, f"has no version tag, so its Ray cannot be checked against constraints.txt (ray=={want}); "
+                          f"use a tag such as rayproject/ray:{want}-py311", image, True)] if want else []
+    tag = name.rsplit(":", 1)[-1]
     if want and not tag.startswith(want):
-        return [SpecIssue("docker.image", f"runs Ray {tag.split('-')[0]}, but constraints.txt pins ray=={want}", image, True)]
+        return [SpecIssue(field, f"runs Ray {tag.split('-')[0]}, but constraints.txt pins ray=={want}", image, True)]
     py = re.search(r"-py(\d)(\d+)", tag)
     if py and f"{py.group(1)}.{py.group(2)}" != "3.11":
-        return [SpecIssue("docker.image", "Python must be 3.11, the version constraints.txt was resolved for", image, True)]
+        return [SpecIssue(field, "Python must be 3.11, the version constraints.txt was resolved for", image, True)]
     return []
 
 

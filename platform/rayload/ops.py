@@ -307,7 +307,7 @@ def _port(port: int) -> Check:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("0.0.0.0", port))  # every address: one held on another (127.0.0.2, a NIC) read free on loopback
         except OSError as exc:
             return Check(f"Serve port {port} free", False, f"in use ({exc.strerror}); serving.port in the A/B spec picks another")
     return Check(f"Serve port {port} free", True, "free on this machine")

@@ -128,6 +128,24 @@ def test_image_ray_version_must_match_constraints(config, tmp_path):
     assert version_issues(config, os.path.join(ROOT, "constraints.txt")) == []
 
 
+def test_every_image_a_node_runs_is_checked_and_the_head_takes_no_gpu_option(config):
+    """Only docker.image was checked: a head_image or worker_image (global or a node type's own),
+    the images the nodes actually start, could run another Ray; --gpus in head_run_options on a
+    head without GPUs (its container never starts) passed too."""
+    from rayload.cluster import gpu_option_issues
+
+    pins = os.path.join(ROOT, "constraints.txt")
+    config["docker"]["head_image"] = "rayproject/ray:2.50.0-py311"
+    config["docker"]["worker_image"] = "rayproject/ray:2.60.0-py312"
+    config["available_node_types"]["gpu_worker"]["docker"]["worker_image"] = "rayproject/ray@sha256:abcdef0123"
+    issues = {i.path: i.message for i in version_issues(config, pins)}
+    assert set(issues) == {"docker.head_image", "docker.worker_image", "available_node_types.gpu_worker.docker.worker_image"}
+    assert "runs Ray 2.50.0" in issues["docker.head_image"] and "Python must be 3.11" in issues["docker.worker_image"]
+    assert "has no version tag" in issues["available_node_types.gpu_worker.docker.worker_image"]
+    config["docker"]["head_run_options"] = ["--gpus all"]
+    assert _paths(gpu_option_issues(config)) == {"docker.head_run_options"}
+
+
 def test_lint_cli_names_the_failing_field(tmp_path, config):
     bad = copy.deepcopy(config)
     bad["head_start_ray_commands"][1] += " --dashboard-host=0.0.0.0"

@@ -240,3 +240,14 @@ def test_the_upload_check_reads_each_stage_spec_as_the_stage_does(tmp_path, monk
     (tmp_path / "jobs" / "arms.yaml").write_text("name: p3\nstages:\n  - {name: ab, kind: ab, spec: ab_ck.yaml, traffic: simulate}\n")
     with pytest.raises(SpecError, match=r"stages\[0\] \(ab\).spec -> arms\[0\].checkpoint: in an excluded folder \(runs/\)"):
         check_spec("jobs/arms.yaml", [], ".")
+
+
+def test_the_serve_port_check_sees_a_port_held_on_any_address():
+    """It bound 127.0.0.1 only: a port held on another address read free, and Serve on 0.0.0.0
+    (direct ingress) could not bind it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert ops._port(port).ok is False
+    assert ops._port(_closed_port()).ok is True
