@@ -252,7 +252,7 @@ def test_a_rerun_stopped_part_way_leaves_no_old_truth_and_lists_and_constant_par
     missing values) gave every label the same value, then an unrelated AUC error."""
     import pyarrow.parquet as pq_
 
-    from rayload.data import synthetic
+    from rayload.data import synthetic, synthetic_files
     from rayload.errors import DataError
 
     out = str(tmp_path / "s")
@@ -265,10 +265,10 @@ def test_a_rerun_stopped_part_way_leaves_no_old_truth_and_lists_and_constant_par
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(synthetic.pq, "write_table", stop_at_second)
+    monkeypatch.setattr(synthetic_files.pq, "write_table", stop_at_second)
     with pytest.raises(KeyboardInterrupt):
         synthetic.write_synthetic(out, synthetic.SynthParams(rows=12, numeric=2, categorical=1, shard_rows=3, seed=2))
-    monkeypatch.setattr(synthetic.pq, "write_table", real)
+    monkeypatch.setattr(synthetic_files.pq, "write_table", real)
     assert sorted(os.listdir(out)) == ["part-00000.parquet"]  # no synthetic.json: not a complete generation
     params = synthetic.SynthParams(rows=50, numeric=1, categorical=2, cardinalities=[10, 20])
     assert params.cardinalities == (10, 20) and synthetic.generate_table(params, 0, 50).num_rows == 50
