@@ -55,3 +55,15 @@ def stub_fit(monkeypatch, tmp_path, calls: list):
 
     monkeypatch.setattr(retraining, "_fit_and_gate", fit_and_gate)
     return new
+
+
+def guarded_run(tmp_path, monkeypatch, champion: str, arm: str = "a") -> tuple[str, list]:
+    """An A/B run whose champion (arm `arm`) is the checkpoint `champion`, with the fine-tune and
+    the read of the events replaced by recorders: a check made before both leaves `calls` empty."""
+    spec = {"name": "exp", "champion": arm, "arms": [{"name": arm, "weight": 0.9, "checkpoint": champion},
+                                                     {"name": "b", "weight": 0.1, "checkpoint": placeholder_checkpoint(tmp_path / "b")}]}
+    run = ab_run(tmp_path, spec, arm)
+    calls: list = []
+    stub_fit(monkeypatch, tmp_path, calls)
+    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    return run, calls

@@ -13,7 +13,7 @@ from rayload.errors import RayloadError
 from rayload.models import InputShape, build_model
 from rayload.retraining import _model_section, next_ab_spec, next_name, retrain
 from rayload.spec import ModelSpec
-from _retrain import NOW, ab_run, placeholder_checkpoint, stub_fit
+from _retrain import NOW, ab_run, guarded_run, placeholder_checkpoint, stub_fit
 
 SHADOW = {"name": "exp", "champion": "a", "shadow": True,
           "arms": [{"name": "a", "weight": 1.0, "checkpoint": "/x/a"}, {"name": "b", "weight": 0.0, "checkpoint": "/x/b"}]}
@@ -57,12 +57,7 @@ def test_a_champion_from_before_align_is_rebuilt_unpadded(tmp_path):
 
 def test_a_deleted_champion_is_named_before_anything_is_read_or_trained(tmp_path, monkeypatch):
     champion = placeholder_checkpoint(tmp_path / "champion")
-    spec = {"name": "exp", "champion": "a", "arms": [{"name": "a", "weight": 0.9, "checkpoint": champion},
-                                                     {"name": "b", "weight": 0.1, "checkpoint": placeholder_checkpoint(tmp_path / "b")}]}
-    run = ab_run(tmp_path, spec, "a")
-    calls = []
-    stub_fit(monkeypatch, tmp_path, calls)
-    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    run, calls = guarded_run(tmp_path, monkeypatch, champion)
     shutil.rmtree(champion)
     with pytest.raises(RayloadError, match=rf"the champion of A/B run {run} \(arm 'a'.*\), {champion}, does not exist: a checkpoint "
                                            r"folder holds model.pt, model.json and features.json.*restore it"):

@@ -10,7 +10,7 @@ from helpers import job
 from rayload import retraining
 from rayload.errors import DataError
 from rayload.retraining import next_ab_spec, retrain
-from _retrain import NOW, ab_run, placeholder_checkpoint, stub_fit
+from _retrain import NOW, ab_run, guarded_run, placeholder_checkpoint, stub_fit
 
 @pytest.fixture()
 def second_round(tmp_path):
@@ -128,12 +128,7 @@ def test_a_champion_with_a_regression_label_is_refused_before_anything_is_read(t
     path = os.path.join(first, "features.json")
     loaded = FittedFeatures.load(path)
     dataclasses.replace(loaded, label=dataclasses.replace(loaded.label, task="regression")).save(path)
-    spec = {"name": "exp", "champion": "control", "arms": [{"name": "control", "weight": 0.9, "checkpoint": first},
-                                                           {"name": "b", "weight": 0.1, "checkpoint": placeholder_checkpoint(tmp_path / "b")}]}
-    run = ab_run(tmp_path, spec, "control")
-    calls = []
-    stub_fit(monkeypatch, tmp_path, calls)
-    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    run, calls = guarded_run(tmp_path, monkeypatch, first, "control")
     with pytest.raises(DataError, match=r"arm 'control'\) has a regression label; a retrain labels exposures 0/1"):
         retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
     assert calls == [] and not os.path.exists(os.path.join(tmp_path, "runs", "retrain"))
