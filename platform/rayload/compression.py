@@ -29,7 +29,7 @@ from torch import nn
 from . import pruning
 from .models import quantized
 from .errors import DataError, RayloadError
-from .paths import is_remote, local_path, remote_scratch, upload_folder
+from .paths import is_remote, join_uri, local_path, read_text, remote_scratch, remove_folder, upload_folder
 
 log = logging.getLogger(__name__)
 Method = Literal["int8", "prune"]
@@ -65,7 +65,8 @@ class GateRefused(RayloadError):
         super().__init__(
             f"{result.method} model refused: validation AUC {result.auc_before:.5f} -> {result.auc_after:.5f} "
             f"(drop {result.auc_drop:.5f} > max_auc_drop {result.max_auc_drop}); nothing written. "
-            "Use a smaller --amount, add --finetune-epochs, or raise --max-auc-drop"
+            + ("Use a smaller --amount, add --finetune-epochs, or raise --max-auc-drop" if result.method == "prune" else
+               "Raise --max-auc-drop, or try --method prune")  # int8 refuses --amount and --finetune-epochs
         )
 
 
@@ -73,14 +74,19 @@ def compress(checkpoint: str, method: Method = "int8", amount: float | None = No
              max_auc_drop: float = 0.002, out: str | None = None, spec=None, address: str | None = None,
              overrides=()) -> CompressResult:
     """Compress `checkpoint`; raises GateRefused (with both AUCs) when the gate fails.
-    `amount`: prune only, the fraction to cut (default 0.5). `overrides` (key=value, as --set)
-    change the job spec in its manifest; with `spec`, give them to that spec instead."""
+    `amount`: prune only, the fraction to cut (default 0.5). `spec`: the job spec it was trained
+    with (a JobSpec or a file; default: the one in its manifest). `overrides` (key=value, as
+    --set) change that spec (the manifest's, or the file given)."""
     from .evaluate import auc
     from .train import checkpoint as ckpt
     from .train.loop import class_weight_pair
 
     _check_args(method, amount, finetune_epochs, max_auc_drop, structured)
     amount = 0.5 if amount is None else amount
+    if isinstance(spec, str):  # the SDK takes a job spec file as the CLI's --spec does (it failed on spec.train)
+        from .spec import load_spec
+
+        spec, overrides = load_spec(spec, list(overrides)), ()
     if spec is not None and overrides:
         raise RayloadError(f"overrides {list(overrides)} change the job spec in the checkpoint's manifest; with a spec given, "
                            "apply them to that spec (rayload compress --spec FILE --set ... does)")
@@ -137,6 +143,11 @@ def compress(checkpoint: str, method: Method = "int8", amount: float | None = No
         raise GateRefused(result)
     size = _write(checkpoint, target, state, config, source.manifest, result, origin)
     if is_remote(destination):
+        _check_remote_out(destination, origin)  # again just before the earlier copy goes
+        # the earlier copy first: uploaded over it, an upload cut short left its model.pt beside the
+        # new model.json (a checkpoint that failed to load); now a cut leaves no model.pt, which
+        # require_checkpoint names, and no stale file of the old copy stays
+        remove_folder(destination)
         upload_folder(target, destination, last=(ckpt.MODEL,))  # model.pt last: see upload_folder
         shutil.rmtree(target, ignore_errors=True)  # the staging copy; readers fetch the URI into their cache
         log.info("uploaded %s to %s", target, destination)
@@ -219,13 +230,26 @@ def _is_compressed_checkpoint(folder: str) -> bool:
 
 
 def _check_remote_out(destination: str, origin: str) -> None:
-    """On object storage the copy is uploaded beside what is there (nothing is deleted), but it
-    must not land on the checkpoint or in a folder holding it."""
+    """On object storage as on a disk: the copy must not land on the checkpoint or in a folder
+    holding it, and may replace only an earlier compressed copy (a folder holding anything else,
+    another run's checkpoint, was written over and left mixed)."""
+    import pyarrow.fs as pafs
+
     out = destination.partition("?")[0].rstrip("/")
     src = origin.partition("?")[0].rstrip("/")
     if src == out or src.startswith(out + "/") or out.startswith(src + "/"):
         what = "is" if src == out else "contains" if src.startswith(out + "/") else "lies inside"
         raise RayloadError(f"--out {destination} {what} the checkpoint being compressed; write the compressed copy somewhere else")
+    fs, root = pafs.FileSystem.from_uri(destination)
+    if not fs.get_file_info(pafs.FileSelector(root.rstrip("/"), allow_not_found=True)):
+        return  # absent or empty
+    try:
+        compressed = bool(json.loads(read_text(join_uri(destination, "model.json"))).get("compression"))
+    except (OSError, ValueError, AttributeError):
+        compressed = False
+    if not compressed:
+        raise RayloadError(f"--out {destination} exists and is not a compressed checkpoint (no model.json with a compression "
+                           "section); it would be replaced whole, so it is refused: name a new folder")
 
 
 def _check_args(method: str, amount: float | None, finetune_epochs: int, max_auc_drop: float, structured: bool = False) -> None:
@@ -318,6 +342,30 @@ def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: di
     tmp = f"{target}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    aside = None
+    try:
+        _fill(tmp, checkpoint, state, config, manifest, result, origin)
+        # the earlier copy aside, the new one in, then the old one gone: removed first, an interrupt
+        # between the two left neither
+        if os.path.lexists(target):
+            aside = f"{target}.old-{os.getpid()}"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(target, aside)
+        os.replace(tmp, target)
+    except BaseException:
+        if aside and not os.path.lexists(target):
+            os.replace(aside, target)  # the earlier copy back in place
+        shutil.rmtree(tmp, ignore_errors=True)  # a disk full or Ctrl-C left <out>.tmp-PID beside the run for good
+        raise
+    if aside:
+        shutil.rmtree(aside, ignore_errors=True)
+    log.info("wrote %s (%s)", target, result.method)
+    return os.path.getsize(os.path.join(target, ckpt.MODEL))
+
+
+def _fill(tmp: str, checkpoint: str, state: dict, config: dict, manifest: dict, result: CompressResult, origin: str) -> None:
+    from .train import checkpoint as ckpt
+
     torch.save(state, os.path.join(tmp, ckpt.MODEL))
     shutil.copy(os.path.join(checkpoint, ckpt.FEATURES), os.path.join(tmp, ckpt.FEATURES))
     summary = {"method": result.method, "source": origin if is_remote(origin) else os.path.abspath(checkpoint), **result.settings,
@@ -328,7 +376,3 @@ def _write(checkpoint: str, target: str, state: dict, config: dict, manifest: di
         # the source's validation metrics are the source's: this model's AUC is the gate's
         json.dump({**manifest, "metrics": {"val_auc": result.auc_after}, "source_metrics": manifest.get("metrics"),
                    "compression": {k: v for k, v in summary.items() if k != "plan"}}, f, indent=1, default=str)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    log.info("wrote %s (%s)", target, result.method)
-    return os.path.getsize(os.path.join(target, ckpt.MODEL))

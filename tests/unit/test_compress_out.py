@@ -78,8 +78,7 @@ def test_a_remote_out_holding_the_checkpoint_is_refused():
         _check_remote_out("s3://b/run/", "s3://b/run/epoch_0002?endpoint_override=h")
     with pytest.raises(RayloadError, match="is the checkpoint"):
         _check_remote_out("s3://b/run/epoch_0002?x=1", "s3://b/run/epoch_0002")
-    _check_remote_out("s3://b/run/epoch_0002-int8", "s3://b/run/epoch_0002")
-    _check_remote_out("s3://b/run/epoch_00021", "s3://b/run/epoch_0002")
+    # beside it (epoch_0002-int8, epoch_00021): test_a_remote_out_may_replace_only_an_earlier_compressed_copy
 
 
 def test_structured_pruning_removes_whole_neurons_bias_included_through_fine_tuning():
@@ -103,3 +102,67 @@ def test_structured_pruning_removes_whole_neurons_bias_included_through_fine_tun
         cut = (layer.weight == 0).all(dim=1)
         assert int(cut.sum()) == layer.out_features // 2 and (layer.bias[cut] == 0).all() and (layer.bias[~cut] != 0).all()
         assert not hasattr(layer, "weight_mask") and not hasattr(layer, "bias_mask")
+
+
+def test_a_remote_out_may_replace_only_an_earlier_compressed_copy():
+    """Uploaded over whatever was there: another run's trained checkpoint at --out was written
+    over and left mixed (its train_state.pt beside an unrelated int8 model)."""
+    from helpers import s3_bucket
+    from rayload.paths import join_uri, read_text, upload_folder
+
+    with s3_bucket() as base, __import__("tempfile").TemporaryDirectory() as tmp:
+        trained = _checkpoint(os.path.join(tmp, "trained"))
+        copy = _checkpoint(os.path.join(tmp, "copy"), {"method": "prune"})
+        upload_folder(trained, join_uri(base, "other", "epoch_0001"))
+        upload_folder(copy, join_uri(base, "run", "epoch_0002-int8"))
+        with pytest.raises(RayloadError, match="exists and is not a compressed checkpoint"):
+            _check_remote_out(join_uri(base, "other", "epoch_0001"), join_uri(base, "run", "epoch_0002"))
+        _check_remote_out(join_uri(base, "run", "epoch_0002-int8"), join_uri(base, "run", "epoch_0002"))  # an earlier copy
+        _check_remote_out(join_uri(base, "run", "new"), join_uri(base, "run", "epoch_0002"))  # nothing there
+        _check_remote_out(join_uri(base, "run", "epoch_00021"), join_uri(base, "run", "epoch_0002"))  # a name, not a folder, apart
+        assert json.loads(read_text(join_uri(base, "other", "epoch_0001", "model.json"))) == {"config": {}}
+
+
+def test_an_interrupted_local_write_leaves_no_temporary_folder_and_keeps_the_earlier_copy(run, tmp_path, monkeypatch):
+    """A Ctrl-C (or a full disk) inside the write left <out>.tmp-PID beside the run for good, and
+    one between removing the earlier copy and moving the new one in left neither."""
+    from rayload import compression
+
+    _, ck = run
+    out = tmp_path / "out"
+    _write_to(ck, str(out))
+    (out / "marker").write_text("earlier")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compression.torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _write_to(ck, str(out))
+    monkeypatch.undo()
+    real, calls = os.replace, []
+
+    def second_replace_fails(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(a, b)
+
+    monkeypatch.setattr(compression.os, "replace", second_replace_fails)
+    with pytest.raises(KeyboardInterrupt):
+        _write_to(ck, str(out))
+    monkeypatch.undo()
+    assert (out / "marker").read_text() == "earlier"  # the earlier copy, in place
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p or ".old-" in p]
+
+
+def test_the_refusal_advice_fits_the_method_and_the_sdk_takes_a_spec_file(tmp_path):
+    from rayload.compression import GateRefused
+
+    int8 = str(GateRefused(CompressResult("int8", "c", None, 0.8, 0.7, 0.002, 1, 0, {})))
+    prune = str(GateRefused(CompressResult("prune", "c", None, 0.8, 0.7, 0.002, 1, 0, {})))
+    assert "--amount" not in int8 and "Raise --max-auc-drop, or try --method prune" in int8
+    assert "Use a smaller --amount, add --finetune-epochs" in prune
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with pytest.raises(RayloadError, match="does not exist"):  # past the spec file (it was AttributeError: 'str' ... 'train')
+        compress(str(tmp_path / "none"), "int8", spec=os.path.join(root, "jobs", "movielens_deepfm.yaml"))
