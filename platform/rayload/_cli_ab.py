@@ -140,7 +140,8 @@ def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="pr
 
 def print_analysis(result) -> None:
     table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", "95% CI", "errors", "p99 ms", "guardrails",
-                  title=f"experiment {result.experiment} (champion {result.champion})")
+                  title=f"experiment {result.experiment} (champion {result.live_champion or result.champion}"
+                        f"{f', promoted over {result.champion}' if result.live_champion else ''})")
     from rich.markup import escape  # "[0.1, 0.2]" and "[n/a]" are style tags to Rich: it dropped them
 
     from .serve.analysis import points

@@ -270,8 +270,9 @@ def decide(spec, stage, folder, outputs, address, progress) -> dict:
             action = "recorded (the experiment is no longer deployed)"
     arms = {a.arm: {"units": a.units, "exposures": a.exposures, "clicks": a.clicks, "ctr": a.ctr, "ctr_ci": list(a.ctr_ci)}
             for a in result.arms}
+    # champion / challenger: the roles the lift compares; live_champion: the arm serving now, after a promote
     out = {"decision": result.decision, "reasons": result.reasons, "action": action, "champion": result.champion,
-           "challenger": result.challenger, "arms": arms, "lift": result.lift,
+           "challenger": result.challenger, "live_champion": result.live_champion or result.champion, "arms": arms, "lift": result.lift,
            "lift_ci": list(result.lift_ci) if result.lift_ci else None, "sequential_p": result.sequential_p,
            "z_p_value": result.z_p_value, "srm_p": result.srm_p}
     _dump(os.path.join(folder, "decision.json"), out)

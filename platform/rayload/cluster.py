@@ -278,15 +278,17 @@ def version_issues(config: dict, constraints: str) -> list[SpecIssue]:
     image (only docker.image was checked, not the images the nodes actually start)."""
     want = pins(constraints).get("ray")
     docker = config.get("docker") or {}
-    images = [(f"docker.{key}", docker.get(key)) for key in ("image", "head_image", "worker_image")]
+    # docker.image only where a node runs it: both head_image and worker_image replace it
+    keys = ("head_image", "worker_image") if docker.get("head_image") and docker.get("worker_image") else ("image", "head_image", "worker_image")
+    images = [(f"docker.{key}", docker.get(key)) for key in keys]
     images += [(f"available_node_types.{name}.docker.worker_image", ((node or {}).get("docker") or {}).get("worker_image"))
                for name, node in (config.get("available_node_types") or {}).items() if isinstance(node, dict)]
     return [issue for field, image in images if image for issue in _image_issues(field, str(image), want)]
 
 
 def _image_issues(field: str, image: str, want: str | None) -> list[SpecIssue]:
-    name = image.rsplit("/", 1)[-1]
-    if "@" in name or ":" not in name:  # a digest or no tag: nothing says which Ray it holds
+    name = image.rsplit("/", 1)[-1].split("@", 1)[0]  # tag@digest: the tag still says which Ray
+    if ":" not in name:  # a digest alone or no tag: nothing says which Ray it holds
         return [SpecIssue(field, f"has no version tag, so its Ray cannot be checked against constraints.txt (ray=={want}); "
                           f"use a tag such as rayproject/ray:{want}-py311", image, True)] if want else []
     tag = name.rsplit(":", 1)[-1]

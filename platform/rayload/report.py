@@ -73,6 +73,13 @@ def best_so_far(values: list[float], mode: str = "max") -> list[float]:
     return out
 
 
+def best_line(trials: list[dict], mode: str = "max") -> tuple[list, list]:
+    """The best-so-far line's points: over the complete trials, as the search reports its best
+    (a pruned trial's intermediate value drew it above the best trial the report named)."""
+    complete = sorted((t for t in trials if t["state"] == "complete" and t.get("value") is not None), key=lambda t: t["number"])
+    return [t["number"] for t in complete], best_so_far([t["value"] for t in complete], mode)
+
+
 def search_plot(trials: list[dict], baseline: float | None, metric: str, mode: str = "max") -> str | None:
     """Each trial's value in trial order and the best so far (in the search's mode), against the baseline."""
     done = sorted((t for t in trials if t.get("value") is not None), key=lambda t: t["number"])
@@ -84,12 +91,9 @@ def search_plot(trials: list[dict], baseline: float | None, metric: str, mode: s
     colours = {"complete": "tab:blue", "fail": "tab:red"}
     ax.scatter(xs, ys, c=[colours.get(t["state"], "tab:orange") for t in done],
                label="trial (orange: stopped early, its best epoch; red: failed)")
-    # the best of the complete trials, as the search reports its best: a pruned trial's
-    # intermediate value drew the line above the best trial the report named
-    complete = [t for t in done if t["state"] == "complete"]
-    if complete:
-        ax.step([t["number"] for t in complete], best_so_far([t["value"] for t in complete], mode), where="post",
-                color="tab:green", label="best complete trial so far")
+    line = best_line(done, mode)
+    if line[0]:
+        ax.step(*line, where="post", color="tab:green", label="best complete trial so far")
     if baseline is not None:
         ax.axhline(baseline, color="grey", ls="--", label="baseline")
     ax.set(xlabel="trial", ylabel=metric, title="search history")

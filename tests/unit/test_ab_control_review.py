@@ -130,9 +130,16 @@ def test_after_a_promote_the_analysis_keeps_the_roles_it_was_decided_in(tmp_path
     after = control.analysis_for(run_dir)
     assert (after.decision, after.champion, after.challenger) == ("promote", "A", "B")
     assert after.lift == pytest.approx(before.lift) and after.diff == pytest.approx(before.diff)
+    assert after.live_champion == "B" and after.to_dict()["live_champion"] == "B"  # who serves now, beside the decided roles
+    from rayload._cli_ab import print_analysis
+    from rayload.cli import console
+
+    with console.capture() as out:
+        print_analysis(after)
+    assert "champion B, promoted over A" in " ".join(out.get().split())
     control.rollback(run_dir, "by hand")  # back to A: the roles are the champion's own again
     rolled = control.analysis_for(run_dir)
-    assert (rolled.decision, rolled.champion, rolled.challenger) == ("rollback", "A", "B")
+    assert (rolled.decision, rolled.champion, rolled.challenger, rolled.live_champion) == ("rollback", "A", "B", None)
     from rayload.serve.analysis import decided_champion  # what the router's GET /experiment uses with its user_config
 
     assert decided_champion(["A", "B"], "B", {"decision": "promote"}) == "A" and decided_champion(["A", "B"], "B", None) == "B"

@@ -177,3 +177,5 @@ def test_a_drift_seed_with_movielens_traffic_is_refused_by_name():
     with pytest.raises(SpecError, match=r"simulate.drift_seed: needs source: synthetic-ctr"):
         ab_from_dict({"name": "t", "arms": arms, "simulate": {"drift_seed": 7}})
     assert ab_from_dict({"name": "t", "arms": arms, "simulate": {"source": "synthetic-ctr", "drift_seed": 7}}).simulate.drift_seed == 7
+    # a run saved with one before the rule still loads where a saved spec is read back (analysis, controller)
+    assert ABSpec.model_validate({"name": "t", "arms": arms, "simulate": {"drift_seed": 7}}).simulate.drift_seed == 7

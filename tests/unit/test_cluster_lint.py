@@ -144,6 +144,9 @@ def test_every_image_a_node_runs_is_checked_and_the_head_takes_no_gpu_option(con
     assert "has no version tag" in issues["available_node_types.gpu_worker.docker.worker_image"]
     config["docker"]["head_run_options"] = ["--gpus all"]
     assert _paths(gpu_option_issues(config)) == {"docker.head_run_options"}
+    config["docker"]["head_image"] = config["docker"]["worker_image"] = "rayproject/ray:2.60.0-py311-gpu@sha256:" + "a" * 64
+    config["docker"]["image"] = "rayproject/ray:2.9.0-py310"  # replaced by both: no node runs it
+    assert _paths(version_issues(config, pins)) == {"available_node_types.gpu_worker.docker.worker_image"}
 
 
 def test_lint_cli_names_the_failing_field(tmp_path, config):

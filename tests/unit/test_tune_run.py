@@ -124,6 +124,9 @@ def test_plots_need_complete_trials_and_the_best_line_follows_complete_ones(tmp_
     trials = [{"number": 0, "state": "complete", "value": 0.70}, {"number": 1, "state": "pruned", "value": 0.75},
               {"number": 2, "state": "fail", "value": 0.2}]
     assert search_plot(trials, None, "val_auc") and search_plot(trials[1:], None, "val_auc")  # no complete trial: no line, no crash
+    from rayload.report import best_line
+
+    assert best_line(trials) == ([0], [0.70]) and best_line(trials[1:]) == ([], [])
 
 
 def test_the_run_report_shows_a_failed_stages_error():

@@ -98,6 +98,9 @@ class Analysis:
     drift: list[dict] = field(default_factory=list)  # per arm and feature (serve/monitor.py); filled by the caller
     # Shadow mode: per shadow arm, requests it scored and how many failed (EventReader.shadow_summary); filled by the caller
     shadow_scores: dict[str, dict] = field(default_factory=dict)
+    # The arm serving as champion now, where it is not `champion`: after a promote the figures
+    # stay in the roles it was decided in (champion: the arm replaced), while the winner serves
+    live_champion: str | None = None
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(_finite(asdict(self)), default=str, allow_nan=False))

@@ -345,6 +345,7 @@ class ABRouter(ShadowScoring):
         config = self.config
         champion = decided_champion(list(config.weights), config.champion, config.final)  # as control.analysis_for
         result = await asyncio.to_thread(analyze, frame, spec, config.weights, champion)
+        result.live_champion = config.champion if champion != config.champion else None
         if config.shadow:
             result.shadow_scores = await asyncio.to_thread(self.reader.shadow_summary, self.experiment, self.generation)
         if final := config.final:  # as control.analysis_for: the statistics after it no longer steer anything

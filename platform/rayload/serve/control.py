@@ -282,6 +282,7 @@ def _analysis_of(state: dict):
     # after a promote, in the roles it was decided in (the winner as the challenger)
     champion = decided_champion(args["arms"], user["champion"], state.get("final"))
     result = analyze(_events_frame(args, spec), spec, user["weights"], champion)
+    result.live_champion = user["champion"] if champion != user["champion"] else None
     if args.get("shadow"):  # a generation's shadow mode is fixed (a change starts a new one)
         result.shadow_scores = _shadow_summary(args)
     if spec.drift.enabled:
