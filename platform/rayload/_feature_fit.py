@@ -44,7 +44,7 @@ class FitPlan:
     crosses: tuple[CrossState, ...]
     columns: tuple[dict, ...]
     label: dict
-    oof_key: tuple[str, ...] = ()  # the split key: target-statistic folds hash it
+    oof_key: tuple[str, ...] = ()  # every declared column: target-statistic folds hash it
     oof_seed: int = 0
     derived: tuple[tuple[str, dict], ...] = ()
 
@@ -65,7 +65,10 @@ class FitPlan:
                 cfg = features.categorical.get(name, CategoricalFeature())
                 categorical.append((name, cfg, role == "multi_categorical", col.get("separator", "|")))
         crosses = tuple(CrossState(list(x.columns), x.buckets) for x in features.crosses)
-        key = tuple(split.key) if split is not None else ()
+        # every declared column, not the split key: with split.key [user] (or a group split) all of a
+        # user's rows shared a fold, and out of fold each training row's user statistic was the prior
+        # (0 on every training row, the real value at serving); identical rows (upsampled copies) still share one
+        key = tuple(getattr(split, "columns", None) or split.key or ()) if split is not None else ()
         seed = split.seed if split is not None else 0
         return cls(tuple(numeric), tuple(categorical), crosses, schema.columns, schema.label, key, seed, derived)
 

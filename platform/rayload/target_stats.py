@@ -48,9 +48,9 @@ def row_folds(table: pa.Table, key: list[str] | tuple[str, ...], seed: int, fold
 
     missing = [k for k in key if k not in table.column_names]
     if missing:
-        raise DataError(f"target statistics encode a training row out of fold, by a hash of the split key {list(key)} "
-                        f"(split.key; by default every declared column), but these rows lack {missing} (they have "
-                        f"{table.column_names}): the split key must name columns the training rows carry")
+        raise DataError(f"target statistics encode a training row out of fold, by a hash of its columns {list(key)} "
+                        f"(every declared column when fitted; the split key before), but these rows lack {missing} (they have "
+                        f"{table.column_names}): the training rows must carry the columns the statistics were fitted with")
     return kfold_index(to_unit(row_hash(table, tuple(key), seed, "target-stats")), folds)
 
 

@@ -98,7 +98,7 @@ def test_out_of_fold_encoding_without_the_key_columns_is_a_data_error_naming_the
     folder, _ = champion
     state = FittedFeatures.load(os.path.join(folder, "features.json")).target[0]
     rows = pa.table({"c": ["1", "2"], "x": [0.0, 1.0]})
-    with pytest.raises(DataError, match=r"split key \['rid', 'x', 'c', 'ts', 'y'\].*lack \['rid', 'ts', 'y'\]"):
+    with pytest.raises(DataError, match=r"its columns \['rid', 'x', 'c', 'ts', 'y'\].*lack \['rid', 'ts', 'y'\]"):
         target_stats.transform(state, rows, out_of_fold=True)
     assert len(target_stats.transform(state, rows, out_of_fold=False)["c__te"]) == 2
 

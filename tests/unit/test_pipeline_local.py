@@ -398,3 +398,18 @@ def test_a_timestamp_column_in_milliseconds_gives_the_calendar_parts_of_seconds(
     assert a == b and not np.isnan(a[0])
     with pytest.raises(DataError, match="set unit: ms"):
         fitted["s"].transform_rows([dict(row, ts=row["ts"] * 1000)])
+
+
+@pytest.mark.parametrize("split", [{"kind": "random", "key": ["user"]}, {"kind": "group", "group": "user"}])
+def test_target_statistics_out_of_fold_are_real_values_when_the_split_keeps_users_whole(tmp_path, split):
+    """Folds hashed the split key: with split.key [user] (or a group split by user) a user's rows
+    all shared one fold, so out of fold every training row's user statistic was the prior, 0,
+    while serving fed the real per-user values."""
+    df = frame(2000, seed=5)
+    df["y"] = (df["user"].str[1:].astype(int) % 3 == 0).astype(int)  # the label follows the user
+    path = tmp_path / "d.parquet"
+    df.to_parquet(path)
+    spec = job(str(path), split=split, features={"categorical": {"user": {"target_stats": True}}})
+    res = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    train = pq.read_table(res.files["train"]).column("user__te").to_numpy()
+    assert len(np.unique(train)) > 20 and np.abs(train).max() > 0.3

@@ -250,10 +250,13 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # _parse_numbers; target_stats.finalize), a column constant in training transforms to 0, quantile buckets
     # give atoms their own bucket and leave none untrained, a training row's log count is its
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
-    # and divisors may differ in their last bits), a cut vocabulary's unseen share is Good-Turing's at its cut.
+    # and divisors may differ in their last bits), a cut vocabulary's unseen share is Good-Turing's at its cut,
+    # target-statistic folds hash every declared column; a stratified split gives each split a row of a rare
+    # label; JSONL lines end at \n only and a CSV line "" is a row; a far epoch number is quarantined.
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
-               "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified", "far_rows": "quarantined",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps"}
+               "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified,rare-label-each-split", "far_rows": "quarantined",
+               "text_rows": "jsonl-newline-only,csv-quoted-empty-line", "timestamps": "far-quarantined,declared-unit",
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
