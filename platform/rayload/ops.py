@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ._upload import UPLOAD_EXCLUDES, check_spec  # noqa: F401  (never uploaded with a job; the pre-upload check)
 from .errors import RayloadError
+from .paths import shown_url
 
 
 def token() -> str | None:
@@ -334,13 +335,6 @@ def _db(url: str) -> Check:
             conn.execute(sqlalchemy.text("select 1"))
         engine.dispose()
     except Exception as exc:  # noqa: BLE001
-        detail = str(exc).splitlines()[0].replace(driver_url, _shown(driver_url)).replace(url, _shown(url))
-        return Check(f"database {_shown(url)}", False, f"{type(exc).__name__}: {detail}")
-    return Check(f"database {_shown(url)}", True, "reachable")
-
-
-def _shown(url: str) -> str:
-    """The URL as printed: doctor's table ends up in terminals and CI logs, its password must not."""
-    from .paths import shown_url
-
-    return shown_url(url)
+        detail = str(exc).splitlines()[0].replace(driver_url, shown_url(driver_url)).replace(url, shown_url(url))
+        return Check(f"database {shown_url(url)}", False, f"{type(exc).__name__}: {detail}")
+    return Check(f"database {shown_url(url)}", True, "reachable")

@@ -131,10 +131,10 @@ def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
             if ref is None:
                 continue
             if ref not in seen:
-                later = any(s.name == ref for s in spec.stages[i + 1:])
-                what = ("names this stage itself; a stage can only use the outputs of stages before it" if ref == stage.name else
-                        "names a later stage; a stage can only use the outputs of stages before it") if later or ref == stage.name else \
-                    f"no stage of that name before it; earlier stages: {list(seen) or 'none'}"
+                if ref == stage.name or any(s.name == ref for s in spec.stages[i + 1:]):
+                    what = f"names {'this stage itself' if ref == stage.name else 'a later stage'}; a stage can only use the outputs of stages before it"
+                else:
+                    what = f"no stage of that name before it; earlier stages: {list(seen) or 'none'}"
                 issues.append(SpecIssue(f"{where}.{field}", what, ref, True))
             elif seen[ref] not in kinds:
                 issues.append(SpecIssue(f"{where}.{field}", f"must name a {' or '.join(kinds)} stage, not a {seen[ref]} stage", ref, True))
@@ -205,6 +205,11 @@ def _inner_fields(kind: str) -> set[str]:
     return set(model.model_fields) if model else set()
 
 
+def _pipeline_own(item: str) -> bool:
+    """A `--set` item of the pipeline spec itself: its name, or a stage by index (stages.N.field)."""
+    return item.partition(".")[0].partition("=")[0] in ("name", "stages")
+
+
 def split_overrides(spec: PipelineSpec, overrides, single: bool = False) -> tuple[list[str], dict[str, list[str]]]:
     """`--set` items whose first part names a stage go to that stage: a field of the stage itself
     that its spec does not have (`decide.act=false`, `ab.traffic=live`) as
@@ -229,7 +234,7 @@ def split_overrides(spec: PipelineSpec, overrides, single: bool = False) -> tupl
                 per_stage.setdefault(head, []).append(item)
                 continue
             per_stage.setdefault(head, []).append(rest)
-        elif item.partition(".")[0].partition("=")[0] in ("name", "stages"):
+        elif _pipeline_own(item):
             own.append(item)
         elif single and key.partition(".")[0] in _inner_fields(spec.stages[0].kind):
             # a spec run as its own stages takes its own paths (data.max_bad_fraction=0.2)
@@ -267,8 +272,7 @@ def load_pipeline(path: str, overrides=()) -> PipelineSpec:
 
     spec = load_pipeline_spec(path)
     single = spec_kind(read_yaml(path)) != "pipeline"
-    own = [item for item in overrides if item.partition(".")[0].partition("=")[0] in ("name", "stages")
-           and not any(item.startswith(s.name + ".") for s in spec.stages)]
+    own = [item for item in overrides if _pipeline_own(item) and not any(item.startswith(s.name + ".") for s in spec.stages)]
     if own:
         spec = load_pipeline_spec(path, own)
     own_after, per_stage = split_overrides(spec, [item for item in overrides if item not in own], single=single)

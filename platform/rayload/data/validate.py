@@ -195,26 +195,26 @@ def _numbers(arr: pa.Array, t, name: str, reasons: _Reasons, unit: str | None) -
     and become seconds (its date texts parse to seconds)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return _texts(arr, name, reasons, unit)
-    if unit in ("us", "ns") and pa.types.is_integer(t):
-        # floored in integers: through float64 a stamp just under a microsecond rounded up,
-        # 1 us off the same instant typed as timestamp[ns]
-        ticks = np.floor_divide(arr.fill_null(0).to_numpy(zero_copy_only=False), _TICKS_PER_SECOND[unit] // 1_000_000)
-        return pa.array(ticks.astype(np.float64) / 1e6, pa.float64(), mask=arr.is_null().to_numpy(zero_copy_only=False))
-    return _in_seconds(_float64(arr, t, name), unit)
-
-
-def _in_seconds(values, unit: str | None):
-    """Epoch numbers in `unit` as seconds (pyarrow or pandas values alike), floored to whole
-    microseconds below a second as typed and text timestamps are (`_seconds`, `_micro_seconds`).
-    Seconds, and plain numbers, stay as they are."""
     if unit in (None, "s"):
-        return values
+        return _float64(arr, t, name)
+    values = arr if pa.types.is_integer(t) else _float64(arr, t, name)  # integers stay integers: floored exactly
+    nulls = values.is_null().to_numpy(zero_copy_only=False)
+    return pa.array(_in_seconds(values.fill_null(0).to_numpy(zero_copy_only=False), unit), pa.float64(), mask=nulls)
+
+
+def _in_seconds(values: np.ndarray, unit: str | None) -> np.ndarray:
+    """Epoch numbers in `unit` as float seconds, floored to whole microseconds below a second as
+    typed and text timestamps are (`_seconds`, `_micro_seconds`); whole numbers of us or ns are
+    floored in integers (through float64 a stamp just under a microsecond rounded up, 1 us off
+    the same instant typed as timestamp[ns]). Seconds, and plain numbers, stay as they are."""
+    if unit in (None, "s"):
+        return values.astype(np.float64)
     per = _TICKS_PER_SECOND[unit]
-    if isinstance(values, pd.Series):
-        micros = values * (1_000_000 // per) if per <= 1_000_000 else values / (per // 1_000_000)
-        return np.floor(micros) / 1e6
-    micros = pc.multiply(values, float(1_000_000 // per)) if per <= 1_000_000 else pc.divide(values, float(per // 1_000_000))
-    return pc.divide(pc.floor(micros), 1e6)
+    if per >= 1_000_000 and np.issubdtype(values.dtype, np.integer):
+        return np.floor_divide(values, per // 1_000_000).astype(np.float64) / 1e6
+    values = values.astype(np.float64)
+    micros = values * (1_000_000 // per) if per <= 1_000_000 else values / (per // 1_000_000)
+    return np.floor(micros) / 1e6
 
 
 def _float64(arr: pa.Array, t, name: str) -> pa.Array:
@@ -264,15 +264,12 @@ def _seconds(arr: pa.Array) -> pa.Array:
 
 
 def _parse_numbers(text: pd.Series, timestamp: bool, unit: str | None = None, numeric: list | None = None) -> pd.Series:
-    """Numeric texts as float64; for a timestamp, numbers in `unit` as seconds (`_in_seconds`;
-    whole numbers floored in integers) and date texts as epoch seconds. `numeric`, given, gets
+    """Numeric texts as float64; for a timestamp, numbers in `unit` as seconds (`_in_seconds`)
+    and date texts as epoch seconds. `numeric`, given, gets
     which rows were numbers."""
     lowered = text.str.strip().str.lower()
     numbers = pd.to_numeric(lowered.replace({"true": "1", "false": "0"}), errors="coerce")
-    if unit in ("us", "ns") and pd.api.types.is_integer_dtype(numbers):
-        parsed = (numbers // (_TICKS_PER_SECOND[unit] // 1_000_000)).astype("float64") / 1e6
-    else:
-        parsed = _in_seconds(numbers.astype("float64"), unit)
+    parsed = pd.Series(_in_seconds(numbers.to_numpy(), unit), index=numbers.index)
     if numeric is not None:
         numeric.append(parsed.notna().to_numpy())
     if timestamp:

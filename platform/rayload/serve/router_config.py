@@ -26,9 +26,9 @@ def config_issues(config: dict, arms: list[str]) -> list[str]:
         # a hand-edited one was kept, and every GET /experiment then failed reading it (a 500)
         return [f"user_config.final: null, or {{decision: promote | rollback, reason: text, time: seconds}} (got {final!r})"]
     issues = [i.render() for i in weight_issues(weights, arms, champion, "user_config.weights", bool(config.get("shadow", False)))]
-    if final is not None and not issues and final_weights_issue(weights, champion):
+    if final is not None and not issues and (why := final_weights_issue(weights, champion)):
         # GET /experiment reported "decided: promote, automatic steps have stopped" while traffic was still split
-        issues.append(f"user_config.final: a {final['decision']} gives the champion all traffic: {final_weights_issue(weights, champion)}")
+        issues.append(f"user_config.final: a {final['decision']} gives the champion all traffic: {why}")
     return issues
 
 
