@@ -144,6 +144,7 @@ def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
         if d.minus is not None and roles.get(d.minus) != "numeric":
             issues.append(_role_issue(f"features.derived.{name}.minus", d.minus, roles, "numeric"))
     roles = {**roles, **{name: "numeric" for name in spec.features.derived}}
+    issues += _check_output_names(spec, roles)
     for name in spec.features.numeric:
         if roles.get(name) != "numeric":
             issues.append(_role_issue(f"features.numeric.{name}", name, roles, "numeric"))
@@ -161,6 +162,28 @@ def _check_features(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
         for name in cross.columns:
             if roles.get(name) != "categorical":
                 issues.append(_role_issue(f"features.crosses.{i}.columns", name, roles, "categorical"))
+    return issues
+
+
+# Columns rayload adds to a row on its own (data.validate.RAW_LABEL, the read pass's error column).
+RESERVED_COLUMNS = ("__label_raw", "__rayload_error__")
+
+
+def _check_output_names(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]:
+    """A transform's output named like a column (or derived feature) of its own: one of the
+    two silently replaced the other in the prepared rows (a numeric column `color__oh0` beside
+    `color` one-hot, or `user__te` beside user's target statistics), and the model was fed one
+    of them twice."""
+    issues = [SpecIssue("data.columns", f"column name {name!r} is reserved for rayload's own columns; rename the column", name)
+              for name in RESERVED_COLUMNS if name in roles]
+    for name, feat in spec.features.categorical.items():
+        outputs = [f"{name}__te", f"{name}__logcount"] * bool(feat.target_stats) + [f"{name}__te_raw"] * bool(feat.target_raw)
+        if feat.encode == "onehot":
+            outputs += [c for c in roles if c.startswith(f"{name}__oh") and c[len(name) + 4:].isdigit()]
+        for out in outputs:
+            if out in roles:
+                issues.append(SpecIssue(f"features.categorical.{name}", f"its output column {out!r} is also a column of data.columns or "
+                                        "features.derived, and one would replace the other; rename that column", out, True))
     return issues
 
 

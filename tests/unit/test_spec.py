@@ -200,3 +200,30 @@ def test_a_batch_size_that_is_not_a_multiple_of_accumulation_is_refused(tmp_path
     with pytest.raises(SpecError, match=r"train.batch_size: must be a multiple of train.accumulation=6 .*6 or 12 would do\) \(got 10\)"):
         load_spec(write(tmp_path, GOOD), ["train.batch_size=10", "train.accumulation=6"])
     assert load_spec(write(tmp_path, GOOD), ["train.batch_size=12", "train.accumulation=6"]).train.batch_size == 12
+
+
+def test_transform_outputs_named_like_a_column_are_refused(tmp_path):
+    """A numeric column `color__oh0` beside one-hot `color`, or `user__te` beside user's target
+    statistics: one output replaced the other in the prepared rows without a word."""
+    path = write(tmp_path, """
+        name: demo
+        data:
+          source: {kind: parquet, path: /nowhere}
+          columns:
+            - {name: color, role: categorical}
+            - {name: color__oh0, role: numeric}
+            - {name: color__oh, role: numeric}
+            - {name: user, role: categorical}
+            - {name: user__logcount, role: numeric}
+            - {name: __label_raw, role: numeric}
+          label: {column: y}
+        features:
+          categorical: {color: {encode: onehot}, user: {target_stats: true}}
+    """)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert "features.categorical.color: its output column 'color__oh0'" in text
+    assert "'color__oh'" not in text  # not an output name: one-hot slots are numbered
+    assert "features.categorical.user: its output column 'user__logcount'" in text
+    assert "'__label_raw' is reserved" in text
