@@ -94,6 +94,10 @@ def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
     if targets:
         folds = {cfg.target_folds for _, cfg in targets}
         by_k = {k: target_stats.row_folds(table, plan.oof_key, plan.oof_seed, k) for k in folds}
+        # the labels' spread scales the statistics (target_stats.TargetState.spread); a list, so merging concatenates
+        out["label_moments"] = [_moments(y.astype(np.float64))]
+        if any(cfg.target_raw for _, cfg in targets):
+            out["raw_moments"] = [_moments(table.column(RAW_LABEL).to_numpy(zero_copy_only=False).astype(np.float64))]
         for name, cfg in targets:
             out["te:" + name] = [target_stats.partial(table, name, plan.label["column"], by_k[cfg.target_folds])]
             if cfg.target_raw:
@@ -183,13 +187,22 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
     )
     prior = merged["label_sum"] / rows
     targets = []
+    spread = {"label": 0.5 if plan.label["task"] == "binary" else target_stats.spread_of(_all_moments(merged.get("label_moments"))),
+              "raw": target_stats.spread_of(_all_moments(merged.get("raw_moments")))}
     for name, cfg in plan.target_columns:
         args = (cfg.smoothing, cfg.target_folds, plan.oof_key, plan.oof_seed)
-        targets.append(target_stats.finalize(name, merged["te:" + name], prior, *args))
+        targets.append(target_stats.finalize(name, merged["te:" + name], prior, *args, spread=spread["label"]))
         if cfg.target_raw:
-            targets.append(target_stats.finalize(name, merged["tr:" + name], None, *args, source="raw"))
+            targets.append(target_stats.finalize(name, merged["tr:" + name], None, *args, source="raw", spread=spread["raw"]))
     return FittedFeatures(numeric, categorical, list(plan.crosses), label, [dict(c) for c in plan.columns], target=targets,
                           derived={name: dict(d) for name, d in plan.derived})
+
+
+def _all_moments(parts: list | None) -> tuple:
+    moments = _moments(np.zeros(0))
+    for part in parts or []:
+        moments = _merge_moments(moments, part)
+    return moments
 
 
 def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:

@@ -226,8 +226,8 @@ class FittedFeatures:
 
 
 # Fields added to format version 1 after its first files were written (their defaults are what
-# those files meant): NumericState.constant, FittedFeatures.target and .derived
-_ADDED_IN_VERSION_1 = frozenset({"constant", "target", "derived"})
+# those files meant): NumericState.constant, FittedFeatures.target and .derived, TargetState.spread
+_ADDED_IN_VERSION_1 = frozenset({"constant", "target", "derived", "spread"})
 
 
 def _check_fields(kind, raw, source: str, where: str, skip=frozenset()) -> None:

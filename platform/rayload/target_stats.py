@@ -35,6 +35,12 @@ class TargetState(Memo):
     key: list[str] = field(default_factory=list)
     seed: int = 0
     source: str = "label"  # label | raw (the label's value before its threshold)
+    # What the smoothed mean's distance from the prior is divided by, so it enters the model at
+    # about z-score size: 0.5 for a binary label (a rate's full range), the training rows' standard
+    # deviation of a regression label or of the raw label. None in features.json files written
+    # before it existed: 0.5 for the label, 1 for the raw label (ratings entered at +-4, a
+    # price-like label at thousands).
+    spread: float | None = None
 
     @property
     def outputs(self) -> list[str]:
@@ -60,7 +66,8 @@ def partial(table: pa.Table, name: str, label: str, folds: np.ndarray) -> pa.Tab
     return t.group_by(["value", "fold"]).aggregate([("y", "sum"), ("y", "count")])
 
 
-def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: float, folds: int, key, seed: int, source: str = "label") -> TargetState:
+def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: float, folds: int, key, seed: int, source: str = "label",
+             spread: float | None = None) -> TargetState:
     t = pa.concat_tables(parts).group_by(["value", "fold"]).aggregate([("y_sum", "sum"), ("y_count", "sum")])
     if prior is None:  # the mean over all training rows, those missing the value too (as the label's prior)
         prior = float(pc.sum(t.column("y_sum_sum")).as_py() or 0.0) / max(float(pc.sum(t.column("y_count_sum")).as_py() or 0.0), 1.0)
@@ -72,7 +79,8 @@ def finalize(name: str, parts: list[pa.Table], prior: float | None, smoothing: f
     np.add.at(fold_sums, (fold, inverse), t.column("y_sum_sum").to_numpy())
     np.add.at(fold_counts, (fold, inverse), t.column("y_count_sum").to_numpy())
     return TargetState(name, values.tolist(), fold_sums.sum(0).tolist(), fold_counts.sum(0).tolist(),
-                       fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed, source)
+                       fold_sums.tolist(), fold_counts.tolist(), float(prior), float(smoothing), folds, list(key), seed, source,
+                       None if spread is None else float(spread))
 
 
 def _lookups(state: TargetState) -> dict:
@@ -112,11 +120,20 @@ def transform(state: TargetState, table: pa.Table, out_of_fold: bool) -> dict[st
     sums, counts, seen = np.where(known, sums, 0.0), np.where(known, counts, 0.0), np.where(known, seen, 0.0)
     mean = _smoothed_mean(sums, counts, state.prior, state.smoothing)
     # Centred on the prior and scaled to about [-1, 1] so they enter the model like z-scores.
+    spread = state.spread if state.spread is not None else (1.0 if state.source == "raw" else 0.5)
+    centred = pa.array(((mean - state.prior) / spread).astype(np.float32))
     if state.source == "raw":
-        return {state.outputs[0]: pa.array((mean - state.prior).astype(np.float32))}
-    scale = look["log_scale"]
-    return {state.outputs[0]: pa.array((2 * (mean - state.prior)).astype(np.float32)),
-            state.outputs[1]: pa.array((np.log1p(seen) / scale).astype(np.float32))}
+        return {state.outputs[0]: centred}
+    return {state.outputs[0]: centred, state.outputs[1]: pa.array((np.log1p(seen) / look["log_scale"]).astype(np.float32))}
+
+
+def spread_of(moments) -> float:
+    """The standard deviation of a label's training values (mergeable `_moments`), or 1 where
+    it is none (a constant label) or not a number."""
+    from ._moments import _std
+
+    std = _std(moments) if moments[0] else 0.0
+    return std if np.isfinite(std) and std > 0 else 1.0
 
 
 def _smoothed_mean(sums: np.ndarray, counts: np.ndarray, prior: float, smoothing: float) -> np.ndarray:

@@ -429,3 +429,35 @@ def test_fitted_features_compare_by_their_transforms_not_their_statistics():
     assert a == b
     b.categorical[0].vocab = list(reversed(b.categorical[0].vocab))
     assert a != b
+
+
+def test_target_statistics_of_a_regression_or_raw_label_are_scaled_by_its_spread():
+    """A regression label's statistic entered the model as 2 x (mean - prior) in the label's
+    units (ratings: +-9; a price-like label: thousands), the raw label's as mean - prior; both
+    are now divided by the training labels' standard deviation, and a binary label's stays
+    2 x (mean - prior). features.json files written before keep their old scale."""
+    from rayload.data.validate import Schema
+    from helpers import COLUMNS
+
+    rng = np.random.default_rng(3)
+    df = frame(3000, seed=7)
+    df["y"] = 5_000 + 1_000 * rng.standard_normal(len(df)) + 800 * (df.user == "u1")
+    for label, out, ref in [({"column": "y", "task": "regression", "threshold": None, "domain": None}, "user__te", df.y),
+                            ({"column": "y", "task": "binary", "threshold": 5_000.0, "domain": None}, "user__te_raw", df.y)]:
+        schema = Schema(tuple(dict(c, required=False, separator=c.get("separator", "|")) for c in COLUMNS), label)
+        good, bad = validate_table(pa.Table.from_pandas(df, preserve_index=False), schema)
+        plan = FitPlan.from_spec(FeatureSpec.model_validate({"categorical": {"user": {"target_stats": True, "target_raw": True}}}), schema)
+        feats = finalize(merge_stats([partial_stats(good.slice(0, 1000), plan), partial_stats(good.slice(1000), plan)]), plan)
+        state = next(t for t in feats.target if out in t.outputs)
+        assert state.spread == pytest.approx(ref.std(ddof=0), rel=1e-9)
+        got = feats.transform_rows([{"user": "u1"}]).column(out)[0].as_py()
+        i = state.values.index("u1")
+        mean = (state.sums[i] + state.prior * state.smoothing) / (state.counts[i] + state.smoothing)
+        assert got == pytest.approx((mean - state.prior) / ref.std(ddof=0), rel=1e-5) and 0.3 < got < 1.5
+        if label["task"] == "binary":  # the label's own statistic is a rate: 2 x (mean - prior), as before
+            assert next(t for t in feats.target if t.source == "label").spread == 0.5
+        raw = json.loads(feats.to_json())
+        for t in raw["target"]:
+            t.pop("spread")  # a features.json written before the field: the old scale
+        old = FittedFeatures.from_json(json.dumps(raw)).transform_rows([{"user": "u1"}]).column(out)[0].as_py()
+        assert old == pytest.approx((mean - state.prior) * (1 if out.endswith("raw") else 2), rel=1e-5)
