@@ -61,11 +61,13 @@ def _shared_run(shared: str, folder: str, stage: str) -> str:
     import uuid
 
     marker = os.path.join(folder, "shared_run.json")
-    if os.path.exists(marker):
+    try:
         with open(marker) as f:
             kept = json.load(f)
-        if kept.get("shared") == shared:
-            return kept["run"]
+    except (OSError, ValueError):  # none yet, or unreadable (written before it was atomic): a fresh start
+        kept = None
+    if isinstance(kept, dict) and kept.get("shared") == shared and isinstance(kept.get("run"), str):
+        return kept["run"]
     run = join_uri(shared, "pipelines", os.path.basename(os.path.dirname(os.path.abspath(folder))), f"{stage}-{uuid.uuid4().hex[:8]}")
     _dump(marker, {"shared": shared, "run": run})
     return run
@@ -280,5 +282,7 @@ def decide(spec, stage, folder, outputs, address, progress) -> dict:
 
 
 def _dump(path: str, obj) -> None:
-    with open(path, "w") as f:
+    """Written whole or not at all (a crash mid-write left a truncated file that later runs read)."""
+    with open(path + ".tmp", "w") as f:
         json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)

@@ -73,6 +73,21 @@ def cache_lock(entry: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def exclusive(lock_file: str, busy: str):
+    """Hold an flock on `lock_file` (made if missing; released if the holder dies) while the
+    block runs; a RayloadError saying `busy` if another process holds it."""
+    from .errors import RayloadError
+
+    os.makedirs(os.path.dirname(os.path.abspath(lock_file)), exist_ok=True)
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RayloadError(busy) from None
+        yield
+
+
 def shared_storage(storage_path: str | None) -> str | None:
     """Where checkpoints go instead of this machine's run folders, if anywhere: a job's
     train.storage_path, else the cluster's RAYLOAD_STORAGE_PATH (cluster.yaml sets it), as
@@ -162,8 +177,14 @@ def read_text(path: str) -> str:
 
 
 def local_path(path: str) -> str:
-    """A local path (~ expanded), or a file:// URI as the path it names."""
-    return path[len("file://"):] if path.startswith("file://") else os.path.expanduser(path)
+    """A local path (~ expanded), or a file:// URI as the path it names: percent-escapes decoded,
+    as pyarrow (and so Ray Train) reads them (file:///tmp/my%20runs is /tmp/my runs; taken
+    literally, rayload read its records from another folder than Ray Train wrote them to)."""
+    if path.startswith("file://"):
+        from urllib.parse import unquote
+
+        return unquote(path[len("file://"):])
+    return os.path.expanduser(path)
 
 
 def is_remote(path: str) -> bool:

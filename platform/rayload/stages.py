@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import RayloadError
 from .hashing import digest
 from .paths import NAME_PATTERN, runs_root
+from ._stage_runners import _dump
 from .pipeline_spec import RESERVED_RUN_IDS, PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -245,13 +246,7 @@ def _read_stage(folder: str) -> dict | None:
 
 
 def _write_stage(folder: str, record: dict) -> None:
-    _atomic_json(os.path.join(folder, "stage.json"), record)
-
-
-def _atomic_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(path + ".tmp", path)
+    _dump(os.path.join(folder, "stage.json"), record)
 
 
 def _now() -> str:
@@ -280,7 +275,7 @@ class _Manifest:
         row["seconds"] = round(row["seconds"], 3)
         self.body["stages"].append(row)
         self.body["finished"] = _now()
-        _atomic_json(self.path, self.body)
+        _dump(self.path, self.body)
 
 
 def load_run(run: str) -> tuple[str, dict]:

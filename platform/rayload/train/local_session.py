@@ -147,10 +147,12 @@ class LocalSession(Session):
         entries = [e for e in self.index() if e["path"] != dest] + [{"path": dest, "metrics": metrics, "mirrored": False}]
         keep = set(e["path"] for e in best_of(entries, self.score, self.mode)[: self.keep]) | {dest}
         dropped = [e["path"] for e in entries if e["path"] not in keep]
+        entries = [e for e in entries if e["path"] in keep]
+        # The index first, then the removals: removed first, a crash in between left an index naming
+        # a deleted folder as the latest checkpoint, and every relaunch failed to restore it.
+        self._write_index(entries)  # the new entry unmirrored: a crash before the upload is repaired on restart
         for path in dropped:
             shutil.rmtree(path, ignore_errors=True)
-        entries = [e for e in entries if e["path"] in keep]
-        self._write_index(entries)  # the new entry unmirrored: a crash before the upload is repaired on restart
         if self.remote:
             self._mirror(entries)
 

@@ -16,7 +16,7 @@ from .._ray import embedded, ensure_ray
 from .._spec_checks import check_job
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError, SpecError
-from ..paths import is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
+from ..paths import exclusive, is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record
@@ -58,16 +58,26 @@ def run_name_for(spec: JobSpec) -> str:
 def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
     if issues := check_job(spec):  # load_spec's checks, for a spec built in code too (sparse tables on GPUs were let through)
         raise SpecError(issues)
-    ensure_ray(address)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
+    name = run_name_for(spec)
+    # One driver per run: two launches of one run name each took the other's checkpoints for their
+    # own (top-k removed one's best, the index named the other's metrics). The lock lives beside the
+    # run folder on this machine's disk (for storage on object storage, beside its local scratch).
+    scratch = remote_scratch(join_uri(storage, name), "train") if is_remote(storage) else os.path.join(local_path(storage), name)
+    with exclusive(os.path.join(os.path.dirname(scratch), f".{name}.lock"),
+                   f"run {name!r} is being trained by another process (train.run_name); wait for it, or give another run name"):
+        return _fit(spec, address, evaluate_test, storage, name)
+
+
+def _fit(spec: JobSpec, address: str | None, evaluate_test: bool, storage: str, name: str) -> TrainResult:
+    ensure_ray(address)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     # Cheap, so before preprocessing: a request that can never run is refused first. In-process
     # too: its one worker asks for this machine's CPUs and GPUs as a Ray worker would.
     check_resources(spec.resources)
     if not in_process:
         check_storage(storage)
-    name = run_name_for(spec)
     last = record.latest(join_uri(storage, name))  # a relaunch: the run's latest checkpoint, by either path
     previous = identity.read_manifest(last["path"]) if last else None
     if previous:  # the spec now, the data once it is prepared: a changed run is refused before its work

@@ -1,0 +1,83 @@
+"""Run folders under crashes and concurrent launches (review of the run folder's files)."""
+
+import json
+import os
+
+import pytest
+
+from helpers import job
+from rayload.errors import RayloadError
+from rayload.paths import exclusive, local_path
+from rayload.train.local_session import LocalSession
+
+
+def test_a_second_launch_of_a_training_run_is_refused_while_the_first_holds_it(tmp_path, monkeypatch):
+    """Two `rayload train --run-name X` at once each took the other's checkpoints for their own:
+    top-k removed one run's best, and its index named the other's metrics."""
+    from rayload.train.trainer import fit
+
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
+    spec = job(str(tmp_path / "data"), train={"run_name": "X"})
+    with exclusive(str(tmp_path / "train" / ".X.lock"), "held"):  # what the first launch holds while it trains
+        with pytest.raises(RayloadError, match=r"run 'X' is being trained by another process"):
+            fit(spec)
+
+
+def _checkpoint(root, tag: str) -> str:
+    folder = root / f"src-{tag}"
+    folder.mkdir()
+    (folder / "model.pt").write_text(tag)
+    return str(folder)
+
+
+def test_a_crash_while_top_k_retires_a_checkpoint_leaves_an_index_of_folders_that_exist(tmp_path):
+    """The dropped folders were removed before the index was written: a crash in between left the
+    index naming a deleted folder as the latest, and every relaunch failed to restore it."""
+    run = str(tmp_path / "X")
+    session = LocalSession({}, {}, run, 1, "val_auc", "max")  # keep 1 (and the newest)
+    session.report({"epoch": 0, "val_auc": 0.90}, _checkpoint(tmp_path, "e0"), "epoch_0000")
+    session.report({"epoch": 1, "val_auc": 0.80}, _checkpoint(tmp_path, "e1"), "epoch_0001")
+
+    class Killed(BaseException):
+        pass
+
+    def killed(entries):
+        raise Killed()
+
+    session._write_index = killed  # the process dies writing the index of epoch 2
+    with pytest.raises(Killed):
+        session.report({"epoch": 2, "val_auc": 0.85}, _checkpoint(tmp_path, "e2"), "epoch_0002")
+    relaunch = LocalSession({}, {}, run, 1, "val_auc", "max")
+    assert [os.path.basename(e["path"]) for e in relaunch.index()] == ["epoch_0000", "epoch_0001"]
+    assert all(os.path.isdir(e["path"]) for e in relaunch.index())
+    with relaunch.latest_checkpoint() as path:
+        assert open(os.path.join(path, "model.pt")).read() == "e1"
+
+
+def test_a_truncated_shared_run_marker_starts_the_stage_afresh_and_markers_are_written_whole(tmp_path):
+    """shared_run.json was written in place; a truncated one made every rerun of the train stage
+    fail with a bare JSONDecodeError."""
+    from rayload._stage_runners import _dump, _shared_run
+
+    folder = tmp_path / "pipe" / "train"
+    folder.mkdir(parents=True)
+    (folder / "shared_run.json").write_text('{"shared": "/tmp/revi')
+    run = _shared_run("s3://bucket/runs", str(folder), "train")
+    assert run.startswith("s3://bucket/runs/pipelines/pipe/train-")
+    assert json.loads((folder / "shared_run.json").read_text()) == {"shared": "s3://bucket/runs", "run": run}
+    assert _shared_run("s3://bucket/runs", str(folder), "train") == run  # kept: an interrupted stage resumes its run
+    assert sorted(os.listdir(folder)) == ["shared_run.json"]  # no temporary file left beside it
+    with pytest.raises(TypeError):  # a value JSON cannot hold: the old file stays whole
+        _dump(str(folder / "shared_run.json"), {1j: 1})
+    assert json.loads((folder / "shared_run.json").read_text())["run"] == run
+
+
+def test_a_file_uri_names_the_folder_pyarrow_reads_it_as():
+    """file:///tmp/my%20runs is /tmp/my runs to pyarrow, so to Ray Train: read literally,
+    rayload's records were looked for in another folder than Ray Train wrote them to."""
+    import pyarrow.fs as pafs
+
+    uri = "file:///tmp/my%20runs/caf%C3%A9"
+    _, path = pafs.FileSystem.from_uri(uri)
+    assert local_path(uri) == path == "/tmp/my runs/café"
+    assert local_path("/tmp/my%20runs") == "/tmp/my%20runs"  # a plain path is taken as written
