@@ -247,7 +247,9 @@ def stopping_asha(searcher: StudySearcher, time_attr: str, max_t: int, **kwargs)
     class StoppingAsha(ASHAScheduler):
         def on_trial_result(self, tune_controller, trial, result):
             decision = super().on_trial_result(tune_controller, trial, result)
-            if decision == TrialScheduler.STOP and result.get(time_attr, max_t) < max_t:
+            # A trial that ended itself (train.early_stopping) on a rung is complete, not pruned: its last
+            # result passes through here too, and a STOP there made the best trial lose to a worse one.
+            if decision == TrialScheduler.STOP and result.get(time_attr, max_t) < max_t and not result.get("early_stopped"):
                 searcher.stopped_early.add(trial.trial_id)
             return decision
 

@@ -300,6 +300,8 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
         except Exception as exc:  # e.g. Tune's TuneError: a trial reported a result without the metric
             _failed(plan, searcher, stopper, exc)
         ended = stopper.ended(study, budget=stopper.budget_hit)
+        if not ended and (searcher.live or searcher.remaining()):  # Tune caught a Ctrl-C (SIGINT) and returned as if done
+            _interrupted(plan, searcher, stopper)
     if ended:
         cut = searcher.cut_off(ended)  # Tune stopped them without telling the searcher
         log.info("search %s ended: %s (%d running trial(s) stopped)", spec.name, ended, cut)
@@ -309,6 +311,20 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
 
 class SearchFailedError(RayloadError):
     pass
+
+
+class SearchInterruptedError(RayloadError):
+    pass
+
+
+def _interrupted(plan: _Plan, searcher, stopper) -> None:
+    """A search stopped by Ctrl-C is recorded as interrupted, not finished ("all trials
+    finished", with best.yaml written from part of the search): its running trials stay
+    running in the study, so --resume takes them up again."""
+    running, finished = len(searcher.live), searcher.finished
+    why = f"interrupted (Ctrl-C) with {running} trial(s) running, {finished} of {searcher.total} finished"
+    write_state(plan.run_dir, state="interrupted", finished=now(), ended=why, spent_s=stopper.spent())
+    raise SearchInterruptedError(f"search {plan.spec.name} {why}; resume it with --resume {os.path.basename(plan.run_dir)}")
 
 
 def _failed(plan: _Plan, searcher, stopper, exc: Exception):

@@ -1,6 +1,8 @@
-"""`rayload tune` as a user runs it: a search whose driver is SIGKILLed resumes to N trials."""
+"""`rayload tune` as a user runs it: a search interrupted by Ctrl-C, then one whose driver is
+SIGKILLed, resumes to N trials."""
 
 import glob
+import json
 import os
 import signal
 import sqlite3
@@ -51,24 +53,48 @@ def finished(run_dir: str) -> dict:
     return dict(rows)
 
 
-def test_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(cli, tmp_path):
+def _wait_for(driver, home, count: int) -> str | None:
+    deadline, run_dir = time.time() + 240, None
+    while time.time() < deadline and driver.poll() is None:
+        runs = glob.glob(str(home / "tune" / "resumable-*"))
+        run_dir = runs[0] if runs else None
+        if run_dir and len(finished(run_dir)) >= count:
+            break
+        time.sleep(0.2)
+    return run_dir
+
+
+def test_interrupted_then_killed_search_resumes_to_n_trials_without_rerunning_finished_ones(cli, tmp_path):
+    """Ctrl-C first: Tune catches it and returned as if the search were done ("all trials
+    finished", exit 0, best.yaml from part of it); now the run is recorded interrupted and the
+    command fails, naming --resume. Then a resumed driver is SIGKILLed and resumed again."""
     spec, home = specs(tmp_path), tmp_path / "runs"
     env = dict(os.environ, RAYLOAD_HOME=str(home), COLUMNS="200")
-    driver = subprocess.Popen([RAYLOAD, "tune", spec], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([RAYLOAD, "tune", spec], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline, run_dir = time.time() + 240, None
-        while time.time() < deadline and driver.poll() is None:
-            runs = glob.glob(str(home / "tune" / "resumable-*"))
-            run_dir = runs[0] if runs else None
-            if run_dir and len(finished(run_dir)) >= 2:
-                break
-            time.sleep(0.2)
+        run_dir = _wait_for(first, home, 1)
+        assert first.poll() is None, "the search ended before it could be interrupted"
+        os.kill(first.pid, signal.SIGINT)
+        assert first.wait(timeout=120) != 0
+    finally:
+        _kill_group(first)
+    said = " ".join((tmp_path / "first.log").read_text().split())
+    assert "interrupted (Ctrl-C)" in said and f"--resume {os.path.basename(run_dir)}" in said, said[-2000:]
+    with open(os.path.join(run_dir, "search.json")) as f:
+        assert json.load(f)["state"] == "interrupted"
+    assert not os.path.exists(os.path.join(run_dir, "best.yaml"))
+    interrupted = finished(run_dir)
+    assert 1 <= len(interrupted) < 5
+    driver = subprocess.Popen([RAYLOAD, "tune", spec, "--resume", os.path.basename(run_dir)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(driver, home, len(interrupted) + 1)
         assert driver.poll() is None, "the search ended before it could be killed"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
         before = finished(run_dir)
-        assert 2 <= len(before) < 5
+        assert 2 <= len(before) < 5 and all(before[n] == t for n, t in interrupted.items())
         stamps = {n: os.path.getmtime(os.path.join(run_dir, "trials", f"trial_{n:04d}", "checkpoints.json")) for n in before}
         status = cli("tune", "status", run_dir, env=env, timeout=60)
         assert status.returncode == 0 and "interrupted" in status.stdout, status.stdout + status.stderr

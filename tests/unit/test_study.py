@@ -345,3 +345,46 @@ def test_a_resumed_grid_search_runs_every_grid_point_exactly_once(tmp_path):
         i += 1
     points = [(t.params["a"], t.params["b"]) for t in resumed.study.get_trials()]
     assert sorted(points) == [(a, b) for a in (1, 2, 3, 4) for b in "xy"]
+
+
+def test_a_trial_that_ends_itself_on_an_asha_rung_is_complete_not_pruned():
+    """train.early_stopping ended a trial at epoch 3, a rung of ASHA (max_t 9, grace 1, factor 3):
+    its last result passed through ASHA, which said STOP below the cutoff, and the trial was told
+    PRUNED, so the trial with the best value lost to a worse complete one."""
+    from types import SimpleNamespace
+
+    from rayload._study import stopping_asha
+    from rayload._tune_report import best_row, trial_rows
+
+    space = {"x": Param(uniform=(0.0, 1.0))}
+    study = open_study(None, "s", "max", lambda held: make_sampler("random", None, space, 0, 5, False, held), create=True)
+    searcher = StudySearcher(study, space, 10, "val_auc", "max")
+    asha = stopping_asha(searcher, "epochs_done", 9, metric="val_auc", mode="max", grace_period=1, reduction_factor=3)
+    trials = {t: SimpleNamespace(trial_id=t) for t in "AC"}
+    for t in trials.values():
+        searcher.suggest(t.trial_id)
+        asha.on_trial_add(None, t)
+
+    def result(tid, epoch, auc, early=False):
+        r = {"val_auc": auc, "epochs_done": epoch, "early_stopped": early}
+        decision = asha.on_trial_result(None, trials[tid], r)
+        if decision == "STOP" or early:  # Tune completes the trial with its last result
+            searcher.on_trial_complete(tid, r)
+        else:
+            searcher.on_trial_result(tid, r)
+        return decision
+
+    for epoch in range(1, 10):
+        result("A", epoch, 0.70 + epoch / 300)
+    result("C", 1, 0.75)
+    result("C", 2, 0.72)
+    assert result("C", 3, 0.60, early=True) == "STOP"  # ASHA's verdict on the rung; the trial had ended itself
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states == {0: TrialState.COMPLETE, 1: TrialState.COMPLETE}
+    assert best_row(trial_rows(study))["number"] == 1 and best_row(trial_rows(study))["value"] == 0.75
+    # a trial ASHA stops below max_t that did not end itself is still pruned
+    searcher.suggest("D")
+    asha.on_trial_add(None, SimpleNamespace(trial_id="D"))
+    trials["D"] = SimpleNamespace(trial_id="D")
+    assert result("D", 1, 0.50) == "STOP"
+    assert study.get_trials()[-1].state == TrialState.PRUNED
