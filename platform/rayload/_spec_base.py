@@ -23,11 +23,33 @@ class _Spec(BaseModel):
         field validator on every field would also sit on the discriminators, which pydantic refuses.)"""
         if isinstance(data, dict):
             for name, value in data.items():
-                if isinstance(value, bool) and name in cls.model_fields:
-                    kinds = _top_kinds(cls.model_fields[name].annotation)
-                    if bool not in kinds and (int in kinds or float in kinds):
-                        raise FieldValueError(name, "a number, not true or false", value)
+                if name not in cls.model_fields:
+                    continue
+                annotation = cls.model_fields[name].annotation
+                if isinstance(value, bool) and _numbers_only(_top_kinds(annotation)):
+                    raise FieldValueError(name, "a number, not true or false", value)
+                if isinstance(value, (list, tuple)):  # model.hidden=[true, 64] was [1, 64], clip quantiles [false, true] (0, 1)
+                    for i, item in enumerate(value):
+                        if isinstance(item, bool) and _numbers_only(_item_kinds(annotation, i)):
+                            raise FieldValueError(f"{name}.{i}", "a number, not true or false", item)
         return data
+
+
+def _numbers_only(kinds: set) -> bool:
+    return bool not in kinds and (int in kinds or float in kinds)
+
+
+def _item_kinds(tp, i: int) -> set:
+    """The types item `i` of a list or tuple field takes (none for a field of no sequence)."""
+    out: set = set()
+    for member in _top_kinds(tp):
+        origin, args = typing.get_origin(member), typing.get_args(member)
+        if origin is list and args:
+            out |= _top_kinds(args[0])
+        elif origin is tuple and args:
+            item = args[0] if len(args) == 2 and args[1] is Ellipsis else args[i] if i < len(args) else None
+            out |= _top_kinds(item) if item is not None else set()
+    return out
 
 
 def _top_kinds(tp) -> set:

@@ -174,8 +174,7 @@ def _set_path(node, parts: list[str], value, issues: list[SpecIssue], defaults: 
                 node[part] = {}
             node = node[part]
         else:
-            where = ".".join(parts[: depth + 1])
-            issues.append(SpecIssue(where, "cannot set a field inside a value that is not a section"))
+            issues.append(_not_settable(node, parts, depth))
             return
     last = parts[-1]
     if isinstance(node, list) and last.isdigit() and int(last) < len(node):
@@ -183,7 +182,20 @@ def _set_path(node, parts: list[str], value, issues: list[SpecIssue], defaults: 
     elif isinstance(node, dict):
         node[last] = value
     else:
-        issues.append(SpecIssue(".".join(parts), "cannot set a field inside a value that is not a section"))
+        issues.append(_not_settable(node, parts, len(parts) - 1))
+
+
+def _not_settable(node, parts: list[str], depth: int) -> SpecIssue:
+    """Why `parts[depth]` cannot be set inside `node`: an index past a list's end (model.hidden.5
+    of a 2-item list) was reported as 'not a section'."""
+    where = ".".join(parts[: depth + 1])
+    if isinstance(node, list):
+        parent = ".".join(parts[:depth])
+        if parts[depth].isdigit():
+            items = f"{len(node)} item(s), indices 0-{len(node) - 1}" if node else "no items"
+            return SpecIssue(where, f"{parent} has {items}; to change its length, set the whole list: {parent}=[...]")
+        return SpecIssue(where, f"{parent} is a list: name an item by its index ({parent}.0) or set the whole list")
+    return SpecIssue(where, "cannot set a field inside a value that is not a section")
 
 
 def _dumped_at(tree, parts: list[str]):

@@ -31,7 +31,7 @@ def check_spec(spec: str, sets=(), working_dir: str | None = None) -> None:
             continue
         given = getattr(stage, field)
         path = pipeline.path(given)
-        where = f"stages[{i}] ({stage.name}).{field}"
+        where = f"stages.{i} ({stage.name}).{field}"
         files.append((where, path, not os.path.isabs(os.path.expanduser(given))))
         files += [(w, p, False) for w, p in _read_by(stage, path, where)]
     issues = []
@@ -55,7 +55,7 @@ def _read_by(stage, path: str, where: str) -> list[tuple[str, str]]:
     if stage.kind == "ab" and not stage.champion:
         from .ab_spec import load_ab_spec
 
-        return [(f"{where} -> arms[{j}].{'job' if arm.job else 'checkpoint'}", arm.job or arm.checkpoint)
+        return [(f"{where} -> arms.{j}.{'job' if arm.job else 'checkpoint'}", arm.job or arm.checkpoint)
                 for j, arm in enumerate(load_ab_spec(path, stage.set).arms) if arm.job or arm.checkpoint]
     return []
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ._quantities import RayQuantity
 from .errors import SpecError, SpecIssue
 from .paths import NAME_PATTERN
 from .spec import _Spec as _JobSpecBase
@@ -49,7 +50,7 @@ class Serving(_Spec):
         default="auto", description="combined: every arm's model in the router replica (small models); separate: one deployment per arm")
     combined_max_params: int = Field(default=20_000_000, ge=0, description="auto picks combined when all arms together have at most this many parameters")
     replicas: int = Field(default=1, ge=1)
-    cpus_per_replica: float = Field(default=0.5, ge=0)
+    cpus_per_replica: RayQuantity = Field(default=0.5, ge=0)  # 1e-5 loaded, and failed only when the deployment was made
     max_batch_size: int = Field(default=32, ge=1)
     batch_wait_ms: float = Field(default=2.0, ge=0)
     max_ongoing_requests: int = Field(default=64, ge=1, description="per replica")

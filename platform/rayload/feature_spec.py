@@ -35,6 +35,8 @@ class BucketSpec(_Spec):
     def _one_kind(self) -> "BucketSpec":
         if (self.boundaries is None) == (self.quantiles is None):
             raise ValueError("give either boundaries: [...] or quantiles: N")
+        if self.boundaries is not None and not self.boundaries:  # one bucket for every value: a constant feature
+            raise ValueError("boundaries: give at least one boundary")
         if self.boundaries is not None and sorted(set(self.boundaries)) != list(self.boundaries):
             raise ValueError(f"boundaries must be strictly increasing, got {self.boundaries}")
         return self

@@ -113,7 +113,7 @@ _REFS = {"ab": {"champion": ("train", "tune"), "challenger": ("train", "tune")},
 def pipeline_issues(spec: PipelineSpec) -> list[SpecIssue]:
     issues, seen = [], {}
     for i, stage in enumerate(spec.stages):
-        where = f"stages[{i}]"
+        where = f"stages.{i}"  # the path --set takes, as pydantic's own errors give it
         if stage.name in seen:
             issues.append(SpecIssue(f"{where}.name", "stage names must be unique", stage.name, True))
         if field := _FILE_FIELD.get(stage.kind):
@@ -180,6 +180,8 @@ def load_pipeline_spec(path: str, overrides=()) -> PipelineSpec:
     if spec_kind(raw) != "pipeline":
         raw = single_stage(path, raw)
     issues = apply_overrides(raw, overrides, model_cls=PipelineSpec)
+    if "folder" in raw:  # internal, set below (a folder: in the file was taken silently and replaced)
+        issues.append(SpecIssue("folder", "unknown field; allowed: name, stages (paths resolve against the pipeline file's folder)"))
     raw["folder"] = os.path.dirname(os.path.abspath(path))
     return validate_model(PipelineSpec, raw, check=pipeline_issues, file=path, issues=issues)
 

@@ -55,7 +55,7 @@ class Param(_Spec):
     choice: list[Any] | None = None
     grid: list[Any] | None = None
     log: bool = False  # for int: sample on a log scale
-    step: float | None = Field(default=None, gt=0)  # for uniform/int: a quantised range
+    step: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # for uniform/int: a quantised range
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +158,10 @@ class Param(_Spec):
             # Optuna moves high down to the last step at or below it, with only a log warning:
             # [8, 16] by 32 drew 8 in every trial, [0, 1] by 0.3 never drew 1
             steps = (high - low) / self.step
-            if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+            if self.step > high - low:  # a step 1e10 times the range passed the tolerance below: every trial drew low
+                out.append(f"step {self.step:g} is larger than the range [{low:g}, {high:g}]: every trial would draw {low:g}; "
+                           f"use a step of at most {high - low:g}")
+            elif abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
                 last = low + math.floor(steps + 1e-9) * self.step
                 out.append(f"[{low:g}, {high:g}] is not a whole number of steps of {self.step:g}: the sampler would never "
                            f"draw past {last:g}; make high - low a multiple of step (for example high: {last:g})")
@@ -168,7 +171,7 @@ class Param(_Spec):
 class Asha(_Spec):
     kind: Literal["asha"] = "asha"
     grace_period: int = Field(default=1, ge=1, description="epochs every trial runs before it can be stopped")
-    reduction_factor: float = Field(default=3, gt=1)
+    reduction_factor: float = Field(default=3, gt=1, allow_inf_nan=False)
     max_epochs: int | None = Field(default=None, ge=1, description="default: the base job's train.epochs")
 
     @model_validator(mode="after")
@@ -204,7 +207,7 @@ class SearchSpec(_Spec):
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises before it is recorded failed")
     target: float | None = Field(default=None, allow_inf_nan=False, description="end the search as soon as a trial reports the metric at or past this "
                                  "value (at least it for mode max, at most for min); that trial is recorded complete")
-    time_budget_s: float | None = Field(default=None, gt=0, description="wall-clock seconds for the whole search, counted across "
+    time_budget_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="wall-clock seconds for the whole search, counted across "
                                         "resumes; trials still running when it is spent are stopped and recorded pruned")
     storage: str | None = Field(default=None, description="Optuna storage URL; default: SQLite in the run folder")
 

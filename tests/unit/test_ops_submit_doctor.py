@@ -235,10 +235,10 @@ def test_the_upload_check_reads_each_stage_spec_as_the_stage_does(tmp_path, monk
         "name: p2\nstages:\n  - {name: search, kind: tune, search: ../tune/movielens_bayes.yaml, set: [base=../runs/base.yaml]}\n")
     monkeypatch.chdir(tmp_path)
     check_spec("jobs/filled.yaml", [], ".")
-    with pytest.raises(SpecError, match=r"stages\[0\] \(search\).search -> base: in an excluded folder \(runs/\)"):
+    with pytest.raises(SpecError, match=r"stages\.0 \(search\).search -> base: in an excluded folder \(runs/\)"):
         check_spec("jobs/moved.yaml", [], ".")
     (tmp_path / "jobs" / "arms.yaml").write_text("name: p3\nstages:\n  - {name: ab, kind: ab, spec: ab_ck.yaml, traffic: simulate}\n")
-    with pytest.raises(SpecError, match=r"stages\[0\] \(ab\).spec -> arms\[0\].checkpoint: in an excluded folder \(runs/\)"):
+    with pytest.raises(SpecError, match=r"stages\.0 \(ab\).spec -> arms\.0\.checkpoint: in an excluded folder \(runs/\)"):
         check_spec("jobs/arms.yaml", [], ".")
 
 

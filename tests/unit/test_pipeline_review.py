@@ -84,8 +84,8 @@ def test_submit_refuses_stage_files_the_upload_would_leave_out(tmp_path, monkeyp
     with pytest.raises(SpecError) as info:
         ops.check_spec("jobs/p.yaml", (), ".")
     msg = str(info.value)
-    assert "stages[0] (a).job: outside the working directory: it would not be uploaded" in msg
-    assert "stages[1] (b).job: in an excluded folder (runs/)" in msg
+    assert "stages.0 (a).job: outside the working directory: it would not be uploaded" in msg
+    assert "stages.1 (b).job: in an excluded folder (runs/)" in msg
     assert "(c)" not in msg and "(d)" not in msg  # uploaded; an absolute path may be on storage the cluster shares
     ops.check_spec("jobs/p.yaml")  # without a working dir (`rayload run` here): only that it loads
 

@@ -39,7 +39,7 @@ def test_missing_spec_file_is_named_with_its_stage(tmp_path):
     path = _copy(tmp_path, lambda raw: raw["stages"][1].update(job="nope.yaml"))
     with pytest.raises(SpecError) as err:
         load_pipeline_spec(path)
-    assert "stages[1].job" in str(err.value) and "nope.yaml" in str(err.value)
+    assert "stages.1.job" in str(err.value) and "nope.yaml" in str(err.value)
 
 
 def test_references_to_later_unknown_or_wrong_kind_stages_fail_at_load(tmp_path):
@@ -51,15 +51,15 @@ def test_references_to_later_unknown_or_wrong_kind_stages_fail_at_load(tmp_path)
     with pytest.raises(SpecError) as err:
         load_pipeline_spec(_copy(tmp_path, edit))
     text = str(err.value)
-    assert "stages[3].champion: names a later stage" in text
-    assert "stages[3].challenger: must name a train or tune stage, not a prepare stage" in text
-    assert "stages[4].experiment: no stage of that name before it" in text
+    assert "stages.3.champion: names a later stage" in text
+    assert "stages.3.challenger: must name a train or tune stage, not a prepare stage" in text
+    assert "stages.4.experiment: no stage of that name before it" in text
 
 
 def test_a_bad_override_inside_a_stage_fails_at_load_with_the_stage_and_field():
     with pytest.raises(SpecError) as err:
         load_pipeline(PIPELINE, ["baseline.train.epochz=3"])
-    assert "stages[1].job" in str(err.value) and "epochz" in str(err.value)
+    assert "stages.1.job" in str(err.value) and "epochz" in str(err.value)
 
 
 def test_set_routes_stage_fields_and_pipeline_fields():
@@ -138,7 +138,7 @@ def test_an_ab_stage_filled_from_earlier_stages_needs_an_ab_spec_of_two_arms(tmp
         ab.setdefault("ramp", {})["auto"] = False  # (automatic decisions refuse three arms themselves)
         (tmp_path / "ab_movielens.yaml").write_text(yaml.safe_dump(ab))
 
-    with pytest.raises(SpecError, match=r"stages\[3\].spec: champion and challenger fill the A/B spec's arms, which must then be two; it has 3"):
+    with pytest.raises(SpecError, match=r"stages\.3.spec: champion and challenger fill the A/B spec's arms, which must then be two; it has 3"):
         load_pipeline_spec(_copy(tmp_path, edit))
 
 
@@ -193,7 +193,7 @@ def test_sdk_and_loader_edges_name_the_problem(tmp_path):
     empty.write_text("# nothing yet\n")
     with pytest.raises(SpecError, match="the file is empty"):
         load_pipeline(str(empty))
-    with pytest.raises(SpecError, match=r"stages\[4\]\.experiment: names this stage itself"):
+    with pytest.raises(SpecError, match=r"stages\.4\.experiment: names this stage itself"):
         load_pipeline(PIPELINE, ["stages.4.experiment=decide"])
     with pytest.raises(KeyError, match="no stage named 'search' in run r1; its stages: prepare"):
         PipelineResult("r1", str(tmp_path), [type("S", (), {"name": "prepare", "outputs": {}})()]).outputs("search")

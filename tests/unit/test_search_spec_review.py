@@ -56,7 +56,10 @@ def test_infinite_or_nan_bounds_are_refused_naming_the_path(tmp_path, bounds, tu
 def test_a_step_that_does_not_divide_the_range_is_refused_with_the_last_value_drawn(tmp_path, param, last):
     path = "model.embedding_dim" if "int" in param else "model.dropout"
     msg = _problems(tmp_path, space={path: param})
-    assert f"space.{path}: [" in msg and f"the sampler would never draw past {last}" in msg, msg
+    if param["step"] > param.get("uniform", param.get("int"))[1] - param.get("uniform", param.get("int"))[0]:
+        assert f"space.{path}: step {param['step']:g} is larger than the range" in msg and f"every trial would draw {last}" in msg, msg
+    else:
+        assert f"space.{path}: [" in msg and f"the sampler would never draw past {last}" in msg, msg
 
 
 def test_steps_that_divide_the_range_pass(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
@@ -49,7 +50,7 @@ class SynthParams:
         for ok, msg in [(self.rows > 0, "rows must be > 0"), (self.numeric >= 0, "numeric must be >= 0"),
                         (self.categorical >= 0, "categorical must be >= 0"),
                         (self.numeric + self.categorical > 0, "numeric + categorical must be > 0"),
-                        (self.zipf > 1, "zipf must be > 1"), (self.shard_rows > 0, "shard_rows must be > 0"),
+                        (1 < self.zipf < math.inf, "zipf must be > 1 and finite"), (self.shard_rows > 0, "shard_rows must be > 0"),
                         (0 <= self.missing_rate < 1, "missing_rate must be in [0, 1)"),
                         (self.seed >= 0, "seed must be >= 0")]:
             if not ok:
