@@ -150,3 +150,22 @@ def test_errored_exposures_are_left_out_of_the_ctr_but_counted_by_the_error_guar
     arms = {a.arm: a for a in analyze(data, ab_from_dict(SPEC)).arms}
     assert arms["challenger"].exposures == 480 and arms["challenger"].requests == 500
     assert arms["challenger"].error_rate == pytest.approx(0.04)
+
+
+def test_no_promote_before_the_challengers_guardrails_are_judged():
+    """Below guardrails.min_requests the guardrails report no breach because they have not
+    looked, and decide() read that as a pass: a challenger at 900 ms against a 250 ms limit was
+    promoted on its CTR win with 726 of the 1,000 requests its guardrails needed."""
+    spec = ab_from_dict({**SPEC, "analysis": {"min_units": 100}, "guardrails": {"min_requests": 1000, "latency_window": 1000}})
+    rng = np.random.default_rng(0)
+    arm = np.where(rng.random(1500) < 0.5, "challenger", "control")
+    frame = rows(arm, rng.random(1500) < np.where(arm == "challenger", 0.3, 0.1), latency=np.where(arm == "challenger", 900.0, 5.0))
+    result = analyze(frame, spec)
+    challenger = next(a for a in result.arms if a.arm == "challenger")
+    assert result.sequential_significant and challenger.requests < 1000
+    assert result.decision == "continue", result.reasons
+    assert f"guardrails are not judged yet ({challenger.requests} of guardrails.min_requests=1000 requests)" in result.reasons[-1]
+    # with its requests in, the slow challenger is judged, and rolled back rather than promoted
+    more = np.where(rng.random(2400) < 0.5, "challenger", "control")
+    frame = rows(more, rng.random(2400) < np.where(more == "challenger", 0.3, 0.1), latency=np.where(more == "challenger", 900.0, 5.0))
+    assert analyze(frame, spec).decision == "rollback"

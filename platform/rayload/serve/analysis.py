@@ -287,7 +287,13 @@ def decide(result: Analysis, spec: ABSpec) -> tuple[str, list[str]]:
         return "continue", [f"each arm needs {need} units in the comparison (served while both arms had traffic) first "
                             f"(have {have[0]} and {have[1]})"]
     if result.sequential_significant:
-        return _sequential_decision(result, spec)
+        decision, reasons = _sequential_decision(result, spec)
+        if decision == "promote" and bad.requests < spec.guardrails.min_requests:
+            # no breach yet is not a judgement: below min_requests the guardrails have not looked (a
+            # challenger at 900 ms against a 250 ms limit was promoted on 726 requests of 1,000 needed)
+            return "continue", reasons + [f"but the challenger's guardrails are not judged yet ({bad.requests} of "
+                                          f"guardrails.min_requests={spec.guardrails.min_requests} requests): no promote before"]
+        return decision, reasons
     more = ""
     if result.sequential_units_needed:
         more = (f"; the sequential test needs about {result.sequential_units_needed} more units for {spec.analysis.power:.0%} power "
