@@ -167,7 +167,7 @@ def print_analysis(result) -> None:
     if result.drift:
         drift = Table("arm", "feature", "rows", "PSI", "OOV rate", "status", title="feature drift (PSI against the training data)")
         for r in result.drift:
-            drift.add_row(r["arm"], r["feature"], str(r["rows"]), f"{r['psi']:.4f}", f"{r['oov_rate']:.2%}" if "oov_rate" in r else "",
+            drift.add_row(escape(r["arm"]), escape(r["feature"]), str(r["rows"]), f"{r['psi']:.4f}", f"{r['oov_rate']:.2%}" if "oov_rate" in r else "",
                           "[red]DRIFT[/]" if r["flagged"] else "ok" if r.get("judged", True) else "too few rows")
         console.print(drift)
     console.print(f"decision: [bold]{result.decision}[/] ({escape('; '.join(result.reasons))})")

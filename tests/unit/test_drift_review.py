@@ -60,3 +60,78 @@ def test_the_html_report_says_too_few_rows_for_a_feature_not_judged():
 
     page = drift_table([{"arm": "a", "feature": "price", "rows": 100, "psi": 4.6, "flagged": False, "judged": False}])
     assert "too few rows" in page and ">ok<" not in page
+
+
+def test_a_non_ascii_feature_name_is_exported_to_prometheus_and_shown_by_ab_status(tmp_path, monkeypatch):
+    """Ray's metrics refuse non-ASCII tag values (UnicodeEncodeError): a column named 'âge'
+    stopped every flush's export (and the features after it). ab status printed feature names as
+    Rich markup: 'price[usd]' lost its unit, 'weird[/]' crashed the command."""
+    import helpers
+    from helpers import fit_features, frame
+    from types import SimpleNamespace
+
+    from rayload._cli_ab import console, print_analysis
+    from rayload.serve.events import create_schema, engine_for
+    from rayload.serve.monitor import DriftFlusher, metric_tag
+
+    assert metric_tag("âge") == "\\xe2ge" and metric_tag("price") == "price" and metric_tag("âge") != metric_tag("age")
+    monkeypatch.setattr(helpers, "COLUMNS", [dict(c, name="âge") if c["name"] == "age" else c for c in helpers.COLUMNS])
+    df = frame(1000, seed=1).rename(columns={"age": "âge"})
+    features, _ = fit_features(df, {})
+    db = f"sqlite:///{tmp_path}/events.db"
+    create_schema(engine_for(db))
+    counter = drift.DriftCounter(features)
+    flusher = DriftFlusher(db, "exp", {"A": SimpleNamespace(drift=counter, version="v1")},
+                           {"flush_s": 3600, "threshold": 0.2, "min_rows": 10, "window_s": None})
+    try:
+        rows = frame(50, seed=2).rename(columns={"age": "âge"})[["user", "item", "price", "âge"]]
+        counter.observe([{k: (None if v != v else v) for k, v in r.items()} for r in rows.to_dict("records")])
+        flusher.flush()  # raised UnicodeEncodeError from Ray's Gauge.set
+        assert ("A", "âge") in flusher._exported and ("A", "price") in flusher._exported
+    finally:
+        flusher._stop.set()
+    drift_rows = [{"arm": "A", "feature": name, "rows": 900, "psi": 0.31, "flagged": True, "judged": True}
+                  for name in ("price[usd]", "weird[/]", "âge")]
+    result = SimpleNamespace(experiment="e", live_champion=None, champion="A", arms=[], weights={}, diff=None, srm_p=0.5,
+                             srm_flagged=False, sequential_mde_now=None, shadow_scores=None, decision="continue", reasons=[],
+                             drift=drift_rows)
+    with console.capture() as shown:
+        print_analysis(result)  # 'weird[/]' raised MarkupError
+    lines = [line for line in shown.get().splitlines() if "0.3100" in line]
+    assert ["price[usd]" in lines[0], "weird[/]" in lines[1], "âge" in lines[2]] == [True] * 3, lines
+
+
+def test_drift_counts_only_requests_the_model_answered(tmp_path):
+    """Rows were counted before the model ran: requests answered 500 (the model raised, or
+    scored NaN) still moved the drift statistics."""
+    import os
+
+    from helpers import fit_features, frame, tiny_checkpoint
+    from rayload.serve.batch_scoring import ModelError, score_grouped
+    from rayload.serve.scorer import Scorer
+
+    features, _ = fit_features(frame(1500, seed=1), {})
+    scorer = Scorer.load("a", tiny_checkpoint(os.path.join(tmp_path, "run", "epoch_0001"), features, 0), drift=True, torchscript=False)
+    rows = [{k: (None if r[k] != r[k] else r[k]) for k in ("user", "item", "tags", "price", "age")} for r in frame(6, seed=3).to_dict("records")]
+    items = [("a", [r]) for r in rows[:4]] + [("a", rows[4:])]  # four one-row requests and one of two rows
+    forward = scorer.forward
+
+    def crash(*inputs):
+        raise RuntimeError("model crashed")
+
+    scorer.forward = crash
+    assert all(isinstance(o, ModelError) for o in score_grouped({"a": scorer}, items))
+    assert scorer.drift.rows == 0
+
+    def nan_in_rows(*inputs):  # the second request's row and one row of the two-row request score NaN
+        out = forward(*inputs).clone()
+        out[[1, 4]] = float("nan")
+        return out
+
+    scorer.forward = nan_in_rows
+    out = score_grouped({"a": scorer}, items)
+    assert [isinstance(o, ModelError) for o in out] == [False, True, False, False, True]
+    assert scorer.drift.rows == 3  # the three answered requests
+    scorer.forward = forward
+    score_grouped({"a": scorer}, items)
+    assert scorer.drift.rows == 8

@@ -170,7 +170,7 @@ class DriftFlusher:
             return
         seen = set()
         for row in report:
-            tags = {"experiment": self.experiment, "arm": row["arm"], "feature": row["feature"]}
+            tags = {"experiment": self.experiment, "arm": row["arm"], "feature": metric_tag(row["feature"])}
             seen.add((row["arm"], row["feature"]))
             gauges[0].set(row["psi"], tags=tags)
             gauges[1].set(1.0 if row["flagged"] else 0.0, tags=tags)
@@ -179,7 +179,7 @@ class DriftFlusher:
             if "oov_rate" in row:  # categoricals: the share of values outside the training vocabulary
                 gauges[2].set(row["oov_rate"], tags=tags)
         for arm, feature in self._exported - seen:  # no rows left in the window: not flagged, not judged (not the last values)
-            tags = {"experiment": self.experiment, "arm": arm, "feature": feature}
+            tags = {"experiment": self.experiment, "arm": arm, "feature": metric_tag(feature)}
             gauges[1].set(0.0, tags=tags)
             gauges[3].set(0.0, tags=tags)
         self._exported = seen
@@ -209,3 +209,10 @@ class DriftFlusher:
         except Exception:
             log.exception("final drift flush failed")
         self.engine.dispose()
+
+
+def metric_tag(value: str) -> str:
+    """A tag value Ray's metrics take: they refuse any non-ASCII text (UnicodeEncodeError), and a
+    column named 'âge' stopped every flush's export. Non-ASCII characters are written as Python
+    escapes ('\\xe2ge'), which keeps different names apart."""
+    return value if value.isascii() else value.encode("ascii", "backslashreplace").decode("ascii")

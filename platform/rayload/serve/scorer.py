@@ -66,13 +66,29 @@ class Scorer:
 
         from ..train.batch import collate
 
-        if self.drift is not None:  # rows that passed the transform are the traffic this model saw
-            self.drift.observe(rows, table, sizes)
         batch = collate(table, self.layout)
         with torch.no_grad():
             out = self.forward(*batch.inputs()).float()
             out = torch.sigmoid(out) if self.binary else out
-        return out.numpy().astype(np.float64)
+        scores = out.numpy().astype(np.float64)
+        if self.drift is not None:  # the requests this model answered are the traffic it saw (not those it failed)
+            ok = np.isfinite(scores)
+            if ok.all():
+                self.drift.observe(rows, table, sizes)
+            elif (answered := _answered(rows, table, sizes, ok))[0]:
+                self.drift.observe(*answered)
+        return scores
+
+
+def _answered(rows: list[dict], table, sizes: list[int] | None, ok: np.ndarray):
+    """The rows (and their transform and request sizes) of the requests whose every score is a
+    finite number: a request with a NaN score gets a 500 (`batch_scoring`), and its rows are no
+    traffic the model answered."""
+    sizes = sizes or [1] * len(rows)
+    starts = np.cumsum([0, *sizes])
+    kept = [i for i in range(len(sizes)) if ok[starts[i]:starts[i + 1]].all()]
+    idx = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in kept]).astype(np.int64) if kept else np.zeros(0, np.int64)
+    return [rows[j] for j in idx], table.take(idx), [sizes[i] for i in kept]
 
 
 MAX_VERSION = 128  # the event store's model_version columns (serve/events.py)
