@@ -109,12 +109,41 @@ def quantile_edges(values: np.ndarray, weights: np.ndarray, buckets: int, held: 
     inner = atom.copy()
     inner[[0, -1]] = False
     k = buckets - int(atom.sum()) - int(inner.sum())
-    edges = [u[atom], np.nextafter(u[atom], np.inf)]
     rest = ~np.isin(values, u[atom])
-    if k >= 2 and rest.any():
-        edges.append(weighted_quantile(values[rest], weights[rest], np.arange(1, k) / k))
-    kept = _trained(np.unique(np.concatenate(edges)), np.unique(held))
-    return _at_most(kept, buckets, u[atom]), int(atom.sum())
+    out = []
+    for balanced in (False, True):
+        edges = [u[atom], np.nextafter(u[atom], np.inf)]
+        if k >= 2 and rest.any():
+            edges.append(_quantiles(values[rest], weights[rest], np.arange(1, k) / k, balanced))
+        out.append(_at_most(_trained(np.unique(np.concatenate(edges)), np.unique(held)), buckets, u[atom]))
+    # The tie-balanced edges where they even the buckets out (the largest bucket's share, times
+    # the number of buckets, lower), else the plain quantiles: at ties, each quantile's nearer
+    # side alone can leave a bucket beside an atom short (ratings in 4 buckets).
+    return min(out, key=lambda e: _spread(values, weights, e)), int(atom.sum())
+
+
+def _spread(values: np.ndarray, weights: np.ndarray, edges: list[float]) -> float:
+    shares = np.bincount(np.searchsorted(np.asarray(edges), values, side="right"), weights=weights, minlength=len(edges) + 1)
+    return float(shares.max() / max(float(shares.sum()), 1e-300) * (len(edges) + 1)) if len(edges) else np.inf
+
+
+def _quantiles(values: np.ndarray, weights: np.ndarray, q: np.ndarray, balanced: bool) -> np.ndarray:
+    """Edges at the q-quantiles; `balanced`: a tied quantile value on the side that leaves the
+    bucket below it nearer its share (an edge at v puts v's rows above it, one at nextafter(v)
+    below). Always at v, integers 1..10 in 5 buckets were split 10/30/10/30/20%, not 20% each.
+    A value held once (continuous data) keeps its edge at v."""
+    at = weighted_quantile(values, weights, q)
+    if not balanced:
+        return at
+    order = np.argsort(values, kind="stable")
+    v, cw = values[order], np.cumsum(weights[order])
+    total = cw[-1]
+    lo, hi = np.searchsorted(v, at, side="left"), np.searchsorted(v, at, side="right")
+    below = np.where(lo > 0, cw[np.maximum(lo - 1, 0)], 0.0)  # the mass an edge at v leaves below it
+    upto = cw[hi - 1]  # ... and one at nextafter(v)
+    tied = hi - lo > 1
+    after = tied & (np.abs(upto - q * total) < np.abs(below - q * total))
+    return np.where(after, np.nextafter(at, np.inf), at)
 
 
 def _at_most(edges: list[float], buckets: int, atoms: np.ndarray) -> list[float]:

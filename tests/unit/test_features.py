@@ -461,3 +461,19 @@ def test_target_statistics_of_a_regression_or_raw_label_are_scaled_by_its_spread
             t.pop("spread")  # a features.json written before the field: the old scale
         old = FittedFeatures.from_json(json.dumps(raw)).transform_rows([{"user": "u1"}]).column(out)[0].as_py()
         assert old == pytest.approx((mean - state.prior) * (1 if out.endswith("raw") else 2), rel=1e-5)
+
+
+def test_quantile_buckets_of_tied_integers_put_each_tie_on_the_side_that_evens_the_buckets():
+    """Integers 1..10, equally frequent, in 5 buckets: every edge sat at its quantile value,
+    putting that value's rows above it, and the buckets held 10/30/10/30/20% of the rows."""
+    df = frame(4000, seed=3)
+    df["age"] = np.resize(np.arange(1.0, 11.0), len(df))
+    feats, good = fit(df, {"numeric": {"age": {"impute": "median", "buckets": {"quantiles": 5}}}})
+    ids = feats.transform_table(good).column("age").to_numpy()
+    shares = np.bincount(ids)[np.bincount(ids) > 0] / len(ids)
+    np.testing.assert_allclose(shares, [0.2] * 5)
+    # continuous values keep their plain quantile edges (2,000 rows: within the fit's exact sketch)
+    df = frame(2000, seed=3).assign(age=np.random.default_rng(0).normal(size=2000))
+    feats, good = fit(df, {"numeric": {"age": {"impute": "median", "buckets": {"quantiles": 5}}}})
+    age = next(n for n in feats.numeric if n.name == "age")
+    np.testing.assert_allclose(age.boundaries, np.quantile(df.age, [0.2, 0.4, 0.6, 0.8], method="inverted_cdf"))
