@@ -85,6 +85,24 @@ def test_the_gate_refuses_an_over_pruned_model_and_writes_nothing(champion):
     assert not os.path.exists(target)
 
 
+def test_a_compressed_model_scoring_nan_is_refused_naming_it(champion, monkeypatch):
+    """A fine-tune that diverged (NaN weights) failed with a bare ValueError from auc()."""
+    import torch
+
+    from rayload import pruning
+    from rayload.errors import DataError
+
+    def diverged(model, *args, **kwargs):
+        with torch.no_grad():
+            next(p for p in model.parameters() if p.dim() == 2).fill_(float("nan"))
+
+    monkeypatch.setattr(pruning, "finetune", diverged)
+    target = str(champion["folder"] / "diverged")
+    with pytest.raises(DataError, match=r"the prune model scored \d+ of the \d+ validation rows NaN or infinite.*fewer --finetune-epochs"):
+        compress(champion["checkpoint"], "prune", amount=0.1, finetune_epochs=1, out=target)
+    assert not os.path.exists(target)
+
+
 def test_pruning_with_fine_tune_keeps_the_cut_weights_at_zero(champion):
     result = compress(champion["checkpoint"], "prune", amount=0.4, finetune_epochs=1, max_auc_drop=0.05)
     assert result.settings["sparsity"] >= 0.39

@@ -166,3 +166,11 @@ def test_the_refusal_advice_fits_the_method_and_the_sdk_takes_a_spec_file(tmp_pa
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with pytest.raises(RayloadError, match="does not exist"):  # past the spec file (it was AttributeError: 'str' ... 'train')
         compress(str(tmp_path / "none"), "int8", spec=os.path.join(root, "jobs", "movielens_deepfm.yaml"))
+
+
+def test_a_drop_of_exactly_max_auc_drop_passes_the_gate():
+    """0.51 - 0.508 is 0.0020000000000000018 in floats: a drop of exactly the 0.002 allowed (one
+    flipped pair of 500) was refused, against "refuses a drop of more than max_auc_drop"."""
+    for before, after in [(0.51, 0.508), (0.75, 0.748), (0.9, 0.898), (0.8125, 0.8105)]:
+        assert CompressResult("int8", "c", None, before, after, 0.002, 1, 0, {}).passed
+    assert not CompressResult("int8", "c", None, 0.51, 0.5079, 0.002, 1, 0, {}).passed
