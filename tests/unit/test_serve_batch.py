@@ -168,7 +168,7 @@ def test_a_batch_commit_never_waits_on_the_event_loop_for_a_locked_database(arms
     reader.close()
 
 
-def _parse(raw: bytes, model):
+def _parse(raw: bytes, model, length: bytes | None = None):
     """The router's body parsing (size limit, JSON, the model) on a raw body, as a request would reach it."""
     from fastapi.responses import JSONResponse
     from starlette.requests import Request
@@ -178,7 +178,8 @@ def _parse(raw: bytes, model):
 
     router = bare_router()
     router.max_body, router.api_key_sha256 = 65_536, None
-    request = Request({"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", str(len(raw)).encode())]}, receive)
+    length = str(len(raw)).encode() if length is None else length
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", length)]}, receive)
     answer = asyncio.run(router._parse(request, model))
     return answer if isinstance(answer, JSONResponse) else answer[0]  # a parsed body comes with how it was read
 
@@ -192,7 +193,10 @@ def _parse(raw: bytes, model):
     (b'{"request_id": "\\udc00", "event": "click"}', "request_id"),
     (b'{"unit_ids": ["fine", "\\udfff"]}', "unit_ids"),
     (b"[" * 30_000 + b"]" * 30_000, None),
-], ids=["surrogate-unit", "long-unit", "long-int-unit", "nan-value", "inf-value", "surrogate-request", "surrogate-assign", "deep-json"])
+    (b'{"unit_id": "", "features": {}}', "unit_id"),  # a lost user ID: all such traffic was one sticky unit in one arm
+    (b'{"unit_id": "   ", "features": {}}', "unit_id"),
+], ids=["surrogate-unit", "long-unit", "long-int-unit", "nan-value", "inf-value", "surrogate-request", "surrogate-assign", "deep-json",
+        "empty-unit", "blank-unit"])
 def test_values_the_event_store_cannot_keep_are_refused_with_422_naming_the_field(raw, field):
     from fastapi.responses import JSONResponse
 
@@ -204,6 +208,14 @@ def test_values_the_event_store_cannot_keep_are_refused_with_422_naming_the_fiel
     detail = json.loads(answer.body)["detail"]
     assert detail[0]["loc"][:2] == (["body", field] if field else ["body"]), detail
     assert isinstance(_parse(b'{"unit_id": "' + "é".encode() * 256 + b'", "features": {}}', PredictBody), PredictBody)
+
+
+def test_a_content_length_of_a_non_ascii_digit_is_not_a_server_error():
+    """'²' is a digit to str.isdigit but not to int(): a ValueError (500) before the body was read."""
+    from rayload.serve.app import PredictBody
+
+    raw = b'{"unit_id": "u", "features": {}}'
+    assert isinstance(_parse(raw, PredictBody, "²".encode("latin-1")), PredictBody)
 
 
 def test_one_unstorable_exposure_in_a_batch_fails_only_its_own_request(arms, tmp_path):

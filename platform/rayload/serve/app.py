@@ -144,7 +144,7 @@ class ABRouter(ShadowScoring):
     async def _json_body(self, request: Request):
         """The body as JSON, refusing a body over the limit before reading it whole."""
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
+        if length is not None and length.isascii() and length.isdigit() and int(length) > self.max_body:  # "²" is a digit to isdigit
             return _problem(413, f"body of {length} bytes is over the limit of {self.max_body}")
         body = bytearray()
         async for chunk in request.stream():

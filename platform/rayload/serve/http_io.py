@@ -45,6 +45,9 @@ def _str_or_int(value):
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         # reprlib: a repr of a list nested 1,000 deep raised RecursionError, a 500 instead of this 422
         raise ValueError(f"must be a string or an integer, got {type(value).__name__} {reprlib.repr(value)}")
+    if isinstance(value, str) and not value.strip():
+        # a client that lost its user's ID: all such traffic was one sticky unit, always in one arm, moving its CTR
+        raise ValueError("must not be empty or blank: send the user's ID (each unit is assigned an arm by it)")
     return value
 
 
