@@ -249,3 +249,40 @@ def test_a_rare_label_gives_each_asked_for_split_at_least_one_row():
     y = np.array([0.0] * 500 + [1.0] * 4)
     table = pa.table({"x": [str(i) for i in range(len(y))], "y": y})
     assert np.bincount(assign(table, p.with_cutoffs([split_keys(table, p)]))[y == 1], minlength=3).tolist() == [3, 1, 0]
+
+
+_AB = Schema(tuple({"name": n, "role": "categorical", "required": False, "separator": "|"} for n in ("a", "b")),
+             {"column": "y", "task": "binary", "threshold": None, "domain": None})
+
+
+def _stratified(t, **kw):
+    p = SplitPlan.from_spec(SplitSpec(kind="stratified", **kw), _AB)
+    return assign(t, p.with_cutoffs([split_keys(t, p)]))
+
+
+def test_a_stratified_cut_never_falls_inside_a_run_of_identical_rows():
+    """Duplicate rows share a hash and fall on one side of any cut: a cut rank inside their run
+    counted rows for a split that got none (5 positives, 3 of them one row, went 2/0/3: a
+    validation set without a positive, no AUC)."""
+    a = [f"n{i}" for i in range(1000)] + ["p", "p", "p", "p1", "p2"]
+    t = pa.table({"a": pa.array(a), "b": pa.array(["x"] * 1000 + ["dup"] * 3 + ["x"] * 2), "y": pa.array([0.0] * 1000 + [1.0] * 5)})
+    y = t.column("y").to_numpy()
+    for seed in range(6):
+        c = _stratified(t, seed=seed)
+        assert all(((c == s) & (y == 1)).any() for s in (TRAIN, VAL, TEST)), seed
+
+
+def test_stratified_splits_with_keys_and_duplicates_leave_no_split_asked_for_empty():
+    """Random small data sets, keyed or not (a key's rows are one run): no split asked for is left
+    without rows while whole keys (or rows) could fill it (33 of 3,000 such cases before)."""
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        n, fractions = int(rng.integers(10, 200)), [(0.8, 0.1, 0.1), (0.7, 0.15, 0.15), (0.5, 0.25, 0.25)][trial % 3]
+        keys = rng.integers(0, int(rng.integers(3, n + 1)), n)
+        t = pa.table({"a": pa.array([f"k{v}" for v in keys]), "b": pa.array([str(i) for i in range(n)]),
+                      "y": pa.array((rng.random(n) < rng.random() * 0.5).astype(float))})
+        keyed = trial % 2 == 0
+        if keyed and len(set(keys)) < 3:
+            continue
+        c = _stratified(t, train=fractions[0], val=fractions[1], test=fractions[2], seed=trial, key=["a"] if keyed else None)
+        assert all((c == s).any() for s in (TRAIN, VAL, TEST)), (trial, np.bincount(c, minlength=3))

@@ -83,10 +83,14 @@ class SplitPlan:
         edges = np.concatenate([[-np.inf], _mixed_keys(u, labels), [np.inf]])
         # A label with enough rows gives each split asked for at least one: rounded alone, 3-9 rows of
         # a rare label at 0.8 / 0.1 / 0.1 left val or test without it (a validation AUC of one class)
+        # Counted in runs of equal units (duplicate rows, a key's rows), which a cut cannot part.
         val, test = int(self.val > 0), int(self.test > 0)
-        first = [(1, len(st) - val - test) if len(st) >= 1 + val + test else None for st in strata]
-        gap1, c1, k1 = _stratified_cuts(strata, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0, bounds=first)
-        second = [(k + val, len(st) - test) if len(st) - k >= val + test and k >= 1 else None for st, k in zip(strata, k1)]
+        runs = [_run_starts(st) for st in strata]  # the ranks a cut can take: 0, ..., len
+        first = [(b[1], b[-1 - val - test]) if len(b) - 1 >= 1 + val + test else None for b in runs]
+        gap1, c1, k1 = _stratified_cuts(strata, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0, bounds=first,
+                                        rest_splits=val + test)
+        at = [int(np.searchsorted(b, k)) for b, k in zip(runs, k1)]  # the first cut's place among the runs
+        second = [(b[j + val], b[-1 - test]) if len(b) - 1 - j >= val + test and j >= 1 else None for b, j in zip(runs, at)]
         _, c2, _ = _stratified_cuts(strata, edges, self.train + self.val, gap1, rest_wanted=self.test > 0, before=k1,
                                     between_wanted=self.val > 0, bounds=second)
         return replace(self, cutoffs=tuple((float(v), a, b) for v, a, b in zip(np.unique(labels), c1, c2)))
@@ -138,7 +142,7 @@ def _mixed_keys(u: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: float, first_gap: int, rest_wanted: bool,
                      before: list[int] | None = None, between_wanted: bool = False,
-                     bounds: list | None = None) -> tuple[int, list[float], list[int]]:
+                     bounds: list | None = None, rest_splits: int = 0) -> tuple[int, list[float], list[int]]:
     """One cut per label (rows with u < cut come before it), all in the same gap (edges[j], edges[j + 1]]
     between two consecutive keys that carry several labels: such a key then falls on the same
     side of every label's cut, so its rows stay in one split. Within the gap each label's cut
@@ -150,12 +154,12 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     A gap that would leave a split that was asked for without rows loses to every gap that does
     not: with relative errors one step of a 5-row label outweighed 32 steps of a 158-row one and
     put every label's val at 0 rows. Checked: rows before the cut (train), rows after it
-    (`rest_wanted`: a later split was asked for) and, given `before` (the first cut's ranks), rows
-    between the two cuts (`between_wanted`: val).
+    (`rest_wanted`: a later split was asked for; `rest_splits` of them: runs of equal units after it
+    for each) and, given `before` (the first cut's ranks), rows between the two cuts
+    (`between_wanted`: val).
     Returns the gap, the cuts and each label's rank."""
-    targets = [int(round(len(s) * fraction)) for s in strata]
     # `bounds`: per label, (lowest, highest) rank the target may take, or None: kept as rounded
-    targets = [t if not bounds or bounds[i] is None else min(max(t, bounds[i][0]), bounds[i][1]) for i, t in enumerate(targets)]
+    targets = [_snap(s, int(round(len(s) * fraction)), bounds[i] if bounds else None) for i, s in enumerate(strata)]
     lo = [np.searchsorted(s, edges[:-1], side="right") for s in strata]  # rows at or before the gap
     hi = [np.searchsorted(s, edges[1:], side="left") for s in strata]  # rows before the gap's end
     ranks = [np.minimum(np.maximum(r, lo_l), hi_l) for r, lo_l, hi_l in zip(targets, lo, hi)]  # each label's rank per gap
@@ -165,12 +169,35 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     empty = taken == 0
     if rest_wanted:
         empty |= taken == total
+    if rest_splits > 1:  # the rows after the cut must still part into val and test: runs of equal units cannot
+        after = sum((len(b) - 1) - np.searchsorted(b, k) for b, k in zip(map(_run_starts, strata), ranks))
+        # a key of several labels is a run in each of their strata, and one unit: those after gap g are edges[g + 1:-1]
+        mixed = edges[1:-1]
+        extra = sum(np.isin(mixed, st).astype(int) for st in strata) - 1
+        empty |= after - np.append(np.cumsum(extra[::-1])[::-1], 0) < rest_splits
     if before is not None and between_wanted:
         empty |= taken == sum(before)
     cost = cost + np.where(empty, len(strata) + 1.0, 0.0)  # above any sum of relative errors
     gap = first_gap + int(np.argmin(cost[first_gap:]))
     cuts = [float(min(s[k[gap]] if k[gap] < len(s) else np.inf, edges[gap + 1])) for s, k in zip(strata, ranks)]
     return gap, cuts, [int(k[gap]) for k in ranks]
+
+
+def _snap(s: np.ndarray, target: int, bound: tuple[int, int] | None) -> int:
+    """The rank nearest `target` that a cut can take in the sorted units `s`: a run of equal units
+    (duplicate rows, the rows of one split.key) falls on one side of any cut, so a rank inside
+    one counted rows for a split that got none (5 positives, 3 of them one row, went 2/0/3).
+    Within `bound` where a run boundary lies there."""
+    ranks = _run_starts(s)
+    if bound is not None:
+        inside = ranks[(ranks >= bound[0]) & (ranks <= bound[1])]
+        ranks = inside if len(inside) else ranks
+    return int(ranks[np.argmin(np.abs(ranks - target))])
+
+
+def _run_starts(s: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts in the sorted `s`, and len(s)."""
+    return np.append(np.flatnonzero(np.r_[True, s[1:] != s[:-1]]), len(s))
 
 
 def _cut(sorted_values: np.ndarray, fraction: float) -> float:
