@@ -286,3 +286,23 @@ def test_stratified_splits_with_keys_and_duplicates_leave_no_split_asked_for_emp
             continue
         c = _stratified(t, train=fractions[0], val=fractions[1], test=fractions[2], seed=trial, key=["a"] if keyed else None)
         assert all((c == s).any() for s in (TRAIN, VAL, TEST)), (trial, np.bincount(c, minlength=3))
+
+
+def test_a_group_split_far_from_the_shares_asked_is_said(caplog):
+    """Groups are placed whole, one hash draw per group: a few large users put 0.3% of the rows in
+    val where 10% was asked, with no word."""
+    import logging
+
+    from rayload.data._row_counts import check_split_rows
+
+    with caplog.at_level(logging.WARNING):
+        check_split_rows({"train": 47_370, "val": 166, "test": 2_464}, SplitSpec(kind="group", group="user"))
+        check_split_rows({"train": 8_010, "val": 1_020, "test": 970}, SplitSpec(kind="group", group="user"))  # close: nothing said
+        check_split_rows({"train": 47_370, "val": 166, "test": 2_464}, SplitSpec(kind="random"))  # not grouped: chance only
+        check_split_rows({"train": 20_000, "val": 22_289, "test": 7_711},
+                         SplitSpec(kind="kfold", group="user", k=5, test=0.1))  # a fold of 44.6% where 18% was asked
+    said = [r.getMessage().split(" (")[0] for r in caplog.records if "was asked" in r.getMessage()]
+    assert said == ["the val split holds 0.3% of the rows where 10.0% was asked",
+                    "the test split holds 4.9% of the rows where 10.0% was asked",
+                    "the val split holds 44.6% of the rows where 18.0% was asked",
+                    "the test split holds 15.4% of the rows where 10.0% was asked"], said
