@@ -287,7 +287,7 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
     if spec is None:
         if "spec" not in source.manifest:
             raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
-        spec = _manifest_spec(checkpoint, source.manifest["spec"], overrides)
+        spec = _manifest_spec(checkpoint, _paths_from(source.manifest), overrides)
     if spec.train.init_from:
         # A model fine-tuned from another checkpoint transforms its data with that one's fitted
         # features, which its own features.json holds too (with this data's label): read them
@@ -295,11 +295,25 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"init_from": checkpoint})})
     pre = preprocess(spec, address=address)
     if pre.features != source.features:
-        raise DataError(f"{checkpoint} was trained on a different preprocessing than its spec's data now gives (features.json differs); "
-                        "pass the job spec (and --set overrides) it was trained with")
+        from .train.identity import features_differ
+
+        raise DataError(features_differ(checkpoint, source.manifest, pre.data_hash, "pass the job spec (and --set overrides) it was "
+                                        "trained with (--spec)"))
     if not pre.files.get("val"):
         raise DataError(f"the spec of {checkpoint} has no validation split to gate on; give split fractions with val > 0")
     return spec, pre
+
+
+def _paths_from(manifest: dict) -> dict:
+    """The manifest's job spec with its relative local data paths made absolute against the
+    folder training ran in (`workdir`): read from another folder they named other files, or none."""
+    raw = copy.deepcopy(manifest["spec"])
+    source, workdir = raw.get("data", {}).get("source", {}), manifest.get("workdir")
+    if workdir and "path" in source and os.path.realpath(workdir) != os.path.realpath(os.getcwd()):  # same folder: as written (its cache key)
+        paths = [source["path"]] if isinstance(source["path"], str) else source["path"]
+        paths = [p if "://" in p or os.path.isabs(os.path.expanduser(p)) else os.path.join(workdir, p) for p in paths]
+        source["path"] = paths[0] if isinstance(source["path"], str) else paths
+    return raw
 
 
 def _manifest_spec(checkpoint: str, raw: dict, overrides):

@@ -169,12 +169,22 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
         raise RayloadError(f"--split must be train, val or test (got {split!r})")
     local = localize(checkpoint)
     if not os.path.isfile(os.path.join(local, "features.json")):
-        raise RayloadError(f"--checkpoint {checkpoint}: not a checkpoint folder (no features.json there)")
+        raise RayloadError(_not_a_checkpoint(checkpoint, local))
     pre = preprocess(spec, address=address)
     trained = FittedFeatures.load(os.path.join(local, "features.json"))
     if trained != pre.features:
-        raise DataError(
-            f"checkpoint {checkpoint} was trained on a different preprocessing than the spec's data "
-            "(features.json differs); evaluate with the job spec (and --set overrides) it was trained with"
-        )
+        from .train.identity import features_differ, read_manifest
+
+        raise DataError(features_differ(f"checkpoint {checkpoint}", read_manifest(local), pre.data_hash,
+                                        "evaluate with the job spec (and --set overrides) it was trained with"))
     return evaluate_checkpoint(checkpoint, pre.batches(split), spec.eval)
+
+
+def _not_a_checkpoint(checkpoint: str, local: str) -> str:
+    """A missing folder, a run folder (its epochs inside) or some other folder, each said as it is."""
+    if not os.path.exists(local):
+        return f"--checkpoint {checkpoint} does not exist; name a checkpoint folder (runs/train/<run>/epoch_NNNN)"
+    epochs = sorted(n for n in os.listdir(local) if n.startswith("epoch_")) if os.path.isdir(local) else []
+    if epochs:
+        return f"--checkpoint {checkpoint} is a run folder; name one of its checkpoints: {', '.join(epochs)}"
+    return f"--checkpoint {checkpoint}: not a checkpoint folder (no features.json there)"

@@ -61,3 +61,33 @@ def test_the_cli_hands_set_to_compress_without_spec_and_to_the_spec_with_it(tmp_
 def test_overrides_with_a_spec_given_are_refused_naming_both(tmp_path):
     with pytest.raises(compression.RayloadError, match=r"overrides \['train.epochs=1'\] change the job spec in the checkpoint's manifest"):
         compression.compress("ck", "int8", spec=job(str(tmp_path / "d.parquet")), overrides=["train.epochs=1"])
+
+
+def test_relative_data_paths_of_the_manifest_mean_the_folder_training_ran_in(tmp_path, preprocessed, monkeypatch):
+    """Compressing from another folder read `synth/*.parquet` against that folder: no files."""
+    spec = job("synth/*.parquet").model_dump(mode="json")
+    source = SimpleNamespace(manifest={"spec": spec, "workdir": "/train/here"}, features=None)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(_Stop):
+        compression._validation_data("ck", source, None, None, [])
+    assert preprocessed[-1].data.source.path == "/train/here/synth/*.parquet"
+    monkeypatch.chdir("/")  # the same folder as training: as written, so the preprocessing cache entry is the same
+    source.manifest["workdir"] = "/"
+    with pytest.raises(_Stop):
+        compression._validation_data("ck", source, None, None, [])
+    assert preprocessed[-1].data.source.path == "synth/*.parquet"
+
+
+def test_a_features_mismatch_says_whether_the_data_or_the_spec_changed(tmp_path):
+    """Data rewritten since training was blamed on the spec ('pass the job spec it was trained
+    with'), which the user had passed; the manifest's data hash tells the two apart."""
+    from rayload.evaluate import _not_a_checkpoint
+    from rayload.train.identity import features_differ
+
+    manifest = {"data_hash": "135ac6", "cache_key": "k"}
+    assert "trained on other data than the spec reads now (the prepared data's content hash 135ac6 -> 1073d3" in \
+        features_differ("ck", manifest, "1073d3", "fix it")
+    assert features_differ("ck", manifest, "135ac6", "fix it").endswith("(features.json differs); fix it")
+    assert "does not exist" in _not_a_checkpoint("runs/x", str(tmp_path / "x"))
+    (tmp_path / "run" / "epoch_0001").mkdir(parents=True)
+    assert _not_a_checkpoint("runs/run", str(tmp_path / "run")).endswith("is a run folder; name one of its checkpoints: epoch_0001")

@@ -52,6 +52,17 @@ def read_manifest(checkpoint: str) -> dict | None:
         return None
 
 
+def features_differ(checkpoint: str, manifest: dict | None, data_hash: str | None, fix: str) -> str:
+    """Why a spec's data does not give `checkpoint`'s features.json: the data changed since it
+    was trained (its manifest's data_hash differs) or the spec prepares it otherwise (`fix`)."""
+    before = (manifest or {}).get("data_hash") if "cache_key" in (manifest or {}) else None
+    if before and data_hash and before != data_hash:
+        return (f"{checkpoint} was trained on other data than the spec reads now (the prepared data's content hash "
+                f"{before} -> {data_hash}: the source's rows changed since, or their split or rebalancing), so its "
+                "features.json differs; point data.source.path at the data it was trained on")
+    return f"{checkpoint} was trained on a different preprocessing than the spec's data gives (features.json differs); {fix}"
+
+
 def _flat(obj, prefix: str = "") -> dict:
     if isinstance(obj, dict) and obj:
         out = {}

@@ -164,7 +164,8 @@ def manifest(spec: JobSpec, pre: PreprocessResult) -> dict:
     """data_hash: the prepared data's content digest (the same rows give the same hash wherever
     they were read from); cache_key: the preprocessing cache entry it came from."""
     return {"versions": ckpt.versions(), "seed": spec.train.seed, "data_hash": pre.data_hash, "cache_key": pre.cache_key,
-            "git_commit": _git_commit(), "spec": spec.model_dump(mode="json")}
+            "git_commit": _git_commit(), "spec": spec.model_dump(mode="json"),
+            "workdir": os.getcwd()}  # what the spec's relative data paths meant (compress reads them from elsewhere)
 
 
 def _git_commit() -> str | None:
