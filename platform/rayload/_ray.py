@@ -8,6 +8,18 @@ import os
 log = logging.getLogger(__name__)
 
 
+def _ray_log_level() -> int:
+    """Ray's driver logs at rayload's level: its INFO lines (a started instance, Parquet encoding
+    estimates, Ray Data's plans and progress) came with every command, while -v is what asks for
+    INFO. Ray Data's own loggers follow the "ray" logger."""
+    import ray.data  # noqa: F401  (configures its loggers on import: after it, or it would reset them)
+
+    level = logging.INFO if logging.getLogger().getEffectiveLevel() <= logging.INFO else logging.WARNING
+    for name in ("ray.data", "ray.tune", "ray.train"):
+        logging.getLogger(name).setLevel(level)
+    return level
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dict[str, str] | None = None) -> None:
     """Connect once per process. `address` (or $RAY_ADDRESS) joins a running cluster.
 
@@ -30,7 +42,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
         check_reachable(address)
         _token_env()
         try:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
         except ConnectionError as exc:  # something answers there, but not a Ray GCS that lets us in
             from .errors import RayloadError
 
@@ -40,14 +52,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
     env = {k: v for k, v in (env or {}).items() if k not in os.environ}
     os.environ.update(env)
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=_ray_log_level())
     finally:
         for k in env:
             os.environ.pop(k, None)
     ctx = ray.data.DataContext.get_current()
     # The cluster is ours alone: keep Ray Data's console output to one progress bar per pass.
     ctx.enable_operator_progress_bars = False
-    _drop_worker_lines(EMBEDDED_NOISE)
+    _drop_worker_lines(EMBEDDED_NOISE + (QUIET_NOISE if _ray_log_level() > logging.INFO else ()))
     log.info("started an embedded local Ray")
 
 
@@ -101,6 +113,8 @@ def embedded() -> bool:
 # cleaner (train.trainer._trainer_class); a TorchTrainer started inside a Tune trial's process
 # (a search with more than one worker per trial) still has one, and its lines end here.
 EMBEDDED_NOISE = ("Failed to query Ray Train Controller actor state",)
+# Ray Data's INFO lines from workers (a trial's reads), shown by the driver whatever its level; with -v they stay
+QUIET_NOISE = ("Progress bars disabled. To enable", "execution finished in")
 
 
 def _drop_worker_lines(substrings: tuple[str, ...]) -> None:

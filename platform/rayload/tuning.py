@@ -286,6 +286,9 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
                                       grace_period=spec.scheduler.grace_period, reduction_factor=spec.scheduler.reduction_factor)
         # Results live in the study; Tune keeps only its JSON log (no CSV, no TensorBoard).
         os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+        # Tune's new console output prints its experiment box and "View detailed results here" to stdout
+        # at any verbosity, above rayload's own table; the classic reporter is silent at verbose=0
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         tuner = ray.tune.Tuner(
             ray.tune.with_resources(ray.tune.with_parameters(trainable, **parameters), plan.resources),
             tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=todo, reuse_actors=True,
