@@ -77,7 +77,7 @@ def test_rayload_evaluate_stays_the_sdk_function_after_the_submodule_is_imported
     # refused before preprocessing (which would start Ray): a mistyped split, a folder that is no checkpoint
     with pytest.raises(RayloadError, match=r"--split must be train, val or test \(got 'tset'\)"):
         rayload.evaluate(DEEPFM, str(tmp_path), split="tset")
-    with pytest.raises(RayloadError, match=r"not a checkpoint folder \(no features.json there\)"):
+    with pytest.raises(RayloadError, match=r"nope does not exist; name a checkpoint folder"):
         rayload.evaluate(DEEPFM, str(tmp_path / "nope"))
 
 
