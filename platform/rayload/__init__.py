@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "load_spec", "preprocess", "train", "evaluate", "synth", "TrainResult", "FittedFeatures", "PreprocessResult", "SpecError", "DataError",
            "tune", "tune_function", "load_search_spec", "TuneResult", "SearchSpec", "run", "PipelineResult",
-           "compress", "retrain", "CompressResult", "RetrainResult", "load_checkpoint"]
+           "compress", "retrain", "CompressResult", "GateRefused", "RetrainResult", "load_checkpoint"]
 
 import inspect as _inspect
 import types as _types
@@ -158,10 +158,10 @@ def __getattr__(name: str):
         from .tuning import TuneResult
 
         return TuneResult
-    if name == "CompressResult":
-        from .compression import CompressResult
+    if name in ("CompressResult", "GateRefused"):  # the README's SDK names both
+        from . import compression
 
-        return CompressResult
+        return getattr(compression, name)
     if name == "RetrainResult":
         from .retraining import RetrainResult
 

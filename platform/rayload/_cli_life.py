@@ -35,12 +35,13 @@ def compress(
             result = run(checkpoint, method, amount=amount, structured=structured, finetune_epochs=finetune_epochs,
                          max_auc_drop=max_auc_drop, out=out, spec=job, address=address, overrides=[] if spec else (set_ or []))
         except GateRefused as exc:
-            err_console.print(f"[bold red]refused:[/] {exc}", highlight=False)
+            err_console.print(f"[bold red]{exc}[/]", highlight=False)  # it says "... model refused: ..." itself
             raise typer.Exit(1) from None
     console.print(f"[green]wrote[/] {result.checkpoint}")
+    size = (f"{result.bytes_before / max(result.bytes_after, 1):.2f}x smaller" if result.method == "int8" else
+            "zeros are stored as dense weights: the file is the same size; the sparsity below is what pruning bought")
     console.print(f"validation AUC {result.auc_before:.5f} -> {result.auc_after:.5f} (drop {result.auc_drop:+.5f}, "
-                  f"allowed {result.max_auc_drop}); model.pt {result.bytes_before:,} -> {result.bytes_after:,} bytes "
-                  f"({result.bytes_before / max(result.bytes_after, 1):.2f}x smaller)")
+                  f"allowed {result.max_auc_drop}); model.pt {result.bytes_before:,} -> {result.bytes_after:,} bytes ({size})")
     if "sparsity" in result.settings:
         console.print(f"sparsity of the linear weights {result.settings['sparsity']:.1%}")
 

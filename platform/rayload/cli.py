@@ -20,6 +20,7 @@ console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 SpecArg = Annotated[str, typer.Argument(help="job spec YAML")]
+AnySpecArg = Annotated[str, typer.Argument(help="spec YAML: a job, search, A/B or pipeline spec")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override a field: section.field=value (repeatable)")]
 # A pipeline's fields are one level deeper: its stage name comes first (train.train.epochs=3).
 StageSetOpt = Annotated[Optional[list[str]], typer.Option(
@@ -66,7 +67,7 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at 
 
 @app.command()
 @_friendly
-def validate(spec: SpecArg, set_: SetOpt = None) -> None:
+def validate(spec: AnySpecArg, set_: SetOpt = None) -> None:
     """Check a spec (job, search, A/B or pipeline) and a job's data schema without running anything."""
     from ._spec_load import read_yaml, spec_kind
 
@@ -165,7 +166,8 @@ def train(
                       caption="val_*: each fold's best epoch, picked on the same rows (optimistic); "
                               "test_*: that checkpoint on the held-out test rows, the same for every fold")
         for key, mean in result.mean.items():
-            table.add_row(key, f"{mean:.4f}", f"{result.std[key]:.4f}")
+            digits = 1 if key.endswith("rows") else 4  # a mean row count, not 1206.6667
+            table.add_row(key, f"{mean:.{digits}f}", f"{result.std[key]:.{digits}f}")
         console.print(table)
         return
     with console.status(f"training {job.name} ({job.model.name}, {job.train.epochs} epochs)..."):
@@ -250,9 +252,12 @@ def tune(
 
 def print_trials(rows: list[dict], metric: str, title: str, limit: int = 30) -> None:
     names = sorted({k for r in rows for k in r["params"]})
-    table = Table("trial", "state", metric, "epochs", "seconds", *names, title=title)
+    from rich.table import Column
+
+    # a searched path folds onto two lines rather than losing its end (model.embedding_…)
+    table = Table("trial", "state", metric, "epochs", "seconds", *[Column(n, overflow="fold") for n in names], title=title)
     for r in rows[:limit]:
-        table.add_row(str(r["number"]), r["state"], _g(r["value"]), str(r["epochs"] or "-"), _g(r["seconds"]),
+        table.add_row(str(r["number"]), r["state"], _g(r["value"]), "-" if r["epochs"] is None else str(r["epochs"]), _g(r["seconds"]),
                       *[_param(r["params"].get(n)) for n in names])
     console.print(table)
     if len(rows) > limit:
@@ -269,7 +274,8 @@ def print_search_status(state: dict) -> None:
     if state.get("ended"):
         console.print(f"ended: {state['ended']}" + (f" after {state['spent_s']:.0f} s" if state.get("spent_s") is not None else ""))
     if state["best"]:
-        console.print(f"best so far: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")
+        so_far = " so far" if state["state"] in ("running", "preparing", "interrupted") else ""
+        console.print(f"best{so_far}: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")
 
 
 @data_app.command("synth")

@@ -250,3 +250,20 @@ def test_demo_trials_of_0_are_refused_as_the_option_given():
     for option in ("--trials", "--search-epochs"):
         r = CliRunner().invoke(app, ["demo", option, "0"])
         assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.output and "num_samples" not in r.output, r.output
+
+
+def test_walkthrough_output_fixes():
+    """The README's SDK names GateRefused (it was only rayload.compression.GateRefused); a
+    finished search's status says 'best', not 'best so far'; a searched path is shown whole."""
+    import rayload
+    from rayload import compression
+    from rayload.cli import console, print_search_status
+
+    assert rayload.GateRefused is compression.GateRefused and "GateRefused" in rayload.__all__
+    row = {"number": 0, "state": "complete", "value": 0.61, "epochs": 2, "seconds": 7.5,
+           "params": {"model.embedding_dim": 4, "train.lr": 0.0035}}
+    for state, said in (("finished", "best: trial 0"), ("running", "best so far: trial 0")):
+        with console.capture() as shown:
+            print_search_status({"run_dir": "r", "state": state, "total": 1, "metric": "val_auc", "trials": [row], "best": row})
+        assert said in shown.get()
+        assert "model.embedding_…" not in shown.get()
