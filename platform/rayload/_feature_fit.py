@@ -187,7 +187,8 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
     )
     prior = merged["label_sum"] / rows
     targets = []
-    spread = {"label": 0.5 if plan.label["task"] == "binary" else target_stats.spread_of(_all_moments(merged.get("label_moments"))),
+    # a binary label's own statistic keeps spread None (0.5 there): equal to the features.json files written before the field
+    spread = {"label": None if plan.label["task"] == "binary" else target_stats.spread_of(_all_moments(merged.get("label_moments"))),
               "raw": target_stats.spread_of(_all_moments(merged.get("raw_moments")))}
     for name, cfg in plan.target_columns:
         args = (cfg.smoothing, cfg.target_folds, plan.oof_key, plan.oof_seed)

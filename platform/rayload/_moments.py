@@ -116,15 +116,16 @@ def quantile_edges(values: np.ndarray, weights: np.ndarray, buckets: int, held: 
         if k >= 2 and rest.any():
             edges.append(_quantiles(values[rest], weights[rest], np.arange(1, k) / k, balanced))
         out.append(_at_most(_trained(np.unique(np.concatenate(edges)), np.unique(held)), buckets, u[atom]))
-    # The tie-balanced edges where they even the buckets out (the largest bucket's share, times
-    # the number of buckets, lower), else the plain quantiles: at ties, each quantile's nearer
-    # side alone can leave a bucket beside an atom short (ratings in 4 buckets).
-    return min(out, key=lambda e: _spread(values, weights, e)), int(atom.sum())
+    # The tie-balanced edges where they even the buckets out (a lower largest share; at a tie, more
+    # buckets), else the plain quantiles: at ties, each quantile's nearer side alone can leave a
+    # bucket beside an atom short (ratings in 4 buckets), or merge two.
+    return min(out, key=lambda e: (_largest(values, weights, e), -len(e))), int(atom.sum())
 
 
-def _spread(values: np.ndarray, weights: np.ndarray, edges: list[float]) -> float:
+def _largest(values: np.ndarray, weights: np.ndarray, edges: list[float]) -> float:
+    """The largest bucket's share of the weight (rounded, so float noise does not decide a tie)."""
     shares = np.bincount(np.searchsorted(np.asarray(edges), values, side="right"), weights=weights, minlength=len(edges) + 1)
-    return float(shares.max() / max(float(shares.sum()), 1e-300) * (len(edges) + 1)) if len(edges) else np.inf
+    return round(float(shares.max() / max(float(shares.sum()), 1e-300)), 9)
 
 
 def _quantiles(values: np.ndarray, weights: np.ndarray, q: np.ndarray, balanced: bool) -> np.ndarray:

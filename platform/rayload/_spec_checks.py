@@ -176,6 +176,9 @@ def _check_output_names(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]
     of them twice."""
     issues = [SpecIssue("data.columns", f"column name {name!r} is reserved for rayload's own columns; rename the column", name)
               for name in RESERVED_COLUMNS if name in roles]
+    if "label" in roles and spec.data.resolved_label().column != "label":  # the prepared rows' label column (FittedFeatures.transform_table)
+        issues.append(SpecIssue("data.columns", "column name 'label' is where the prepared rows keep the label, which would replace "
+                                "this column's values with the label's (the model trained on its own target); rename the column"))
     for name, feat in spec.features.categorical.items():
         outputs = [f"{name}__te", f"{name}__logcount"] * bool(feat.target_stats) + [f"{name}__te_raw"] * bool(feat.target_raw)
         if feat.encode == "onehot":

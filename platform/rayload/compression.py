@@ -297,7 +297,7 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
     if pre.features != source.features:
         from .train.identity import features_differ
 
-        raise DataError(features_differ(checkpoint, source.manifest, pre.data_hash, "pass the job spec (and --set overrides) it was "
+        raise DataError(features_differ(checkpoint, source.manifest, spec, "pass the job spec (and --set overrides) it was "
                                         "trained with (--spec)"))
     if not pre.files.get("val"):
         raise DataError(f"the spec of {checkpoint} has no validation split to gate on; give split fractions with val > 0")

@@ -175,7 +175,7 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
     if trained != pre.features:
         from .train.identity import features_differ, read_manifest
 
-        raise DataError(features_differ(f"checkpoint {checkpoint}", read_manifest(local), pre.data_hash,
+        raise DataError(features_differ(f"checkpoint {checkpoint}", read_manifest(local), spec,
                                         "evaluate with the job spec (and --set overrides) it was trained with"))
     return evaluate_checkpoint(checkpoint, pre.batches(split), spec.eval)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import RayloadError
 from .hashing import digest
-from .paths import NAME_PATTERN, runs_root
+from .paths import NAME_PATTERN, exclusive, runs_root
 from ._stage_runners import _dump
 from .pipeline_spec import RESERVED_RUN_IDS, PipelineSpec
 
@@ -110,12 +109,8 @@ def _run_lock(run_dir: str, run_id: str):
     """One process per run folder: a second `rayload run` of the same run id took the first
     one's running stage for an interrupted one and ran it again in the same folder (with
     --force, it deleted the folder under it)."""
-    with open(os.path.join(run_dir, ".lock"), "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RayloadError(f"run {run_id!r} ({run_dir}) is being run by another process; wait for it, or give another "
-                               "--run-id") from None
+    with exclusive(os.path.join(run_dir, ".lock"), f"run {run_id!r} ({run_dir}) is being run by another process; wait for it, "
+                   "or give another --run-id"):
         yield
 
 

@@ -84,10 +84,14 @@ def test_a_features_mismatch_says_whether_the_data_or_the_spec_changed(tmp_path)
     from rayload.evaluate import _not_a_checkpoint
     from rayload.train.identity import features_differ
 
-    manifest = {"data_hash": "135ac6", "cache_key": "k"}
-    assert "trained on other data than the spec reads now (the prepared data's content hash 135ac6 -> 1073d3" in \
-        features_differ("ck", manifest, "1073d3", "fix it")
-    assert features_differ("ck", manifest, "135ac6", "fix it").endswith("(features.json differs); fix it")
+    trained = job("/data/a.parquet")
+    manifest = {"spec": trained.model_dump(mode="json"), "data_hash": "135ac6", "cache_key": "k"}
+    moved = job("/elsewhere/a.parquet")  # the same sections, the files moved: the rows are what changed
+    assert "trained on other data than the spec reads now" in features_differ("ck", manifest, moved, "fix it")
+    other = job("/data/a.parquet", split={"seed": 7})
+    assert features_differ("ck", manifest, other, "fix it") == \
+        "ck was trained with other preprocessing than the spec gives (split.seed 0 -> 7): features.json differs; fix it"
+    assert features_differ("ck", {}, other, "fix it").endswith("(features.json differs); fix it")
     assert "does not exist" in _not_a_checkpoint("runs/x", str(tmp_path / "x"))
     (tmp_path / "run" / "epoch_0001").mkdir(parents=True)
     assert _not_a_checkpoint("runs/run", str(tmp_path / "run")).endswith("is a run folder; name one of its checkpoints: epoch_0001")

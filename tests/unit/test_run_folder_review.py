@@ -14,13 +14,15 @@ from rayload.train.local_session import LocalSession
 def test_a_second_launch_of_a_training_run_is_refused_while_the_first_holds_it(tmp_path, monkeypatch):
     """Two `rayload train --run-name X` at once each took the other's checkpoints for their own:
     top-k removed one run's best, and its index named the other's metrics."""
-    from rayload.train.trainer import fit
+    from rayload.train.trainer import fit, run_lock
 
     monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path))
     spec = job(str(tmp_path / "data"), train={"run_name": "X"})
-    with exclusive(str(tmp_path / "train" / ".X.lock"), "held"):  # what the first launch holds while it trains
+    with exclusive(run_lock(str(tmp_path / "train"), "X"), "held"):  # what the first launch holds while it trains
         with pytest.raises(RayloadError, match=r"run 'X' is being trained by another process"):
             fit(spec)
+    assert not os.path.exists(tmp_path / "train")  # nothing written beside the runs
+    assert run_lock(str(tmp_path / "train"), "X") != run_lock(str(tmp_path / "train"), "Y")
 
 
 def _checkpoint(root, tag: str) -> str:

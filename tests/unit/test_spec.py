@@ -227,3 +227,21 @@ def test_transform_outputs_named_like_a_column_are_refused(tmp_path):
     assert "'color__oh'" not in text  # not an output name: one-hot slots are numbered
     assert "features.categorical.user: its output column 'user__logcount'" in text
     assert "'__label_raw' is reserved" in text
+
+
+def test_a_data_column_named_label_is_refused_unless_it_is_the_label(tmp_path):
+    """The prepared rows keep the label in a column named label: a feature of that name was
+    replaced by the label, and the model trained on its own target."""
+    text = """
+        name: demo
+        data:
+          source: {kind: parquet, path: /nowhere}
+          columns:
+            - {name: label, role: numeric}
+            - {name: c, role: categorical}
+          label: {column: y}
+    """
+    with pytest.raises(SpecError, match=r"data.columns: column name 'label' is where the prepared rows keep the label"):
+        load_spec(write(tmp_path, text))
+    ok = text.replace("- {name: label, role: numeric}", "- {name: x, role: numeric}").replace("column: y", "column: label")
+    assert load_spec(write(tmp_path, ok)).data.resolved_label().column == "label"

@@ -52,15 +52,27 @@ def read_manifest(checkpoint: str) -> dict | None:
         return None
 
 
-def features_differ(checkpoint: str, manifest: dict | None, data_hash: str | None, fix: str) -> str:
-    """Why a spec's data does not give `checkpoint`'s features.json: the data changed since it
-    was trained (its manifest's data_hash differs) or the spec prepares it otherwise (`fix`)."""
-    before = (manifest or {}).get("data_hash") if "cache_key" in (manifest or {}) else None
-    if before and data_hash and before != data_hash:
-        return (f"{checkpoint} was trained on other data than the spec reads now (the prepared data's content hash "
-                f"{before} -> {data_hash}: the source's rows changed since, or their split or rebalancing), so its "
-                "features.json differs; point data.source.path at the data it was trained on")
-    return f"{checkpoint} was trained on a different preprocessing than the spec's data gives (features.json differs); {fix}"
+# The spec fields that decide the fitted features (the source's path aside: the same files may move).
+_PREPARES = ("data.", "split.", "rebalance.", "features.", "train.init_from")
+
+
+def features_differ(checkpoint: str, manifest: dict | None, spec, fix: str) -> str:
+    """Why `spec`'s data does not give `checkpoint`'s features.json: the spec prepares it
+    otherwise (the differing fields, and `fix`), or, with those sections as the checkpoint's
+    manifest has them, the data changed since it was trained. (The manifest's data_hash cannot
+    tell: it hashes features.json too.)"""
+    old = (manifest or {}).get("spec")
+    if old is None:
+        return f"{checkpoint} was trained on a different preprocessing than the spec's data gives (features.json differs); {fix}"
+    before, after = _flat(_resolved(old)), _flat(_resolved(spec.model_dump(mode="json")))
+    fields = [p for p in sorted(set(before) | set(after))
+              if p.startswith(_PREPARES) and p != "data.source.path" and before.get(p) != after.get(p)]
+    if fields:
+        shown = ", ".join(f"{p} {before.get(p)!r} -> {after.get(p)!r}" for p in fields[:5])
+        return f"{checkpoint} was trained with other preprocessing than the spec gives ({shown}): features.json differs; {fix}"
+    return (f"{checkpoint} was trained on other data than the spec reads now: its data, split, rebalance and features sections "
+            "are the checkpoint's, yet the fitted features.json differs, so the source's rows changed since; point "
+            "data.source.path at the data it was trained on")
 
 
 def _flat(obj, prefix: str = "") -> dict:

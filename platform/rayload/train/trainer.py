@@ -62,12 +62,21 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
     # One driver per run: two launches of one run name each took the other's checkpoints for their
-    # own (top-k removed one's best, the index named the other's metrics). The lock lives beside the
-    # run folder on this machine's disk (for storage on object storage, beside its local scratch).
-    scratch = remote_scratch(join_uri(storage, name), "train") if is_remote(storage) else os.path.join(local_path(storage), name)
-    with exclusive(os.path.join(os.path.dirname(scratch), f".{name}.lock"),
-                   f"run {name!r} is being trained by another process (train.run_name); wait for it, or give another run name"):
+    # own (top-k removed one's best, the index named the other's metrics).
+    with exclusive(run_lock(storage, name), f"run {name!r} is being trained by another process (train.run_name); wait for it, "
+                   "or give another run name"):
         return _fit(spec, address, evaluate_test, storage, name)
+
+
+def run_lock(storage: str, name: str) -> str:
+    """The lock file of the run `name` at `storage`: in this machine's temporary folder, keyed by
+    the run's full location, so nothing is written beside the runs (a refused launch leaves
+    nothing behind) and it guards the launches on this machine."""
+    import hashlib
+    import tempfile
+
+    where = join_uri(storage, name) if is_remote(storage) else os.path.abspath(os.path.join(local_path(storage), name))
+    return os.path.join(tempfile.gettempdir(), f"rayload-locks-{os.getuid()}", hashlib.sha256(where.encode()).hexdigest()[:20] + ".lock")
 
 
 def _fit(spec: JobSpec, address: str | None, evaluate_test: bool, storage: str, name: str) -> TrainResult:
