@@ -17,7 +17,7 @@ SMALL = {
     # every stage kind as a submitted job (test_demo.py runs it whole, but through `rayload demo`'s
     # embedded Ray, not as a job with an uploaded working dir)
     "movielens_pipeline.yaml": ["baseline.train.epochs=1", "baseline.model.hidden=[16]",
-                                "search.num_samples=2", "search.startup_trials=2", "search.scheduler.max_epochs=2",
+                                "search.num_samples=1", "search.startup_trials=1", "search.scheduler.max_epochs=1",
                                 "search.scheduler.grace_period=1", "ab.simulate.requests=300", "ab.serving.port=8782"],
 }
 # Specs a job here would only repeat: what runs them instead.

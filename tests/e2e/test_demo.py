@@ -19,13 +19,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PIPELINE = os.path.join(ROOT, "jobs", "movielens_pipeline.yaml")
 # The demo's own options plus small stages; `rayload run` with the same items finds them unchanged.
 SETS = ["ab.serving.port=8771", "search.num_samples=2", "search.startup_trials=2", "search.scheduler.max_epochs=2",
-        "ab.simulate.requests=600", "baseline.train.epochs=2"]
+        "ab.simulate.requests=300", "baseline.train.epochs=2"]
 
 
 @pytest.fixture(scope="module")
 def demo(cli, tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
-    r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", "--ab-requests", "600",
+    r = cli("demo", "--trials", "2", "--search-epochs", "2", "--port", "8771", "--ab-requests", "300",
             "--set", "baseline.train.epochs=2", home=home, timeout=800)
     assert r.returncode == 0, r.stderr[-3000:]
     return home, r.stdout
@@ -70,7 +70,7 @@ def test_each_stage_writes_its_folder(demo):
     assert (run_dir / "ab" / "events.db").exists()
     decision = json.loads((run_dir / "decide" / "decision.json").read_text())
     assert set(decision["arms"]) == {"baseline", "challenger"}
-    assert sum(a["exposures"] for a in decision["arms"].values()) >= 600
+    assert sum(a["exposures"] for a in decision["arms"].values()) >= 300
 
 
 def test_manifest_has_versions_commit_seeds_hashes_specs_and_durations(demo):
@@ -93,13 +93,13 @@ def test_a_rerun_skips_unchanged_stages_and_reruns_changed_ones(cli, demo):
     r = cli("run", PIPELINE, "--run-id", "demo", *sets(SETS), home=home, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s["outcome"] for s in _manifest(home)["stages"]] == ["skipped"] * 5
-    changed = [s for s in SETS if not s.startswith("ab.simulate")] + ["ab.simulate.requests=200"]
+    changed = [s for s in SETS if not s.startswith("ab.simulate")] + ["ab.simulate.requests=100"]
     r = cli("run", PIPELINE, "--run-id", "demo", *sets(changed), home=home, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     stages = _manifest(home)["stages"]
     assert [s["outcome"] for s in stages] == ["skipped", "skipped", "skipped", "ok", "ok"]
     # the changed experiment starts from an empty folder: none of the first run's events
-    assert sum(a["exposures"] for a in stages[4]["outputs"]["arms"].values()) < 600
+    assert sum(a["exposures"] for a in stages[4]["outputs"]["arms"].values()) < 300
 
 
 def test_a_failing_stage_stops_the_run_and_says_why(cli, demo, tmp_path):

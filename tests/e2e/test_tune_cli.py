@@ -28,7 +28,7 @@ def specs(tmp_path) -> str:
                                 {"name": "year", "role": "numeric"}],
                     "label": {"column": "rating", "threshold": 4.0}},
            "model": {"name": "mlp", "embedding_dim": 4, "hidden": [8]},
-           "train": {"epochs": 3, "batch_size": 256}}
+           "train": {"epochs": 2, "batch_size": 256}}
     (tmp_path / "job.yaml").write_text("# rayload train job.yaml\n" + yaml.safe_dump(job))
     search = {"name": "resumable", "base": str(tmp_path / "job.yaml"), "strategy": "random", "num_samples": 5,
               "max_concurrent": 1, "space": {"train.lr": {"loguniform": [1e-3, 3e-2]}}}
