@@ -88,6 +88,16 @@ def exclusive(lock_file: str, busy: str):
         yield
 
 
+def lock_file(where: str) -> str:
+    """A lock file for the thing at `where` (a folder or URI) in this machine's temporary folder,
+    keyed by its full location: nothing is written beside it (a refused launch leaves nothing
+    behind), and it guards the processes of this machine."""
+    import hashlib
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"rayload-locks-{os.getuid()}", hashlib.sha256(where.encode()).hexdigest()[:20] + ".lock")
+
+
 def shared_storage(storage_path: str | None) -> str | None:
     """Where checkpoints go instead of this machine's run folders, if anywhere: a job's
     train.storage_path, else the cluster's RAYLOAD_STORAGE_PATH (cluster.yaml sets it), as

@@ -16,7 +16,7 @@ from .._ray import embedded, ensure_ray
 from .._spec_checks import check_job
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError, SpecError
-from ..paths import exclusive, is_remote, join_uri, local_path, remote_scratch, runs_root, shared_storage
+from ..paths import exclusive, is_remote, join_uri, local_path, lock_file, remote_scratch, runs_root, shared_storage
 from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record
@@ -69,14 +69,8 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
 
 
 def run_lock(storage: str, name: str) -> str:
-    """The lock file of the run `name` at `storage`: in this machine's temporary folder, keyed by
-    the run's full location, so nothing is written beside the runs (a refused launch leaves
-    nothing behind) and it guards the launches on this machine."""
-    import hashlib
-    import tempfile
-
-    where = join_uri(storage, name) if is_remote(storage) else os.path.abspath(os.path.join(local_path(storage), name))
-    return os.path.join(tempfile.gettempdir(), f"rayload-locks-{os.getuid()}", hashlib.sha256(where.encode()).hexdigest()[:20] + ".lock")
+    """The lock file of the run `name` at `storage` (`paths.lock_file`: nothing beside the runs)."""
+    return lock_file(join_uri(storage, name) if is_remote(storage) else os.path.abspath(os.path.join(local_path(storage), name)))
 
 
 def _fit(spec: JobSpec, address: str | None, evaluate_test: bool, storage: str, name: str) -> TrainResult:
