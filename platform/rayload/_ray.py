@@ -51,15 +51,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, env: dic
         return
     env = {k: v for k, v in (env or {}).items() if k not in os.environ}
     os.environ.update(env)
+    level = _ray_log_level()
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=_ray_log_level())
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, logging_level=level)
     finally:
         for k in env:
             os.environ.pop(k, None)
     ctx = ray.data.DataContext.get_current()
     # The cluster is ours alone: keep Ray Data's console output to one progress bar per pass.
     ctx.enable_operator_progress_bars = False
-    _drop_worker_lines(EMBEDDED_NOISE + (QUIET_NOISE if _ray_log_level() > logging.INFO else ()))
+    _drop_worker_lines(EMBEDDED_NOISE + (QUIET_NOISE if level > logging.INFO else ()))
     log.info("started an embedded local Ray")
 
 

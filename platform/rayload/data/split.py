@@ -87,11 +87,11 @@ class SplitPlan:
         val, test = int(self.val > 0), int(self.test > 0)
         runs = [_run_starts(st) for st in strata]  # the ranks a cut can take: 0, ..., len
         first = [(b[1], b[-1 - val - test]) if len(b) - 1 >= 1 + val + test else None for b in runs]
-        gap1, c1, k1 = _stratified_cuts(strata, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0, bounds=first,
+        gap1, c1, k1 = _stratified_cuts(strata, runs, edges, self.train, 0, rest_wanted=self.val > 0 or self.test > 0, bounds=first,
                                         rest_splits=val + test)
         at = [int(np.searchsorted(b, k)) for b, k in zip(runs, k1)]  # the first cut's place among the runs
         second = [(b[j + val], b[-1 - test]) if len(b) - 1 - j >= val + test and j >= 1 else None for b, j in zip(runs, at)]
-        _, c2, _ = _stratified_cuts(strata, edges, self.train + self.val, gap1, rest_wanted=self.test > 0, before=k1,
+        _, c2, _ = _stratified_cuts(strata, runs, edges, self.train + self.val, gap1, rest_wanted=self.test > 0, before=k1,
                                     between_wanted=self.val > 0, bounds=second)
         return replace(self, cutoffs=tuple((float(v), a, b) for v, a, b in zip(np.unique(labels), c1, c2)))
 
@@ -140,7 +140,7 @@ def _mixed_keys(u: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.unique(us[1:][(us[1:] == us[:-1]) & (ls[1:] != ls[:-1])])
 
 
-def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: float, first_gap: int, rest_wanted: bool,
+def _stratified_cuts(strata: list[np.ndarray], runs: list[np.ndarray], edges: np.ndarray, fraction: float, first_gap: int, rest_wanted: bool,
                      before: list[int] | None = None, between_wanted: bool = False,
                      bounds: list | None = None, rest_splits: int = 0) -> tuple[int, list[float], list[int]]:
     """One cut per label (rows with u < cut come before it), all in the same gap (edges[j], edges[j + 1]]
@@ -157,9 +157,9 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     (`rest_wanted`: a later split was asked for; `rest_splits` of them: runs of equal units after it
     for each) and, given `before` (the first cut's ranks), rows between the two cuts
     (`between_wanted`: val).
-    Returns the gap, the cuts and each label's rank."""
+    `runs`: each label's `_run_starts`. Returns the gap, the cuts and each label's rank."""
     # `bounds`: per label, (lowest, highest) rank the target may take, or None: kept as rounded
-    targets = [_snap(s, int(round(len(s) * fraction)), bounds[i] if bounds else None) for i, s in enumerate(strata)]
+    targets = [_snap(b, int(round(len(s) * fraction)), bounds[i] if bounds else None) for i, (s, b) in enumerate(zip(strata, runs))]
     lo = [np.searchsorted(s, edges[:-1], side="right") for s in strata]  # rows at or before the gap
     hi = [np.searchsorted(s, edges[1:], side="left") for s in strata]  # rows before the gap's end
     ranks = [np.minimum(np.maximum(r, lo_l), hi_l) for r, lo_l, hi_l in zip(targets, lo, hi)]  # each label's rank per gap
@@ -170,7 +170,7 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     if rest_wanted:
         empty |= taken == total
     if rest_splits > 1:  # the rows after the cut must still part into val and test: runs of equal units cannot
-        after = sum((len(b) - 1) - np.searchsorted(b, k) for b, k in zip(map(_run_starts, strata), ranks))
+        after = sum((len(b) - 1) - np.searchsorted(b, k) for b, k in zip(runs, ranks))
         # a key of several labels is a run in each of their strata, and one unit: those after gap g are edges[g + 1:-1]
         mixed = edges[1:-1]
         extra = sum(np.isin(mixed, st).astype(int) for st in strata) - 1
@@ -183,12 +183,11 @@ def _stratified_cuts(strata: list[np.ndarray], edges: np.ndarray, fraction: floa
     return gap, cuts, [int(k[gap]) for k in ranks]
 
 
-def _snap(s: np.ndarray, target: int, bound: tuple[int, int] | None) -> int:
-    """The rank nearest `target` that a cut can take in the sorted units `s`: a run of equal units
-    (duplicate rows, the rows of one split.key) falls on one side of any cut, so a rank inside
-    one counted rows for a split that got none (5 positives, 3 of them one row, went 2/0/3).
-    Within `bound` where a run boundary lies there."""
-    ranks = _run_starts(s)
+def _snap(ranks: np.ndarray, target: int, bound: tuple[int, int] | None) -> int:
+    """The rank nearest `target` that a cut can take, of `ranks` (a label's `_run_starts`): a run
+    of equal units (duplicate rows, the rows of one split.key) falls on one side of any cut, so a
+    rank inside one counted rows for a split that got none (5 positives, 3 of them one row, went
+    2/0/3). Within `bound` where a run boundary lies there."""
     if bound is not None:
         inside = ranks[(ranks >= bound[0]) & (ranks <= bound[1])]
         ranks = inside if len(inside) else ranks
