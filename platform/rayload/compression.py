@@ -53,9 +53,9 @@ class CompressResult:
 
     @property
     def passed(self) -> bool:
-        # "refuses a drop of more than max_auc_drop": 0.51 - 0.508 is 0.0020000000000000018 in floats,
-        # and a drop of exactly 0.002 (one pair of 500 flipped) was refused (the retrain gate's tolerance)
-        return self.auc_drop <= self.max_auc_drop + 1e-12
+        from .evaluate import AUC_TOLERANCE  # "refuses a drop of more than max_auc_drop": exactly 0.002 was refused
+
+        return self.auc_drop <= self.max_auc_drop + AUC_TOLERANCE
 
     def to_dict(self) -> dict:
         return {**asdict(self), "auc_drop": self.auc_drop, "passed": self.passed}

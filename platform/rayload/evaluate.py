@@ -25,6 +25,11 @@ class Metrics:
         return asdict(self)
 
 
+# How far two AUCs (fractions k / (positives x negatives)) may differ in floating point and still be
+# equal to a gate: 0.7 - 0.6 is 0.0999..., 0.51 - 0.508 is 0.0020000000000000018.
+AUC_TOLERANCE = 1e-12
+
+
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     labels = np.asarray(labels, dtype=np.float64)
     return weighted_auc(np.asarray(scores, dtype=np.float64), labels, 1.0 - labels)

@@ -74,8 +74,9 @@ class RetrainResult:
 
     @property
     def passed(self) -> bool:
-        # "at least the champion's plus --min-auc-gain": 0.7 - 0.6 is 0.0999... in floats, refused at 0.1
-        return self.auc_new - self.auc_champion >= self.min_auc_gain - 1e-12
+        from .evaluate import AUC_TOLERANCE  # "at least the champion's plus --min-auc-gain": 0.7 - 0.6 was refused at 0.1
+
+        return self.auc_new - self.auc_champion >= self.min_auc_gain - AUC_TOLERANCE
 
     def to_dict(self) -> dict:
         return {**asdict(self), "passed": self.passed}
