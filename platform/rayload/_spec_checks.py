@@ -176,7 +176,8 @@ def _check_output_names(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]
     of them twice."""
     issues = [SpecIssue("data.columns", f"column name {name!r} is reserved for rayload's own columns; rename the column", name)
               for name in RESERVED_COLUMNS if name in roles]
-    if "label" in roles and spec.data.resolved_label().column != "label":  # the prepared rows' label column (FittedFeatures.transform_table)
+    # the prepared rows' label column (FittedFeatures.transform_table); id and timestamp columns do not reach them
+    if roles.get("label") in ("numeric", *_CATEGORICAL) and spec.data.resolved_label().column != "label":
         issues.append(SpecIssue("data.columns", "column name 'label' is where the prepared rows keep the label, which would replace "
                                 "this column's values with the label's (the model trained on its own target); rename the column"))
     for name, feat in spec.features.categorical.items():

@@ -288,6 +288,7 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
         if "spec" not in source.manifest:
             raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
         spec = _manifest_spec(checkpoint, _paths_from(source.manifest), overrides)
+    given = spec  # as the user (or the manifest) gave it, for the mismatch message
     if spec.train.init_from:
         # A model fine-tuned from another checkpoint transforms its data with that one's fitted
         # features, which its own features.json holds too (with this data's label): read them
@@ -297,7 +298,7 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
     if pre.features != source.features:
         from .train.identity import features_differ
 
-        raise DataError(features_differ(checkpoint, source.manifest, spec, "pass the job spec (and --set overrides) it was "
+        raise DataError(features_differ(checkpoint, source.manifest, given, "pass the job spec (and --set overrides) it was "
                                         "trained with (--spec)"))
     if not pre.files.get("val"):
         raise DataError(f"the spec of {checkpoint} has no validation split to gate on; give split fractions with val > 0")

@@ -89,13 +89,16 @@ def exclusive(lock_file: str, busy: str):
 
 
 def lock_file(where: str) -> str:
-    """A lock file for the thing at `where` (a folder or URI) in this machine's temporary folder,
-    keyed by its full location: nothing is written beside it (a refused launch leaves nothing
-    behind), and it guards the processes of this machine."""
+    """A lock file for the thing at `where` (a folder or URI) in this machine's /tmp, keyed by its
+    location with symlinks resolved: nothing is written beside it (a refused launch leaves nothing
+    behind), and it guards the processes of this machine. /tmp itself, not $TMPDIR, which a job
+    runner may set per job (two launches then took two locks)."""
     import hashlib
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"rayload-locks-{os.getuid()}", hashlib.sha256(where.encode()).hexdigest()[:20] + ".lock")
+    key = where if is_remote(where) else os.path.realpath(where)
+    root = "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(root, f"rayload-locks-{os.getuid()}", hashlib.sha256(key.encode()).hexdigest()[:20] + ".lock")
 
 
 def shared_storage(storage_path: str | None) -> str | None:

@@ -57,9 +57,8 @@ def test_worker_crash_restarts_group_from_last_checkpoint(movielens_subset, tmp_
 
 def test_worker_failing_every_attempt_names_rank_and_error(movielens_subset, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYLOAD_FAULT", "epoch=0,rank=1,always=1")
-    # max_failures 0: the first failure is the error (a retry that resumes: test_worker_crash_restarts_group_from_last_checkpoint)
-    with pytest.raises(TrainingError) as info:
-        fit(job(movielens_subset, train={"max_failures": 0, "storage_path": str(tmp_path)}))
+    with pytest.raises(TrainingError) as info:  # max_failures 1: the first run and one retry, then the error
+        fit(job(movielens_subset, train={"max_failures": 1, "storage_path": str(tmp_path)}))
     msg = str(info.value)
     assert "rank 1" in msg and "injected failure at epoch 0 on rank 1" in msg and "train.max_failures" in msg
 

@@ -95,3 +95,20 @@ def test_a_features_mismatch_says_whether_the_data_or_the_spec_changed(tmp_path)
     assert "does not exist" in _not_a_checkpoint("runs/x", str(tmp_path / "x"))
     (tmp_path / "run" / "epoch_0001").mkdir(parents=True)
     assert _not_a_checkpoint("runs/run", str(tmp_path / "run")).endswith("is a run folder; name one of its checkpoints: epoch_0001")
+
+
+def test_a_fine_tuned_checkpoints_mismatch_does_not_blame_init_from(tmp_path, monkeypatch):
+    """compress points init_from at the checkpoint itself to read its features; the mismatch
+    message compared that rewritten spec and blamed train.init_from for a change in the data."""
+    from rayload.errors import DataError
+    from rayload.train.identity import features_differ
+
+    trained = job("/data/a.parquet", train={"init_from": "/runs/train/parent/epoch_0003"})
+    monkeypatch.setattr("rayload.data.pipeline.preprocess", lambda spec, address=None: SimpleNamespace(features="now", files={"val": [1]}))
+    source = SimpleNamespace(manifest={"spec": trained.model_dump(mode="json"), "git_commit": "abc123"}, features="then")
+    with pytest.raises(DataError) as err:
+        compression._validation_data("/runs/train/child/epoch_0001", source, None, None, [])
+    assert "trained on other data than the spec reads now" in str(err.value) and "at commit abc123" in str(err.value)
+    # a stored spec this rayload cannot read gives the plain message, not every default as a difference
+    old = dict(trained.model_dump(mode="json"), retired_section={})
+    assert features_differ("ck", {"spec": old}, trained, "fix it").endswith("(features.json differs); fix it")

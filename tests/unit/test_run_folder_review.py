@@ -83,3 +83,16 @@ def test_a_file_uri_names_the_folder_pyarrow_reads_it_as():
     _, path = pafs.FileSystem.from_uri(uri)
     assert local_path(uri) == path == "/tmp/my runs/café"
     assert local_path("/tmp/my%20runs") == "/tmp/my%20runs"  # a plain path is taken as written
+
+
+def test_the_run_lock_is_one_file_whatever_the_path_spelling_or_tmpdir(tmp_path, monkeypatch):
+    """Keyed on the path's text under $TMPDIR, a launch through a symlink of the storage folder,
+    or under another TMPDIR (job runners set one per job), took a second lock and trained at once."""
+    from rayload.train.trainer import run_lock
+
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    first = run_lock(str(tmp_path / "real"), "X")
+    assert run_lock(str(tmp_path / "link"), "X") == first
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert run_lock(str(tmp_path / "real"), "X") == first

@@ -256,7 +256,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
                "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified,rare-label-each-split", "far_rows": "quarantined",
                "text_rows": "jsonl-newline-only,csv-quoted-empty-line", "timestamps": "far-quarantined,declared-unit",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges,edges-by-largest-share,binary-spread-none"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

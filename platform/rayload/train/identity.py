@@ -61,18 +61,29 @@ def features_differ(checkpoint: str, manifest: dict | None, spec, fix: str) -> s
     otherwise (the differing fields, and `fix`), or, with those sections as the checkpoint's
     manifest has them, the data changed since it was trained. (The manifest's data_hash cannot
     tell: it hashes features.json too.)"""
-    old = (manifest or {}).get("spec")
-    if old is None:
-        return f"{checkpoint} was trained on a different preprocessing than the spec's data gives (features.json differs); {fix}"
-    before, after = _flat(_resolved(old)), _flat(_resolved(spec.model_dump(mode="json")))
+    from ..spec import JobSpec
+
+    generic = f"{checkpoint} was trained on a different preprocessing than the spec's data gives (features.json differs); {fix}"
+    try:  # a stored spec this rayload no longer reads would differ in every default added since
+        old = JobSpec.model_validate((manifest or {})["spec"]).model_dump(mode="json")
+    except (KeyError, ValueError, TypeError):
+        return generic
+    before, after = _flat(old), _flat(spec.model_dump(mode="json"))
     fields = [p for p in sorted(set(before) | set(after))
               if p.startswith(_PREPARES) and p != "data.source.path" and before.get(p) != after.get(p)]
     if fields:
-        shown = ", ".join(f"{p} {before.get(p)!r} -> {after.get(p)!r}" for p in fields[:5])
+        shown = ", ".join(f"{p} {_short(before.get(p))} -> {_short(after.get(p))}" for p in fields[:5])
         return f"{checkpoint} was trained with other preprocessing than the spec gives ({shown}): features.json differs; {fix}"
+    commit = (manifest or {}).get("git_commit")
     return (f"{checkpoint} was trained on other data than the spec reads now: its data, split, rebalance and features sections "
-            "are the checkpoint's, yet the fitted features.json differs, so the source's rows changed since; point "
-            "data.source.path at the data it was trained on")
+            "are the checkpoint's, yet the fitted features.json differs, so the source's rows changed since (or the rayload "
+            f"that fits them: the checkpoint was written at commit {commit or 'unknown'}); point data.source.path at the data it "
+            "was trained on, or retrain")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _flat(obj, prefix: str = "") -> dict:
