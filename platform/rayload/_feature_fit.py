@@ -15,6 +15,7 @@ bounds are only known after the pass; every other scale statistic is exact.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -94,8 +95,10 @@ def partial_stats(table: pa.Table, plan: FitPlan) -> dict:
     if targets:
         folds = {cfg.target_folds for _, cfg in targets}
         by_k = {k: target_stats.row_folds(table, plan.oof_key, plan.oof_seed, k) for k in folds}
-        # the labels' spread scales the statistics (target_stats.TargetState.spread); a list, so merging concatenates
-        out["label_moments"] = [_moments(y.astype(np.float64))]
+        # the labels' spread scales the statistics (target_stats.TargetState.spread; a binary label's is fixed);
+        # a list, so merging concatenates
+        if plan.label["task"] != "binary":
+            out["label_moments"] = [_moments(y.astype(np.float64))]
         if any(cfg.target_raw for _, cfg in targets):
             out["raw_moments"] = [_moments(table.column(RAW_LABEL).to_numpy(zero_copy_only=False).astype(np.float64))]
         for name, cfg in targets:
@@ -200,10 +203,7 @@ def finalize(merged: dict, plan: FitPlan, class_weights: dict[str, float] | None
 
 
 def _all_moments(parts: list | None) -> tuple:
-    moments = _moments(np.zeros(0))
-    for part in parts or []:
-        moments = _merge_moments(moments, part)
-    return moments
+    return functools.reduce(_merge_moments, parts or [], _moments(np.zeros(0)))
 
 
 def _final_numeric(name: str, cfg: NumericFeature, acc: dict) -> NumericState:

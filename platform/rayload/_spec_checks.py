@@ -180,10 +180,13 @@ def _check_output_names(spec: JobSpec, roles: dict[str, str]) -> list[SpecIssue]
     if roles.get("label") in ("numeric", *_CATEGORICAL) and spec.data.resolved_label().column != "label":
         issues.append(SpecIssue("data.columns", "column name 'label' is where the prepared rows keep the label, which would replace "
                                 "this column's values with the label's (the model trained on its own target); rename the column"))
+    from .target_stats import onehot_name, output_names
+
     for name, feat in spec.features.categorical.items():
-        outputs = [f"{name}__te", f"{name}__logcount"] * bool(feat.target_stats) + [f"{name}__te_raw"] * bool(feat.target_raw)
+        outputs = output_names(name) * bool(feat.target_stats) + output_names(name, "raw") * bool(feat.target_raw)
         if feat.encode == "onehot":
-            outputs += [c for c in roles if c.startswith(f"{name}__oh") and c[len(name) + 4:].isdigit()]
+            prefix = onehot_name(name, "")
+            outputs += [c for c in roles if c.startswith(prefix) and c[len(prefix):].isdigit()]
         for out in outputs:
             if out in roles:
                 issues.append(SpecIssue(f"features.categorical.{name}", f"its output column {out!r} is also a column of data.columns or "

@@ -27,7 +27,7 @@ from ._memo import Memo
 from .derived import derive
 from .errors import DataError
 from .hashing import as_array, as_strings, combine, hash_strings, kept_lists, seed_key
-from .target_stats import TargetState
+from .target_stats import TargetState, onehot_name
 
 MISSING_ID, OOV_ID, FIRST_ID = 0, 1, 2
 FORMAT_VERSION = 1
@@ -119,7 +119,7 @@ class FittedFeatures:
         out = [n.name for n in self.numeric if n.boundaries is None]
         for c in self.categorical:
             if c.encode == "onehot":
-                out += [f"{c.name}__oh{i}" for i in range(len(c.vocab) + 1)]
+                out += [onehot_name(c.name, i) for i in range(len(c.vocab) + 1)]
         for t in self.target:
             out += t.outputs
         return out
@@ -324,7 +324,7 @@ def transform_categorical(state: CategoricalState, column) -> dict[str, pa.Array
         return {state.name: pa.array(ids)}
     # one-hot slot 0 holds missing and out-of-vocabulary values alike.
     slot = np.maximum(ids - 1, 0)
-    return {f"{state.name}__oh{i}": pa.array((slot == i).astype(np.float32)) for i in range(len(state.vocab) + 1)}
+    return {onehot_name(state.name, i): pa.array((slot == i).astype(np.float32)) for i in range(len(state.vocab) + 1)}
 
 
 def split_bag(state: CategoricalState, values: pa.Array) -> pa.ListArray:

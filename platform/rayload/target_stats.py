@@ -44,9 +44,17 @@ class TargetState(Memo):
 
     @property
     def outputs(self) -> list[str]:
-        if self.source == "raw":
-            return [f"{self.name}__te_raw"]
-        return [f"{self.name}__te", f"{self.name}__logcount"]
+        return output_names(self.name, self.source)
+
+
+def output_names(name: str, source: str = "label") -> list[str]:
+    """The model inputs a column's target statistic adds (the spec checks them against the columns)."""
+    return [f"{name}__te_raw"] if source == "raw" else [f"{name}__te", f"{name}__logcount"]
+
+
+def onehot_name(name: str, slot: int | str) -> str:
+    """The model input of one-hot slot `slot` of column `name` (features.py; the spec checks)."""
+    return f"{name}__oh{slot}"
 
 
 def row_folds(table: pa.Table, key: list[str] | tuple[str, ...], seed: int, folds: int) -> np.ndarray:
