@@ -283,17 +283,14 @@ def _validation_data(checkpoint: str, source, spec, address, overrides=()):
     """The checkpoint's job spec (manifest with `overrides` applied, or the one given)
     preprocessed into its splits."""
     from .data.pipeline import preprocess
+    from .evaluate import with_own_features
 
     if spec is None:
         if "spec" not in source.manifest:
             raise RayloadError(f"{checkpoint}/manifest.json has no job spec; pass the spec it was trained with (--spec)")
         spec = _manifest_spec(checkpoint, _paths_from(source.manifest), overrides)
     given = spec  # as the user (or the manifest) gave it, for the mismatch message
-    if spec.train.init_from:
-        # A model fine-tuned from another checkpoint transforms its data with that one's fitted
-        # features, which its own features.json holds too (with this data's label): read them
-        # there, so the gate does not need the ancestor, which may be gone (replaced by this model).
-        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"init_from": checkpoint})})
+    spec = with_own_features(spec, checkpoint)  # the ancestor of a fine-tuned model may be gone
     pre = preprocess(spec, address=address)
     if pre.features != source.features:
         from .train.identity import features_differ

@@ -175,7 +175,7 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
     local = localize(checkpoint)
     if not os.path.isfile(os.path.join(local, "features.json")):
         raise RayloadError(_not_a_checkpoint(checkpoint, local))
-    pre = preprocess(spec, address=address)
+    pre = preprocess(with_own_features(spec, checkpoint), address=address)
     trained = FittedFeatures.load(os.path.join(local, "features.json"))
     if trained != pre.features:
         from .train.identity import features_differ, read_manifest
@@ -183,6 +183,18 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
         raise DataError(features_differ(f"checkpoint {checkpoint}", read_manifest(local), spec,
                                         "evaluate with the job spec (and --set overrides) it was trained with"))
     return evaluate_checkpoint(checkpoint, pre.batches(split), spec.eval)
+
+
+def with_own_features(spec, checkpoint: str):
+    """`spec` reading a fine-tuned checkpoint's fitted features from the checkpoint itself.
+
+    A model fine-tuned from another checkpoint (`train.init_from`) transforms its data with
+    that one's fitted features, which its own features.json holds too (with this data's label):
+    read them there, so evaluating or gating the model does not need the ancestor, which may be
+    gone (replaced by this model). Specs without `init_from` are returned as they are."""
+    if not spec.train.init_from:
+        return spec
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"init_from": checkpoint})})
 
 
 def _not_a_checkpoint(checkpoint: str, local: str) -> str:

@@ -156,6 +156,26 @@ def test_the_gate_of_a_model_fine_tuned_from_a_checkpoint_since_removed_reads_it
     assert gate.features == pre.features and gate.files.get("val")
 
 
+def test_evaluate_of_a_model_fine_tuned_from_a_checkpoint_since_removed_reads_its_own_features(champion, tmp_path, monkeypatch):
+    """rayload evaluate preprocessed the spec as given, whose train.init_from named the ancestor:
+    with the ancestor gone it failed ("train.init_from=... is not a checkpoint"), though the
+    fine-tuned checkpoint holds the same fitted features."""
+    from helpers import tiny_checkpoint
+    from rayload import evaluate
+
+    ancestor, _ = champion
+    data = str(tmp_path / "feedback.parquet")
+    pq.write_table(_rows(600, 7).drop(["rid"]), data)
+    tuned = _transfer(data, ancestor, [("x", "numeric"), ("c", "categorical"), ("ts", "timestamp")])
+    pre = pipeline.preprocess(tuned, out=str(tmp_path / "tuned-pre"), engine="local")
+    model = tiny_checkpoint(tmp_path / "tuned", pre.features, seed=3)
+    shutil.rmtree(ancestor)
+    real = pipeline.preprocess
+    monkeypatch.setattr(pipeline, "preprocess", lambda spec, address=None: real(spec, out=str(tmp_path / "eval-pre"), engine="local"))
+    metrics = evaluate.evaluate_split(tuned, model, "test")
+    assert metrics.rows == pre.counts["split_rows"]["test"] > 0 and 0.0 <= metrics.auc <= 1.0
+
+
 def _with_manifest(folder: str, path: str) -> None:
     with open(os.path.join(folder, "manifest.json"), "w") as f:
         json.dump({"spec": _champion_spec(path).model_dump(mode="json")}, f)
