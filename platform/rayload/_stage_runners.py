@@ -12,7 +12,7 @@ import os
 import uuid
 
 from .errors import RayloadError
-from .paths import join_uri, shared_storage
+from .paths import join_uri, shared_storage, write_json
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,4 @@ def decide(spec, stage, folder, outputs, address, progress) -> dict:
 
 def _dump(path: str, obj) -> None:
     """Written whole or not at all (a crash mid-write left a truncated file that later runs read)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(path + ".tmp", path)
+    write_json(path, obj)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import _tune_beat as beats
 from .errors import RayloadError
-from .paths import runs_root
+from .paths import runs_root, write_json
 
 if TYPE_CHECKING:
     from .search_spec import SearchSpec
@@ -171,11 +171,7 @@ def write_state(run_dir: str, **updates) -> None:
     path = os.path.join(run_dir, "search.json")
     state = read_state(run_dir) if os.path.exists(path) else {"started": now()}
     state.update(updates, updated=now())
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())  # a crash of the machine must not leave the renamed file empty
-    os.replace(path + ".tmp", path)
+    write_json(path, state, durable=True)  # a crash of the machine must not leave the renamed file empty
 
 
 def status(run: str) -> dict:

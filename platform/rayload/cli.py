@@ -202,8 +202,6 @@ def evaluate(
     set_: SetOpt = None, address: AddressOpt = None,
 ) -> None:
     """Offline metrics (AUC, log loss, calibration) of a checkpoint on a split of the spec's data."""
-    import json
-
     from .evaluate import evaluate_split
     from .spec import load_spec
 
@@ -212,8 +210,9 @@ def evaluate(
     metrics = evaluate_split(job, checkpoint, split, address=address)
     console.print(metrics_table(metrics.to_dict(), f"{split} metrics"))
     if out:
-        with open(out, "w") as f:
-            json.dump(metrics.to_dict(), f, indent=1)
+        from .paths import write_json
+
+        write_json(out, metrics.to_dict())  # whole or not at all: an earlier good file is never cut short
         console.print(f"wrote {out}")
 
 

@@ -157,21 +157,49 @@ def remove_folder(remote: str) -> None:
         fs.delete_dir(root)
 
 
-def write_text(uri: str, text: str) -> None:
+def write_text(uri: str, text: str, durable: bool = False) -> None:
     """Write one small file on object storage (or a local path) whole: readers see the old
-    text or the new, never part of it (an object store's PUT is atomic; locally a rename)."""
+    text or the new, never part of it (an object store's PUT is atomic; locally a rename).
+    `durable` (local files): the text and the rename are on disk before this returns, so a
+    crash of the machine brings back neither an empty file nor the old one."""
     if not is_remote(uri):
         local = local_path(uri)
         tmp = f"{local}.tmp"
         with open(tmp, "w") as f:
             f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, local)
+        if durable:
+            _fsync_folder(os.path.dirname(os.path.abspath(local)))
         return
     import pyarrow.fs as pafs
 
     fs, where = pafs.FileSystem.from_uri(uri)
     with fs.open_output_stream(where) as f:
         f.write(text.encode())
+
+
+def _fsync_folder(folder: str) -> None:
+    """A rename is durable only once its folder is."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, obj, durable: bool = False) -> None:
+    """`obj` as indented JSON, written whole (`write_text`)."""
+    import json
+
+    write_text(path, json.dumps(obj, indent=1, default=str), durable)
 
 
 def read_text(path: str) -> str:

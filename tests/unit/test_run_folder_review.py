@@ -96,3 +96,21 @@ def test_the_run_lock_is_one_file_whatever_the_path_spelling_or_tmpdir(tmp_path,
     assert run_lock(str(tmp_path / "link"), "X") == first
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert run_lock(str(tmp_path / "real"), "X") == first
+
+
+def test_a_json_file_rewritten_keeps_its_old_text_when_the_new_cannot_be_written(tmp_path):
+    """evaluate --out opened its file for writing and then serialised: a value that failed
+    (or an interrupt, or a full disk) left an empty file where a good one was."""
+    from rayload.paths import write_json
+
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    out = tmp_path / "metrics.json"
+    write_json(str(out), {"auc": 0.8})
+    with pytest.raises(RuntimeError):
+        write_json(str(out), {"auc": Unprintable()})
+    assert json.loads(out.read_text()) == {"auc": 0.8}
+    write_json(str(out), {"auc": 0.9}, durable=True)
+    assert json.loads(out.read_text()) == {"auc": 0.9} and not (tmp_path / "metrics.json.tmp").exists()

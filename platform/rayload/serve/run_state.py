@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 
 from ..errors import RayloadError
-from ..paths import runs_root
+from ..paths import runs_root, write_json
 
 
 def new_generation() -> str:
@@ -26,24 +26,9 @@ def new_generation() -> str:
 
 
 def save_state(run_dir: str, state: dict) -> None:
-    path = os.path.join(run_dir, "serve.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())  # a restart after a crash reads it: never an empty file renamed into place
-    os.replace(path + ".tmp", path)
-    # the rename itself is durable only once the folder is: a power cut could bring back the old
-    # serve.json, undoing a recorded promote or rollback
-    try:
-        fd = os.open(run_dir, os.O_RDONLY)
-    except OSError:  # a platform without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    # a restart after a crash reads it: never an empty file renamed into place, nor the old
+    # serve.json brought back by a power cut (undoing a recorded promote or rollback)
+    write_json(os.path.join(run_dir, "serve.json"), state, durable=True)
 
 
 def load_state(run: str) -> tuple[str, dict]:

@@ -16,6 +16,7 @@ import torch
 
 from . import record
 from .record import INDEX  # noqa: F401  (a local run's checkpoints and their metrics, best kept)
+from ..paths import write_json
 from .session import Session, cpu_fallback_device
 
 log = logging.getLogger(__name__)
@@ -157,10 +158,7 @@ class LocalSession(Session):
             self._mirror(entries)
 
     def _write_index(self, entries: list[dict]) -> None:
-        tmp = self._index_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(entries, f, indent=1)
-        os.replace(tmp, self._index_path)  # the index never points at a half-written list
+        write_json(self._index_path, entries)  # the index never points at a half-written list
 
 
 def _device(loader: dict) -> torch.device:
