@@ -103,10 +103,10 @@ def _freeze_issues(spec: JobSpec) -> list[SpecIssue]:
     if not spec.train.freeze:
         return []
     from .models import InputShape, build_model
-    from .train.transfer import PARTS
+    from .train.transfer import PARTS, has_part
 
     model = build_model({**spec.model.model_dump(), "hidden": [2], "bottom": [2]}, InputShape(2, (3, 3), (3,)))
-    has = [k for k, attrs in PARTS.items() if any(getattr(model, a, None) is not None for a in attrs)]
+    has = [k for k, attrs in PARTS.items() if any(has_part(model, a) for a in attrs)]
     return [SpecIssue("train.freeze", f"model {spec.model.name} has no {part!r} part; its parts are {has}", part, True)
             for part in spec.train.freeze if part not in has]
 

@@ -180,6 +180,7 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     from .data.pipeline import preprocess
     from .train.prior import training_counts
     from .train.trainer import training_datasets
+    from .train.transfer import check_before_training
 
     values = [spec.space[p].values for p in paths]
     # train.embedding_prior needs every ID's training count: read or counted here once per
@@ -189,6 +190,7 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     for combo in itertools.product(*values):
         params = dict(zip(paths, combo))
         job = job_from(raw, params)
+        check_before_training(job)  # a checkpoint the trials' model does not fit: refused before the search
         pre = preprocess(job, address=address)
         counts = training_counts(pre) if prior else None
         out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset), counts)

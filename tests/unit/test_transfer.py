@@ -83,3 +83,39 @@ def test_dcn_cross_layers_freeze_while_its_deep_part_trains(tmp_path):
     for k in frozen:
         assert torch.equal(before[k], after[k]), k
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("deep."))
+
+
+def test_a_model_section_the_checkpoint_does_not_fit_is_refused_by_fit_before_ray_naming_the_fields(tmp_path):
+    """The mismatch surfaced on the workers, after preprocessing, naming tensor keys only, and Ray
+    Train retried it as a worker failure (forever with train.max_failures: -1)."""
+    from rayload.train.trainer import fit
+
+    source = _source(tmp_path)  # deepfm, hidden [16]
+    spec = job(init_from=source)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"hidden": [32]})})
+    with pytest.raises(RayloadError, match=r"model\.hidden: checkpoint \[16\] vs spec \[32\].*deep\.0\.bias: checkpoint \(16,\) vs model \(32,\)"):
+        fit(spec)  # raises before ray.init and before the (MovieLens) data is read
+
+
+@pytest.mark.parametrize("name, frozen", [("mlp", ["embeddings", "deep"]), ("deepfm", ["embeddings", "first_order", "dense_vectors", "deep"])])
+def test_a_freeze_that_leaves_nothing_dense_to_train_is_refused_before_any_data(tmp_path, name, frozen):
+    from rayload.train.transfer import check_before_training
+
+    source = _source(tmp_path, name=name)
+    spec = job(init_from=source, freeze=frozen)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": name})})
+    with pytest.raises(RayloadError, match=r"leaves no dense parameters to train"):
+        check_before_training(spec)
+    check_before_training(job(init_from=source, freeze=["embeddings"]).model_copy(update={"model": spec.model}))  # fits: no error
+
+
+def test_an_empty_part_is_no_part_to_freeze():
+    """DeepFM on data without numeric columns has an empty dense_vectors parameter: freezing it
+    was accepted and froze nothing."""
+    from rayload.models import InputShape, build_model
+    from rayload.spec import ModelSpec
+    from rayload.train.transfer import freeze
+
+    model = build_model(ModelSpec.model_validate({"name": "deepfm"}).model_dump(), InputShape(0, (5, 3), ()))
+    with pytest.raises(RayloadError, match=r"DeepFM has no 'dense_vectors' part; its parts are \['embeddings', 'first_order', 'deep'\]"):
+        freeze(model, ["dense_vectors"])

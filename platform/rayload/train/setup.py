@@ -64,7 +64,7 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
     seed_everything(spec.train.seed)  # the same initial weights on every rank
     model = build_model(spec.model.model_dump(), InputShape.from_features(features))
     if spec.train.init_from:
-        transfer.init_weights(model, spec.train.init_from)
+        transfer.init_weights(model, spec.train.init_from, spec.model.model_dump(mode="json"))
         transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
         if session.device.type == "cpu":  # a GPU worker fallen back to its CPU: SyncBatchNorm runs on GPUs only
@@ -72,11 +72,8 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
                         "synchronise batch norm; plain batch norm, with rank 0's statistics shared before validation")
         else:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    transfer.check_trainable(model, spec.train.freeze)
     tables = sparse_tables(model)
-    table_ids = {id(p) for _, p in tables}
-    if not any(p.requires_grad and id(p) not in table_ids for p in model.parameters()):
-        # here, before a DDP wrap, whose own error on it says less
-        raise ValueError(f"train.freeze={spec.train.freeze} leaves no dense parameters to train; freeze fewer parts")
     if session.world_size > 1:
         keep_out_of_ddp(model, tables)  # sparse tables: averaged by SparseGradSync, not by DDP
     model = session.prepare(model)

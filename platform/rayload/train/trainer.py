@@ -19,7 +19,7 @@ from ..errors import RayloadError, SpecError
 from ..paths import exclusive, is_remote, join_uri, local_path, lock_file, remote_scratch, runs_root, shared_storage
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from . import identity, record
+from . import identity, record, transfer
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
 from .resources import alive_nodes, check_resources, check_storage, elastic_max, requested
 from .local_session import LocalSession, best_of
@@ -58,6 +58,7 @@ def run_name_for(spec: JobSpec) -> str:
 def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -> TrainResult:
     if issues := check_job(spec):  # load_spec's checks, for a spec built in code too (sparse tables on GPUs were let through)
         raise SpecError(issues)
+    transfer.check_before_training(spec)  # a checkpoint the model does not fit: before Ray and the data, in the driver
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
