@@ -401,6 +401,29 @@ def test_concurrent_repeats_of_an_outcome_are_inserted_once_and_say_so(url):
     reader.close()
 
 
+def test_a_positive_outcome_replaces_a_stored_one_of_zero_or_less_and_nothing_replaces_a_positive_one(url):
+    """A value of 0 or less counts as no outcome; stored first, it took the key, so a later click
+    of value 1 for the same request answered duplicate and the exposure stayed unclicked forever
+    (in the analysis and in retraining's labels)."""
+    from rayload.serve.events import outcomes
+
+    writer = EventWriter(url, flush_ms=5)
+    writer.submit("exposure", exposure(1)).result(timeout=30)
+
+    async def main():
+        base = {"request_id": "r1", "event": "click", "ts": 100.0}
+        return [await writer.write(("outcome", dict(base, value=v, ts=100.0 + i))) for i, v in enumerate((0.0, -1.0, 1.0, 2.0, 0.0))]
+
+    inserted = asyncio.run(main())
+    writer.close()
+    assert inserted == [1, 0, 1, 0, 0]  # stored; not below a non-positive one; replaced it; kept; kept
+    reader = EventReader(url)
+    with reader.engine.connect() as conn:
+        assert conn.execute(sa.select(outcomes.c.value, outcomes.c.ts)).all() == [(1.0, 102.0)]
+    assert reader.frame("e")["outcome"].tolist() == [1.0]  # what the analysis counts a click by (> 0)
+    reader.close()
+
+
 def test_a_version_4_store_takes_the_weights_of_many_long_named_arms_after_its_migration(url):
     """layout was VARCHAR(256): four arms with 64-character names (allowed) wrote 292 characters,
     and PostgreSQL refused every exposure. Version 5 makes it text."""

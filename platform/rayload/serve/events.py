@@ -178,14 +178,25 @@ def _migrate(conn, version: int) -> None:
 
 
 def insert_or_ignore(dialect: str, table: sa.Table):
-    """INSERT that skips rows whose primary key exists (idempotent feedback, retried writes)."""
+    """INSERT that skips rows whose primary key exists (idempotent feedback, retried writes).
+
+    One exception, for outcomes: a stored value of 0 or less counts as no outcome (analysis and
+    retraining), so a later positive one for the same request and event replaces it (value and
+    time) instead of being dropped as a repeat; the statement's rowcount is then 1, as for a new
+    row. A stored positive outcome is never replaced."""
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
     elif dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:  # pragma: no cover - the store supports SQLite and PostgreSQL
         raise ValueError(f"unsupported event store dialect {dialect}")
-    return insert(table).on_conflict_do_nothing()
+    stmt = insert(table)
+    if table is outcomes:  # literal zeros: the writer runs the compiled SQL with the columns' parameters only
+        zero = sa.literal_column("0")
+        return stmt.on_conflict_do_update(index_elements=[outcomes.c.request_id, outcomes.c.event],
+                                          set_={"value": stmt.excluded.value, "ts": stmt.excluded.ts},
+                                          where=sa.and_(outcomes.c.value <= zero, stmt.excluded.value > zero))
+    return stmt.on_conflict_do_nothing()
 
 
 def _insert_ignore(conn, table: sa.Table, rows: list[dict]) -> None:
