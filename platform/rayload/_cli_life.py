@@ -52,7 +52,8 @@ def retrain(
     spec: Annotated[str, typer.Argument(help="job spec whose training settings the retrain uses")],
     from_events: Annotated[str, typer.Option("--from-events", help="the A/B run whose logged feedback to learn from")],
     window: Annotated[str, typer.Option(help="recent events to use: 30m, 12h, 7d, 2w or all")] = "7d",
-    attribution: Annotated[str, typer.Option(help="an outcome within this long after the exposure makes it a positive")] = "30m",
+    attribution: Annotated[Optional[str], typer.Option(help="an outcome within this long after the exposure makes it a positive "
+                                                              "(default: the experiment's analysis.attribution_s, else 30m)")] = None,
     min_auc_gain: Annotated[float, typer.Option(help="the new model must beat the champion's AUC by this on held-out events")] = 0.0,
     weight: Annotated[Optional[float], typer.Option(help="challenger weight in the next experiment (default: the ramp's first step, else the "
                                                           "prior challenger's weight; a shadow experiment stays in shadow mode at weight 0 "

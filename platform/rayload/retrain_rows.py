@@ -27,6 +27,19 @@ def parse_duration(text: str, field: str) -> float | None:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+DEFAULT_ATTRIBUTION = "30m"
+
+
+def experiment_attribution(args: dict) -> str:
+    """--attribution by default: the experiment's own `analysis.attribution_s` (how long after
+    an exposure its outcome may still arrive) where the A/B spec sets one above 0, so the
+    retrained model learns the outcome the next experiment judges it by; else 30 minutes."""
+    own = (args.get("spec", {}).get("analysis") or {}).get("attribution_s")
+    if not own:
+        return DEFAULT_ATTRIBUTION
+    return f"{int(own)}s" if float(own).is_integer() else f"{float(own):f}s"
+
+
 def windows(window: str, attribution: str) -> tuple[float | None, float | None]:
     """--window and --attribution in seconds (None: 'all'), refused when no exposure could get a
     label: a zero duration, or a window no longer than the attribution (a labelled exposure is

@@ -3,7 +3,8 @@
 1. Training rows: the run's exposures (the raw features of the row each user was shown,
    logged by the router) in a sliding `window` of recent time, labelled 1 when an outcome of
    the experiment's event with a value > 0 (a click, as the A/B analysis counts one) arrived
-   within `attribution` of the exposure. An exposure younger
+   within `attribution` of the exposure (by default the A/B spec's analysis.attribution_s, else
+   30 minutes). An exposure younger
    than `attribution` is left out, with or without an outcome yet: its label is not final, and
    keeping only the young ones already clicked would bias the labels toward positives.
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion
@@ -44,7 +45,7 @@ import yaml
 
 from .errors import DataError, RayloadError
 from .retrain_gate import GATE_SPLIT, Gate, gate_aucs
-from .retrain_rows import check_rows, input_columns, training_rows, windows
+from .retrain_rows import check_rows, experiment_attribution, input_columns, training_rows, windows
 from .paths import is_remote, localize, runs_root
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class RetrainResult:
         return {**asdict(self), "passed": self.passed}
 
 
-def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m", min_auc_gain: float = 0.0,
+def retrain(spec, from_events: str, window: str = "7d", attribution: str | None = None, min_auc_gain: float = 0.0,
             challenger_weight: float | None = None, name: str | None = None, overrides=(), address: str | None = None,
             now: float | None = None) -> RetrainResult:
     """Retrain the champion of A/B run `from_events` on its logged feedback; see the module doc."""
@@ -93,10 +94,13 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str = "30m"
         # NaN was taken, and a full fine-tune later refused a model however much it gained
         raise RayloadError(f"--min-auc-gain must be a finite number (a negative one accepts a small loss), got {min_auc_gain}")
 
-    window_s, attribution_s = windows(window, attribution)  # refused before anything is read
+    if attribution is not None:
+        windows(window, attribution)  # a bad option refused before anything is read
     job = spec if isinstance(spec, JobSpec) else load_spec(spec, list(overrides))
     run, state = load_state(from_events)
     args, user = parts(state["config"])
+    attribution = attribution or experiment_attribution(args)  # None: the experiment's analysis.attribution_s, else 30m
+    window_s, attribution_s = windows(window, attribution)
     champion = args["checkpoints"][user["champion"]]
     _check_champion(champion, user["champion"], from_events)
     now = time.time() if now is None else now

@@ -132,3 +132,21 @@ def test_a_champion_with_a_regression_label_is_refused_before_anything_is_read(t
     with pytest.raises(DataError, match=r"arm 'control'\) has a regression label; a retrain labels exposures 0/1"):
         retrain(job(str(tmp_path / "unused.parquet")), run, attribution="30m", now=NOW)
     assert calls == [] and not os.path.exists(os.path.join(tmp_path, "runs", "retrain"))
+
+
+def test_the_default_attribution_is_the_experiments_own(tmp_path, monkeypatch):
+    """retrain labelled with 30 minutes whatever the experiment declared: a conversion experiment
+    with analysis.attribution_s 7200 had the conversions of its second hour labelled negative,
+    and exposures an hour old, whose outcomes the experiment does not yet treat as final, taken."""
+    from rayload.retrain_rows import experiment_attribution
+
+    champion, other = placeholder_checkpoint(tmp_path / "champion"), placeholder_checkpoint(tmp_path / "b")
+    arms = [{"name": "a", "weight": 0.9, "checkpoint": champion}, {"name": "b", "weight": 0.1, "checkpoint": other}]
+    run = ab_run(tmp_path, {"name": "exp", "champion": "a", "arms": arms, "analysis": {"event": "conversion", "attribution_s": 7200}}, "a")
+    calls = []
+    monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
+    with pytest.raises(retraining.RayloadError, match=r"--window 90m must be longer than --attribution 7200s"):
+        retrain(job(str(tmp_path / "unused.parquet")), run, window="90m", now=NOW)
+    assert calls == []
+    assert experiment_attribution({"spec": {"analysis": {"attribution_s": 90.5}}}) == "90.500000s"
+    assert experiment_attribution({"spec": {"analysis": {"event": "click"}}}) == experiment_attribution({"spec": {}}) == "30m"
