@@ -258,7 +258,8 @@ class ResourcesSpec(_Spec):
     gpus_per_worker: GpuQuantity = Field(default=0.0, ge=0.0)
     accelerator_type: str | None = None
     # A job that asks for more than the cluster has fails after this long instead of hanging.
-    placement_timeout_s: float = Field(default=60.0, gt=0.0, le=86_400)
+    # None: 60 s, or 15 minutes where an autoscaler can add nodes (train/resources.placement_timeout).
+    placement_timeout_s: float | None = Field(default=None, gt=0.0, le=86_400)
     # GPU workers whose GPUs CUDA cannot see (logical GPUs of a fake multi-node cluster) train
     # on CPU with a warning, over gloo; without this they stop with an error.
     cpu_fallback: bool = False

@@ -127,3 +127,48 @@ def test_an_elastic_group_starts_with_what_the_free_resources_place(monkeypatch,
     gpu = ResourcesSpec(workers={"min": 1, "max": 4}, cpus_per_worker=1, gpus_per_worker=1)
     _free(monkeypatch, [{"CPU": 8.0, "GPU": 2.0}])
     assert resources.elastic_max(gpu, wait_s=0) == 2
+
+
+def test_the_placement_bound_waits_for_an_autoscaler_and_a_timeout_is_said_with_the_numbers(monkeypatch):
+    """A group waiting for a node an autoscaler starts (minutes: a VM, a GPU image) failed at 60 s
+    with Ray's message, whose advice (an environment variable) rayload overwrote."""
+    from types import SimpleNamespace
+
+    from rayload.spec import ResourcesSpec
+    from rayload.train.trainer import _failure_message
+
+    monkeypatch.delenv(resources.START_TIMEOUT_ENV, raising=False)
+    monkeypatch.setattr(resources, "cluster_can_grow", lambda: True)
+    assert resources.start_timeout(ResourcesSpec(workers=2)) == 900.0
+    assert resources.start_timeout(ResourcesSpec(workers=2, placement_timeout_s=30)) == 30.0
+    monkeypatch.setattr(resources, "cluster_can_grow", lambda: False)
+    assert resources.start_timeout(ResourcesSpec(workers=2)) == 60.0
+    monkeypatch.setenv(resources.START_TIMEOUT_ENV, "120")  # a user's own setting, with the spec's unset
+    assert resources.start_timeout(ResourcesSpec(workers=2)) == 120.0
+    monkeypatch.setattr(resources, "alive_nodes", lambda: [{"Alive": True, "Resources": {"CPU": 4.0}}])
+
+    class WorkerGroupStartupTimeoutError(Exception):
+        pass
+
+    spec = SimpleNamespace(resources=ResourcesSpec(workers=2, cpus_per_worker=3), train=SimpleNamespace(max_failures=0))
+    message = _failure_message(SimpleNamespace(controller_failure=WorkerGroupStartupTimeoutError("timed out")), spec)
+    assert message == ("training could not run: the worker group was not placed within 120 s (resources.placement_timeout_s): "
+                       "resources ask for 2 worker(s) with CPU=3 each; the cluster's 1 live node(s) have CPU=4 in total and place 1. "
+                       "Other work may hold them, or nodes were still starting: raise resources.placement_timeout_s, lower "
+                       "resources.workers / cpus_per_worker / gpus_per_worker, or add nodes")
+
+
+def test_a_local_storage_path_is_refused_where_an_autoscaler_can_add_nodes(monkeypatch, tmp_path):
+    """One live node passed the check; on cluster.yaml the head holds no worker, every worker ran
+    on an added node, and Ray failed at the first checkpoint (each retry losing an epoch)."""
+    monkeypatch.delenv("RAYLOAD_SHARED_PATHS", raising=False)
+    monkeypatch.setattr(resources, "alive_nodes", lambda: [{"Alive": True, "Resources": {"CPU": 0.0}}])
+    monkeypatch.setattr(resources, "cluster_can_grow", lambda: True)
+    with pytest.raises(resources.ResourceError, match=r"is a local folder, and an autoscaler can add nodes to this cluster"):
+        resources.check_storage(str(tmp_path))
+    resources.check_storage("s3://bucket/runs")  # object storage: fine
+    monkeypatch.setenv("RAYLOAD_SHARED_PATHS", str(tmp_path))
+    resources.check_storage(str(tmp_path))  # a declared shared mount: fine
+    monkeypatch.delenv("RAYLOAD_SHARED_PATHS")
+    monkeypatch.setattr(resources, "cluster_can_grow", lambda: False)
+    resources.check_storage(str(tmp_path))  # one node that cannot grow: fine

@@ -140,6 +140,40 @@ def elastic_max(resources, polls: int = 5, wait_s: float = 0.4) -> int:
     return capped
 
 
+PLACEMENT_TIMEOUT_S = 60.0
+# A node an autoscaler starts takes minutes (a VM, a GPU image of several GB, setup commands):
+# a group waiting for one failed at 60 s, on the first start and on every restart after a lost node.
+GROWING_PLACEMENT_TIMEOUT_S = 900.0
+
+
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train reads the bound from it
+
+
+def start_timeout(resources) -> float:
+    """How long a worker group may wait to be placed: resources.placement_timeout_s where set,
+    else a user's own RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, else 60 s, or 15 minutes where an
+    autoscaler can add nodes."""
+    if resources.placement_timeout_s is not None:
+        return float(resources.placement_timeout_s)
+    if START_TIMEOUT_ENV in os.environ:
+        return float(os.environ[START_TIMEOUT_ENV])
+    return GROWING_PLACEMENT_TIMEOUT_S if cluster_can_grow() else PLACEMENT_TIMEOUT_S
+
+
+def placement_timed_out(resources, timeout: float, fields: str = _JOB_FIELDS) -> str:
+    """Ray Train's WorkerGroupStartupTimeoutError said as rayload's: what was asked, what the
+    cluster has now, and the setting to raise (its own advice, an environment variable, is one
+    rayload sets from resources.placement_timeout_s)."""
+    workers, per = requested(resources)
+    alive = [n["Resources"] for n in alive_nodes()]
+    have = ", ".join(f"{k}={sum(n.get(k, 0) for n in alive):g}" for k in per)
+    asked = ", ".join(f"{k}={v:g}" for k, v in per.items())
+    return (f"the worker group was not placed within {timeout:g} s (resources.placement_timeout_s): resources ask for {workers} "
+            f"worker(s) with {asked} each; the cluster's {len(alive)} live node(s) have {have} in total and place "
+            f"{placeable_count(per, alive)}. Other work may hold them, or nodes were still starting: raise "
+            f"resources.placement_timeout_s, lower {fields}, or add nodes")
+
+
 def cluster_can_grow() -> bool:
     """Whether an autoscaler can add nodes (one that publishes its limits, or autoscaler v1)."""
     from ray._private.state import state
@@ -178,13 +212,18 @@ def check_storage(storage_path: str, what: str = "train.storage_path", fix: str 
     folder on a shared mount (a file:// URI names a folder like any other)."""
     from ..paths import is_remote, local_path
 
-    if is_remote(storage_path):
+    if is_remote(storage_path) or is_shared(local_path(storage_path)):
         return
     nodes = alive_nodes()
-    if len(nodes) > 1 and not is_shared(local_path(storage_path)):
+    if len(nodes) > 1:
         raise ResourceError(
             f"{what} {storage_path!r} is a local folder, but the cluster has {len(nodes)} nodes: "
             f"workers on other nodes could not write or read checkpoints. {fix}"
+        )
+    if cluster_can_grow():  # one node now; the workers may start on nodes it adds (cluster.yaml's head holds none)
+        raise ResourceError(
+            f"{what} {storage_path!r} is a local folder, and an autoscaler can add nodes to this cluster: workers "
+            f"started on them could not write or read checkpoints (Ray failed at the first checkpoint). {fix}"
         )
 
 

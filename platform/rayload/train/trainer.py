@@ -21,7 +21,8 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record, transfer
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
-from .resources import alive_nodes, check_resources, check_storage, elastic_max, requested
+from .resources import (START_TIMEOUT_ENV, alive_nodes, check_resources, check_storage, elastic_max, placement_timed_out, requested,
+                        start_timeout)
 from .local_session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ def _controller_env(res):
     """Settings Ray Train reads from the environment when `trainer.fit()` starts its controller
     (which forwards them to its actor), set for that call only:
     - the worker-group start timeout: Ray Train retries a group that cannot be placed forever;
-      this bounds the wait (resources.placement_timeout_s);
+      this bounds the wait (`resources.start_timeout`);
     - no PreemptionWatcher on a one-node cluster that holds the whole group: the watcher is one
       more actor process per worker-group start, polling for drains of the nodes that hold
       ranks, and a drain of the only node ends the run with it. A user's own
@@ -351,7 +352,7 @@ def _controller_env(res):
       small actor call per worker; a poll that does not answer in time is awaited again at the
       next one, and a worker is declared dead only after RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S
       (10 minutes), whatever the interval. A user's own RAY_TRAIN_HEALTH_CHECK_INTERVAL_S wins."""
-    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(res.placement_timeout_s)}
+    env = {START_TIMEOUT_ENV: str(start_timeout(res))}
     if "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" not in os.environ:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(HEALTH_CHECK_INTERVAL_S)
     _, per_worker = requested(res)
@@ -390,6 +391,8 @@ def _failure_message(exc, spec: JobSpec) -> str:
         ranks = ", ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items()))
         return f"training failed after {spec.train.max_failures} retr{'y' if spec.train.max_failures == 1 else 'ies'} (train.max_failures); {ranks}"
     cause = getattr(exc, "controller_failure", None) or exc
+    if type(cause).__name__ == "WorkerGroupStartupTimeoutError":
+        return "training could not run: " + placement_timed_out(spec.resources, start_timeout(spec.resources))
     return f"training could not run: {type(cause).__name__}: {cause}"
 
 
