@@ -10,8 +10,9 @@
 2. A job: SPEC's model and training settings on those rows, warm-started from the champion
    checkpoint (`train.init_from`, which also reuses the champion's fitted features, so IDs keep
    their meaning; a compressed champion is served, not trained: the retrain starts from the
-   checkpoint it was compressed from), split at random by request_id into train, validation
-   (which picks the best epoch) and test.
+   checkpoint it was compressed from), split at random into train, validation (which picks the
+   best epoch) and test, keyed by what a row shows the model (`job_for`), so copies of one
+   showing stay on one side.
 3. Offline gate: the new model and the champion are scored on the same held-out test rows,
    which neither trained on nor chose an epoch; the new model must beat the champion's AUC by
    at least `min_auc_gain`. The result also gives the gain's 95% interval and p-value by

@@ -144,8 +144,14 @@ def _reported_metrics(task: str) -> list[str]:
 
 def _preprocessing_issues(spec: SearchSpec) -> list[SpecIssue]:
     paths = [p for p in spec.space if p.split(".")[0] in PREPROCESSING]
-    issues = [SpecIssue(f"space.{p}", "a parameter that changes preprocessing must be a choice or grid list: each "
-                        "variant is preprocessed once before the trials start") for p in paths if spec.space[p].kind not in ("choice", "grid")]
+    # data and split decide which rows (and labels) validation holds: trials of different values
+    # were ranked on different validation rows, and the search picked the easiest partition (or
+    # a random split interleaved in time with its training rows over a temporal one)
+    issues = [SpecIssue(f"space.{p}", "trials would be ranked on different validation rows; set it in fixed: (one "
+                        "search per value)") for p in paths if p.split(".")[0] in ("data", "split")]
+    issues += [SpecIssue(f"space.{p}", "a parameter that changes preprocessing must be a choice or grid list: each "
+                         "variant is preprocessed once before the trials start") for p in paths
+               if p.split(".")[0] not in ("data", "split") and spec.space[p].kind not in ("choice", "grid")]
     variants = 1
     for p in paths:
         variants *= len(spec.space[p].values)

@@ -91,6 +91,17 @@ def test_preprocessing_parameters_must_be_discrete(tmp_path):
     assert "must be a choice or grid list" in msg
 
 
+def test_data_and_split_cannot_be_searched_and_preprocessing_choices_can(tmp_path):
+    """space.split.seed / split.kind were accepted: each variant had its own validation rows, so
+    the search ranked partitions (or a random split against a temporal one), not settings."""
+    msg = problems(tmp_path, space={"split.seed": {"choice": [0, 1, 2]}, "split.kind": {"choice": ["random", "temporal"]},
+                                    "data.label.threshold": {"choice": [3.5, 4.0]}})
+    for path in ("space.split.seed", "space.split.kind", "space.data.label.threshold"):
+        assert f"{path}: trials would be ranked on different validation rows; set it in fixed:" in msg
+    ok = load_search_spec(write(tmp_path, space={"rebalance.method": {"choice": ["none", "downsample"]}}))
+    assert ok.space["rebalance.method"].values == ["none", "downsample"]
+
+
 def test_unknown_keys_and_bad_storage_url(tmp_path):
     msg = problems(tmp_path, strategyy="grid", storage="redis://x")
     assert "strategyy" in msg and "did you mean 'strategy'" in msg and "storage" in msg
