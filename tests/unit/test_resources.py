@@ -172,3 +172,29 @@ def test_a_local_storage_path_is_refused_where_an_autoscaler_can_add_nodes(monke
     monkeypatch.delenv("RAYLOAD_SHARED_PATHS")
     monkeypatch.setattr(resources, "cluster_can_grow", lambda: False)
     resources.check_storage(str(tmp_path))  # one node that cannot grow: fine
+
+
+def test_an_elastic_group_that_cannot_be_started_again_fails_after_the_bound(monkeypatch):
+    """After a lost node Ray's elastic policy makes no placement while the live nodes place fewer
+    than min workers, so no placement timeout applied and the run waited forever."""
+    from ray.train.v2._internal.execution.controller.state import InitializingState, RestartingState, RunningState
+
+    from rayload.spec import ResourcesSpec
+
+    clock = [1000.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(resources, "alive_nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
+    bound = resources.elastic_wait_bound(ResourcesSpec(workers={"min": 3, "max": 4}, placement_timeout_s=30))
+    restarting = RestartingState(training_failed_error=RuntimeError("a node was lost"))
+    bound.after_controller_state_update(RunningState(), restarting)
+    clock[0] += 29
+    bound.after_controller_state_update(restarting, restarting)  # within the bound: waits on
+    clock[0] += 2
+    with pytest.raises(resources.ResourceError, match=r"resources.workers \{min: 3, max: 4\}: the worker group waited 30 s "
+                                                       r"\(resources.placement_timeout_s\) for nodes that place 3 worker\(s\) of CPU=1; "
+                                                       r"the 1 live node\(s\) place 2"):
+        bound.after_controller_state_update(restarting, restarting)
+    bound.after_controller_state_update(restarting, RunningState())  # running again: the clock starts over
+    bound.after_controller_state_update(RunningState(), InitializingState())
+    clock[0] += 29
+    bound.after_controller_state_update(InitializingState(), InitializingState())

@@ -174,6 +174,40 @@ def placement_timed_out(resources, timeout: float, fields: str = _JOB_FIELDS) ->
             f"resources.placement_timeout_s, lower {fields}, or add nodes")
 
 
+def elastic_wait_bound(resources):
+    """A Ray Train controller callback that ends an elastic run whose group has waited longer
+    than `start_timeout` to be started (first, or again after a failure). Ray's elastic policy
+    makes no placement (so no placement timeout applies) while the live nodes' totals place
+    fewer than `min` workers: after a lost node, on a cluster that cannot grow, it waited forever."""
+    import time
+
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    bound, low = start_timeout(resources), resources.workers.min
+    waiting = ("InitializingState", "RestartingState", "ReschedulingState")
+
+    class ElasticWaitBound(ControllerCallback):
+        def __init__(self):
+            self.since = None
+
+        def after_controller_state_update(self, previous_state, current_state):
+            if type(current_state).__name__ not in waiting:
+                self.since = None
+                return
+            now = time.monotonic()
+            self.since = self.since if self.since is not None else now
+            if now - self.since > bound:
+                _, per = requested(resources)
+                alive = [n["Resources"] for n in alive_nodes()]
+                raise ResourceError(
+                    f"resources.workers {{min: {low}, max: {resources.workers.max}}}: the worker group waited {bound:g} s "
+                    f"(resources.placement_timeout_s) for nodes that place {low} worker(s) of "
+                    f"{', '.join(f'{k}={v:g}' for k, v in per.items())}; the {len(alive)} live node(s) place "
+                    f"{placeable_count(per, alive)}. Add nodes or lower min; a relaunch with the same train.run_name resumes")
+
+    return ElasticWaitBound()
+
+
 def cluster_can_grow() -> bool:
     """Whether an autoscaler can add nodes (one that publishes its limits, or autoscaler v1)."""
     from ray._private.state import state

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import datetime as _dt
 import logging
 import math
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 
 from .._ray import embedded, ensure_ray
 from .._spec_checks import check_job
@@ -21,8 +20,8 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record, transfer
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
-from .resources import (START_TIMEOUT_ENV, alive_nodes, check_resources, check_storage, elastic_max, placement_timed_out, requested,
-                        start_timeout)
+from .resources import (START_TIMEOUT_ENV, alive_nodes, check_resources, check_storage, elastic_max, elastic_wait_bound,
+                        placement_timed_out, requested, start_timeout)
 from .local_session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
@@ -237,6 +236,7 @@ def _fit_ray(spec: JobSpec, pre: PreprocessResult, storage: str, name: str, cont
         context = dict(context, resume_from=resume)
     # elastic: at most what the cluster's free resources place now (Ray sizes it from the totals)
     workers = res.workers if isinstance(res.workers, int) else (res.workers.min, elastic_max(res))
+    callbacks = callbacks if isinstance(res.workers, int) else [*(callbacks or []), elastic_wait_bound(res)]
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})}
     torch_config = None
     if res.gpus_per_worker and res.cpu_fallback:
@@ -333,7 +333,7 @@ def _named_remote(result: TrainResult, remote_run: str) -> TrainResult:
     (LocalSession with `remote`), named by their URIs. The local folder stays: a relaunch on
     this machine resumes from it, one elsewhere from the remote copy."""
     rel = os.path.relpath(result.checkpoint, result.run_dir)
-    return dataclasses.replace(result, run_dir=remote_run, checkpoint=join_uri(remote_run, *rel.split(os.sep)))
+    return _replace(result, run_dir=remote_run, checkpoint=join_uri(remote_run, *rel.split(os.sep)))
 
 
 @contextlib.contextmanager
