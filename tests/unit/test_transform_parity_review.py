@@ -36,6 +36,23 @@ def test_a_decimal_column_reads_as_its_text_and_buckets_as_a_request_does():
             assert fitted.transform_rows([{"price": sent}]).column("price").to_pylist() == [offline[i]], (value, sent)
 
 
+def test_a_float32_column_reads_as_its_shortest_text_in_numeric_and_categorical_roles():
+    """A float32 was widened exactly (0.35f is 0.3499999940395355): bucket edges were fitted on
+    values no request sends, while the same value in a categorical float32 column reads as
+    "0.35", so no JSON spelling of the row gave the offline features."""
+    schema = Schema((_column("x", "numeric"), _column("c", "categorical")), LABEL)
+    values = [0.35 if i % 2 else 1.0 for i in range(40)] + [0.1, 0.7] * 5
+    table = pa.table({"x": pa.array(values, pa.float32()), "c": pa.array(values, pa.float32()), "y": [i % 3 == 0 for i in range(50)]})
+    good, _ = validate_table(table, schema)
+    assert good.column("x").to_pylist()[:2] == [1.0, 0.35]
+    plan = FitPlan.from_spec(FeatureSpec.model_validate({"numeric": {"x": {"buckets": {"quantiles": 4}}},
+                                                         "categorical": {"c": {"encode": "vocab"}}}), schema)
+    fitted = finalize(merge_stats([partial_stats(good, plan)]), plan)
+    offline = fitted.transform_table(good).select(["x", "c"]).to_pylist()
+    for i in range(4):
+        assert fitted.transform_rows([{"x": values[i], "c": values[i]}]).select(["x", "c"]).to_pylist() == [offline[i]], values[i]
+
+
 def test_a_far_timestamp_parses_beside_a_nanosecond_one():
     for far in ("2300-01-01T00:00:00Z", "1600-01-01T00:00:00Z"):
         alone = _parse_numbers(pd.Series([far], dtype=object), timestamp=True)

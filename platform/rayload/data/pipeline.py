@@ -245,7 +245,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # (hashing.value_text), a JSONL list or object where a column takes one value is quarantined
     # (validate.read_values: it was read as its JSON text), quantile buckets around an atom never
     # exceed the number asked (_moments._at_most), a raw-label target statistic's prior is the mean
-    # over all training rows, those missing the value too (target_stats.finalize), a decimal is read through its text, a text
+    # over all training rows, those missing the value too (target_stats.finalize), a decimal or float32 is read through its text, a text
     # timestamp parses as it does alone, target statistics keep values ending in NUL apart (validate._as_float,
     # _parse_numbers; target_stats.finalize), a column constant in training transforms to 0, quantile buckets
     # give atoms their own bucket and leave none untrained, a training row's log count is its
@@ -256,7 +256,7 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
                "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified,rare-label-each-split", "far_rows": "quarantined",
                "text_rows": "jsonl-newline-only,csv-quoted-empty-line", "timestamps": "far-quarantined,declared-unit",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges,edges-by-largest-share,binary-spread-none"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges,edges-by-largest-share,binary-spread-none,float32-text"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 

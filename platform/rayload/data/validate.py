@@ -224,6 +224,11 @@ def _float64(arr: pa.Array, t, name: str) -> pa.Array:
         # 0.35000000000000003, one value in eight of decimal(10,2)), so a bucket edge fitted on it
         # put the row in another bucket than a request's 0.35
         return arr.cast(pa.string()).cast(pa.float64())
+    if pa.types.is_float32(t):
+        # likewise a float32 (Parquet from numpy/pandas float32 frames), through its shortest text:
+        # widened exactly, 0.35f is 0.3499999940395355, so bucket edges were fitted on values no
+        # request sends, and a categorical float32 column already reads it as "0.35" (hashing.value_text)
+        return arr.cast(pa.string()).cast(pa.float64())
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
         # A numeric feature is a float64: an integer past 2**53 becomes the nearest float (Arrow's
         # safe cast refuses it and stopped the whole job, or answered a request with a 500).
