@@ -51,6 +51,10 @@ def test_a_float32_column_reads_as_its_shortest_text_in_numeric_and_categorical_
     offline = fitted.transform_table(good).select(["x", "c"]).to_pylist()
     for i in range(4):
         assert fitted.transform_rows([{"x": values[i], "c": values[i]}]).select(["x", "c"]).to_pylist() == [offline[i]], values[i]
+    # a float32 timestamp keeps the instant it stores (its shortest text, 1.7000036e9, is 16 s later)
+    stamps = Schema((_column("t", "timestamp"), _column("x", "numeric")), LABEL)
+    good, _ = validate_table(pa.table({"t": pa.array([1700003584.0], pa.float32()), "x": [1.0], "y": [1]}), stamps)
+    assert good.column("t").to_pylist() == [1700003584.0]
 
 
 def test_a_far_timestamp_parses_beside_a_nanosecond_one():

@@ -196,7 +196,7 @@ def _numbers(arr: pa.Array, t, name: str, reasons: _Reasons, unit: str | None) -
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return _texts(arr, name, reasons, unit)
     if unit in (None, "s"):
-        return _float64(arr, t, name)
+        return _float64(arr, t, name, shortest=unit is None)
     values = arr if pa.types.is_integer(t) else _float64(arr, t, name)  # integers stay integers: floored exactly
     nulls = values.is_null().to_numpy(zero_copy_only=False)
     return pa.array(_in_seconds(values.fill_null(0).to_numpy(zero_copy_only=False), unit), pa.float64(), mask=nulls)
@@ -217,14 +217,16 @@ def _in_seconds(values: np.ndarray, unit: str | None) -> np.ndarray:
     return np.floor(micros) / 1e6
 
 
-def _float64(arr: pa.Array, t, name: str) -> pa.Array:
+def _float64(arr: pa.Array, t, name: str, shortest: bool = False) -> pa.Array:
+    """`shortest`: a float32 feature reads as its shortest text (below); a timestamp's float32
+    keeps its exact value, the stored instant (its shortest text moved 1700003584 by 16 s)."""
     if pa.types.is_decimal(t):
         # a decimal (Spark's and databases' Parquet exports write money and rates as decimal128) is
         # read through its text: Arrow's decimal-to-float64 cast is not correctly rounded (0.35 gave
         # 0.35000000000000003, one value in eight of decimal(10,2)), so a bucket edge fitted on it
         # put the row in another bucket than a request's 0.35
         return arr.cast(pa.string()).cast(pa.float64())
-    if pa.types.is_float32(t):
+    if shortest and pa.types.is_float32(t):
         # likewise a float32 (Parquet from numpy/pandas float32 frames), through its shortest text:
         # widened exactly, 0.35f is 0.3499999940395355, so bucket edges were fitted on values no
         # request sends, and a categorical float32 column already reads it as "0.35" (hashing.value_text)
