@@ -176,9 +176,11 @@ def placement_timed_out(resources, timeout: float, fields: str = _JOB_FIELDS) ->
 
 def elastic_wait_bound(resources):
     """A Ray Train controller callback that ends an elastic run whose group has waited longer
-    than `start_timeout` to be started (first, or again after a failure). Ray's elastic policy
-    makes no placement (so no placement timeout applies) while the live nodes' totals place
-    fewer than `min` workers: after a lost node, on a cluster that cannot grow, it waited forever."""
+    than `start_timeout` to be started (first, or again after a failure) while the live nodes
+    place fewer than `min` workers. Ray's elastic policy makes no placement then (so no placement
+    timeout applies): after a lost node, on a cluster that cannot grow, it waited forever. A wait
+    while the nodes do place `min` is Ray's queue (another elastic run, or a killed driver's
+    request that lapses after 3 minutes, holds the resources) and is left to Ray."""
     import time
 
     from ray.train.v2._internal.execution.callback import ControllerCallback
@@ -194,11 +196,14 @@ def elastic_wait_bound(resources):
             if type(current_state).__name__ not in waiting:
                 self.since = None
                 return
+            _, per = requested(resources)
+            alive = [n["Resources"] for n in alive_nodes()]
+            if placeable_count(per, alive) >= low:
+                self.since = None
+                return
             now = time.monotonic()
             self.since = self.since if self.since is not None else now
             if now - self.since > bound:
-                _, per = requested(resources)
-                alive = [n["Resources"] for n in alive_nodes()]
                 raise ResourceError(
                     f"resources.workers {{min: {low}, max: {resources.workers.max}}}: the worker group waited {bound:g} s "
                     f"(resources.placement_timeout_s) for nodes that place {low} worker(s) of "
