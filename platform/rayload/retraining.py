@@ -100,8 +100,14 @@ def retrain(spec, from_events: str, window: str = "7d", attribution: str | None 
     job = spec if isinstance(spec, JobSpec) else load_spec(spec, list(overrides))
     run, state = load_state(from_events)
     args, user = parts(state["config"])
-    attribution = attribution or experiment_attribution(args)  # None: the experiment's analysis.attribution_s, else 30m
-    window_s, attribution_s = windows(window, attribution)
+    given, attribution = attribution, attribution or experiment_attribution(args)  # None: the A/B spec's, else 30m
+    try:
+        window_s, attribution_s = windows(window, attribution)
+    except RayloadError as exc:
+        if given is not None:
+            raise
+        raise RayloadError(f"{exc} (--attribution {attribution} is the default: the experiment's analysis.attribution_s; "
+                           "pass a longer --window, or --attribution)") from None
     champion = args["checkpoints"][user["champion"]]
     _check_champion(champion, user["champion"], from_events)
     now = time.time() if now is None else now

@@ -145,7 +145,8 @@ def test_the_default_attribution_is_the_experiments_own(tmp_path, monkeypatch):
     run = ab_run(tmp_path, {"name": "exp", "champion": "a", "arms": arms, "analysis": {"event": "conversion", "attribution_s": 7200}}, "a")
     calls = []
     monkeypatch.setattr(retraining, "training_rows", lambda *a, **k: calls.append("rows"))
-    with pytest.raises(retraining.RayloadError, match=r"--window 90m must be longer than --attribution 7200s"):
+    with pytest.raises(retraining.RayloadError, match=r"--window 90m must be longer than --attribution 7200s: .* \(--attribution 7200s "
+                                                      r"is the default: the experiment's analysis.attribution_s; pass a longer --window"):
         retrain(job(str(tmp_path / "unused.parquet")), run, window="90m", now=NOW)
     assert calls == []
     assert experiment_attribution({"spec": {"analysis": {"attribution_s": 90.5}}}) == "90.500000s"
