@@ -186,11 +186,16 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     # train.embedding_prior needs every ID's training count: read or counted here once per
     # variant (the trials read no data themselves, and may run where the driver's shards are not on disk)
     prior = bool(raw.get("train", {}).get("embedding_prior")) or "train.embedding_prior" in spec.space
+    # The base's model must take its init_from checkpoint, unless the trials' model or freeze is
+    # searched (each trial checks its own: the base's default model.hidden refused a search
+    # whose every hidden choice fitted)
+    fixed_model = not any(p.startswith("model.") or p in ("train.freeze", "train.init_from") for p in spec.space)
     out = {}
     for combo in itertools.product(*values):
         params = dict(zip(paths, combo))
         job = job_from(raw, params)
-        check_before_training(job)  # a checkpoint the trials' model does not fit: refused before the search
+        if fixed_model:
+            check_before_training(job)  # a checkpoint the trials' model does not fit: refused before the search
         pre = preprocess(job, address=address)
         counts = training_counts(pre) if prior else None
         out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset), counts)

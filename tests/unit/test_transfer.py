@@ -119,3 +119,26 @@ def test_an_empty_part_is_no_part_to_freeze():
     model = build_model(ModelSpec.model_validate({"name": "deepfm"}).model_dump(), InputShape(0, (5, 3), ()))
     with pytest.raises(RayloadError, match=r"DeepFM has no 'dense_vectors' part; its parts are \['embeddings', 'first_order', 'deep'\]"):
         freeze(model, ["dense_vectors"])
+
+
+@pytest.mark.parametrize("space, reaches_data", [({"train.lr": {"loguniform": [1e-4, 1e-2]}}, False),
+                                                 ({"model.hidden": {"choice": [[16], [8]]}}, True)])
+def test_a_search_checks_its_base_against_init_from_unless_the_model_is_searched(tmp_path, monkeypatch, space, reaches_data):
+    """The base's default model.hidden refused a search whose every hidden choice fitted the checkpoint."""
+    from rayload import tuning
+    from rayload.data import pipeline
+    from rayload.search_spec import SearchSpec
+
+    class Reached(Exception):
+        pass
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(pipeline, "preprocess", reached)
+    source = _source(tmp_path)  # hidden [16]; the base asks for [64]
+    raw = job(init_from=source).model_dump(mode="json")
+    raw["model"]["hidden"] = [64]
+    spec = SearchSpec.model_validate({"name": "s", "base": "b.yaml", "space": space})
+    with pytest.raises(Reached if reaches_data else RayloadError):
+        tuning._preprocess_variants(spec, raw, (), None)
