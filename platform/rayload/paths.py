@@ -283,6 +283,12 @@ def localize(path: str) -> str:
     return dest
 
 
+def plain_name(name: object) -> bool:
+    """One folder or file name that stays where it is joined: not empty, ".", "..", nor holding a
+    separator or NUL (names read from object storage are another party's to write)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\x00")
+
+
 def download_folder(remote: str, local: str) -> None:
     """Copy a folder on object storage to `local` (which must not exist yet): completed in a
     temporary folder beside it and renamed into place, so a reader never sees half of one; if
@@ -300,7 +306,12 @@ def download_folder(remote: str, local: str) -> None:
     os.makedirs(tmp)
     try:
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-            target = os.path.join(tmp, *info.path[len(root) + 1:].split("/"))
+            parts = info.path[len(root) + 1:].split("/")
+            if not all(map(plain_name, parts)):  # a key with ../ in it wrote outside the folder
+                from .errors import RayloadError
+
+                raise RayloadError(f"{remote} holds an object whose key leaves the folder ({info.path!r}); not downloaded")
+            target = os.path.join(tmp, *parts)
             if info.type == pafs.FileType.Directory:
                 os.makedirs(target, exist_ok=True)
             elif info.type == pafs.FileType.File:

@@ -58,3 +58,44 @@ def test_one_small_file_is_read_from_s3_without_fetching_its_folder(tmp_path, mo
         assert not os.path.exists(tmp_path / "cache")  # nothing downloaded into the checkpoint cache
         with pytest.raises(FileNotFoundError, match="no file at"):
             read_text(join_uri(bucket, "runs", "job-1", "checkpoint_0", "train_state.pt"))
+
+
+def test_an_object_key_that_leaves_the_checkpoint_folder_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    """A checkpoint on another party's bucket holding a key with ../ in it: the download joined
+    the key's parts onto the local folder and wrote the file wherever they led."""
+    import posixpath
+
+    import boto3
+
+    from rayload.errors import RayloadError
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    prefix = "/".join(f"d{i}" for i in range(12)) + "/job/ckpt"
+    with helpers.s3_bucket() as bucket:
+        fs, _ = pafs.FileSystem.from_uri(bucket)
+        for name, data in {"model.json": b'{"config": {}}', "model.pt": b"w", "features.json": b"{}"}.items():
+            with fs.open_output_stream(f"rayload/{prefix}/{name}") as f:
+                f.write(data)
+        port = bucket.split("endpoint_override=127.0.0.1:")[1].split("&")[0]
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
+        # the copy is made in <cache>/checkpoints/<16 hex>/job/ckpt.tmp-XXXXXXXX/; x/ one deeper
+        ups = len(os.path.join(str(tmp_path / "cache"), "checkpoints", "h" * 16, "job", "ckpt.tmp-x", "x").strip("/").split("/"))
+        evil = f"{prefix}/x/" + "../" * ups + str(tmp_path).strip("/") + "/escaped.txt"
+        for key in (evil, posixpath.normpath(evil)):  # listed under the checkpoint; what the client's normalised GET reads
+            s3.put_object(Bucket="rayload", Key=key, Body=b"outside the cache")
+        with pytest.raises(RayloadError, match=r"holds an object whose key leaves the folder"):
+            localize(join_uri(bucket, *prefix.split("/")))
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not [p for p, _, files in os.walk(tmp_path / "cache") for f in files]  # no partial copy kept either
+
+
+def test_checkpoint_records_naming_a_path_outside_the_run_are_left_out(tmp_path):
+    """The names in a run's checkpoint index (on object storage: another party's to write) were
+    joined into the local run folder."""
+    import json
+
+    from rayload.train import record
+
+    (tmp_path / "checkpoints.json").write_text(json.dumps([{"name": "epoch_0000", "metrics": {"epoch": 0}},
+                                                           {"name": "../../elsewhere", "metrics": {"epoch": 1}}]))
+    assert [e["name"] for e in record.entries(str(tmp_path))] == ["epoch_0000"]

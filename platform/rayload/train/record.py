@@ -20,7 +20,7 @@ import json
 import logging
 import os
 
-from ..paths import is_remote, join_uri, local_path, read_text, write_text
+from ..paths import is_remote, join_uri, local_path, plain_name, read_text, write_text
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,13 @@ def _snapshot_entries(snapshot: dict) -> list[dict]:
 
 
 def entries(home: str) -> list[dict]:
-    """Every checkpoint either record names, oldest epoch first: [{"name", "path", "metrics"}]."""
+    """Every checkpoint either record names, oldest epoch first: [{"name", "path", "metrics"}].
+    A name that is not one folder name (../x: the records may come from object storage) is left out."""
     named = {e["name"]: e for e in index_entries(home)}
     named.update({e["name"]: e for e in ray_entries(home)})  # a snapshot exists only while it is the newer record
+    for name in [n for n in named if not plain_name(n)]:
+        log.warning("%s: the checkpoint record names %r, which is not a folder name; left out", home, name)
+        del named[name]
     return [dict(e, path=_path(join_uri(home, e["name"]))) for e in sorted(named.values(), key=lambda e: (epoch_of(e), e["name"]))]
 
 
