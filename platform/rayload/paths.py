@@ -327,9 +327,12 @@ def download_folder(remote: str, local: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+_SECRET_PARAMS = ("password", "passfile", "sslpassword")  # libpq's query parameters that hold or point at secrets
+
+
 def shown_url(url: str | None) -> str:
     """A database URL as printed (errors and tables end up in terminals and CI logs): its
-    password masked."""
+    password masked, in user:password@ and in the query (?password=, which libpq reads too)."""
     import re
 
     if url is None:
@@ -337,6 +340,7 @@ def shown_url(url: str | None) -> str:
     try:
         import sqlalchemy
 
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+        masked = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: mask user:password@ by hand
-        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+        masked = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"(?i)([?&](?:%s)=)[^&#]*" % "|".join(_SECRET_PARAMS), r"\1***", masked)

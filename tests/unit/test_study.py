@@ -101,6 +101,10 @@ def test_study_errors_mask_the_database_password_and_say_why_it_cannot_be_read()
     message = str(info.value)
     assert "s3cretPW" not in message and "alice:***@127.0.0.1" in message
     assert "OperationalError" in message and "refused" in message and "invalid data" not in message
+    # libpq also reads a password from the query; psycopg passes it on, and it was shown as given
+    with pytest.raises(RayloadError) as info:
+        read_study(f"postgresql://127.0.0.1:{port}/studies?user=alice&password=s3cretPW", "x")
+    assert "s3cretPW" not in str(info.value) and "password=***" in str(info.value)
 
 
 def test_cut_off_records_running_trials_pruned_with_their_best_so_far_and_why(tmp_path):
