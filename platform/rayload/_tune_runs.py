@@ -171,7 +171,8 @@ def write_state(run_dir: str, **updates) -> None:
     path = os.path.join(run_dir, "search.json")
     state = read_state(run_dir) if os.path.exists(path) else {"started": now()}
     state.update(updates, updated=now())
-    write_json(path, state, durable=True)  # a crash of the machine must not leave the renamed file empty
+    # durable: a crash of the machine must not leave the renamed file empty; private: the study's URL may carry a password
+    write_json(path, state, durable=True, private=True)
 
 
 def status(run: str) -> dict:

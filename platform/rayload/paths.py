@@ -157,15 +157,18 @@ def remove_folder(remote: str) -> None:
         fs.delete_dir(root)
 
 
-def write_text(uri: str, text: str, durable: bool = False) -> None:
+def write_text(uri: str, text: str, durable: bool = False, private: bool = False) -> None:
     """Write one small file on object storage (or a local path) whole: readers see the old
     text or the new, never part of it (an object store's PUT is atomic; locally a rename).
     `durable` (local files): the text and the rename are on disk before this returns, so a
-    crash of the machine brings back neither an empty file nor the old one."""
+    crash of the machine brings back neither an empty file nor the old one. `private` (local
+    files): readable by this user alone (0600), for files that may hold a database URL's password."""
     if not is_remote(uri):
         local = local_path(uri)
         tmp = f"{local}.tmp"
-        with open(tmp, "w") as f:
+        if os.path.exists(tmp):  # a crash's leftover keeps its mode through os.open: start anew
+            os.remove(tmp)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666), "w") as f:
             f.write(text)
             if durable:
                 f.flush()
@@ -195,11 +198,11 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def write_json(path: str, obj, durable: bool = False) -> None:
+def write_json(path: str, obj, durable: bool = False, private: bool = False) -> None:
     """`obj` as indented JSON, written whole (`write_text`)."""
     import json
 
-    write_text(path, json.dumps(obj, indent=1, default=str), durable)
+    write_text(path, json.dumps(obj, indent=1, default=str), durable, private)
 
 
 def read_text(path: str) -> str:

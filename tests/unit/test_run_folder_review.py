@@ -114,3 +114,27 @@ def test_a_json_file_rewritten_keeps_its_old_text_when_the_new_cannot_be_written
     assert json.loads(out.read_text()) == {"auc": 0.8}
     write_json(str(out), {"auc": 0.9}, durable=True)
     assert json.loads(out.read_text()) == {"auc": 0.9} and not (tmp_path / "metrics.json.tmp").exists()
+
+
+def test_files_that_may_hold_a_database_password_are_readable_by_their_owner_alone(tmp_path):
+    """serve.json and search.json hold the event store's and the study's URLs as given (0644 before)."""
+    import stat
+
+    from rayload.paths import write_json
+    from rayload.serve.run_state import save_state
+
+    from rayload._tune_runs import write_state
+
+    save_state(str(tmp_path), {"config": {"events_url": "postgresql://ab:s3cret@db/ab"}})
+    write_state(str(tmp_path), spec={"storage": "postgresql://optuna:s3cret@db/optuna"})
+    assert stat.S_IMODE(os.stat(tmp_path / "serve.json").st_mode) == stat.S_IMODE(os.stat(tmp_path / "search.json").st_mode) == 0o600
+    (tmp_path / "plain.json.tmp").write_text("a crash's leftover")
+    os.chmod(tmp_path / "plain.json.tmp", 0o600)
+    write_json(str(tmp_path / "plain.json"), {"a": 1})
+    assert stat.S_IMODE(os.stat(tmp_path / "plain.json").st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

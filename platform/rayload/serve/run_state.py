@@ -28,7 +28,8 @@ def new_generation() -> str:
 def save_state(run_dir: str, state: dict) -> None:
     # a restart after a crash reads it: never an empty file renamed into place, nor the old
     # serve.json brought back by a power cut (undoing a recorded promote or rollback)
-    write_json(os.path.join(run_dir, "serve.json"), state, durable=True)
+    # private: the event store's URL may carry a password
+    write_json(os.path.join(run_dir, "serve.json"), state, durable=True, private=True)
 
 
 def load_state(run: str) -> tuple[str, dict]:
