@@ -10,6 +10,12 @@ import os
 # stage): one path component, not "." or ".." (nor hidden). With "." a pipeline's --run-id or
 # stage folder was runs/ itself or its run folder, which a re-run then deleted whole.
 NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+# At most this long: a run folder adds a timestamp to the name, and past the file system's 255
+# bytes a folder cannot be made (an OSError traceback after the spec had validated). A job's
+# name and run name may be longer: rayload makes some from other names (retrain-<experiment>-
+# <stamp>, ab-<experiment>-<arm>-<fingerprint>: up to 207 characters); a run or cache folder
+# adds at most 23 to them.
+NAME_MAX, JOB_NAME_MAX = 128, 220
 
 
 # Where a submitted job's run folders go when neither the job nor the cluster sets RAYLOAD_HOME.

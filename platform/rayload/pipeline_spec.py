@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, field_validator
 
 from .errors import SpecError, SpecIssue
-from .paths import NAME_PATTERN
+from .paths import NAME_MAX, NAME_PATTERN
 from .spec import _Spec
 
 # Folders under runs/ that other commands own; a pipeline run may not take their names.
@@ -25,7 +25,7 @@ RUN_FILES = frozenset({"manifest.json", "report.html", ".lock"})
 
 
 class _Stage(_Spec):
-    name: str = Field(pattern=NAME_PATTERN, max_length=128)
+    name: str = Field(pattern=NAME_PATTERN, max_length=NAME_MAX)
 
     @field_validator("name")
     @classmethod
@@ -87,7 +87,7 @@ Stage = Annotated[Union[PrepareStage, TrainStage, TuneStage, ABStage, DecideStag
 
 
 class PipelineSpec(_Spec):
-    name: str = Field(min_length=1, pattern=NAME_PATTERN)
+    name: str = Field(min_length=1, pattern=NAME_PATTERN, max_length=NAME_MAX)
     stages: list[Stage] = Field(min_length=1)
     folder: str = ""  # set at load: the pipeline file's folder (paths resolve against it)
 

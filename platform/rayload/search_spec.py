@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ._quantities import GpuQuantity, RayQuantity
 from .errors import SpecIssue
-from .paths import NAME_PATTERN
+from .paths import NAME_MAX, NAME_PATTERN
 from .spec import _Spec as _JobSpecBase
 
 
@@ -189,7 +189,7 @@ class TrialResources(_Spec):
 
 
 class SearchSpec(_Spec):
-    name: str = Field(min_length=1, pattern=NAME_PATTERN)
+    name: str = Field(min_length=1, pattern=NAME_PATTERN, max_length=NAME_MAX)
     base: str = Field(description="the job spec to search; relative paths are relative to this file")
     space: dict[str, Param] = Field(min_length=1)
     fixed: dict[str, Any] = Field(default_factory=dict, description="changes to the base job for every trial")

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import RayloadError
 from .hashing import digest
-from .paths import NAME_PATTERN, exclusive, runs_root
+from .paths import NAME_MAX, NAME_PATTERN, exclusive, runs_root
 from ._stage_runners import _dump
 from .pipeline_spec import RESERVED_RUN_IDS, PipelineSpec
 
@@ -87,8 +87,8 @@ def run(spec: PipelineSpec, run_id: str | None = None, address: str | None = Non
     if run_id is not None and not run_id:  # '' was read as "none given" and ran the spec's own run
         raise RayloadError("--run-id must not be empty (leave it out for the pipeline's name)")
     run_id = run_id or spec.name
-    if len(run_id) > 128:  # a folder name past the file system's 255 bytes was an OSError traceback
-        raise RayloadError(f"--run-id must be at most 128 characters (got {len(run_id)})")
+    if len(run_id) > NAME_MAX:  # a folder name past the file system's 255 bytes was an OSError traceback
+        raise RayloadError(f"--run-id must be at most {NAME_MAX} characters (got {len(run_id)})")
     if not re.fullmatch(NAME_PATTERN, run_id):  # "." or ".." made the run folder runs/ or its parent, deleted on a re-run
         raise RayloadError(f"--run-id {run_id!r} must be one folder name: letters, digits, '_', '-' and '.', not starting "
                            "with '.'")

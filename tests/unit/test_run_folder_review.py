@@ -138,3 +138,22 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_names_too_long_for_a_folder_are_refused_at_load_naming_the_field():
+    """A 250-character job name validated, then failed making its cache folder (an OSError traceback)."""
+    from pydantic import ValidationError
+
+    from rayload.pipeline_spec import PipelineSpec
+    from rayload.search_spec import SearchSpec
+    from rayload.spec import JobSpec
+
+    raw = job("x.parquet").model_dump(mode="json")
+    for bad in ({**raw, "name": "a" * 221}, {**raw, "train": {**raw["train"], "run_name": "r" * 221}}):
+        with pytest.raises(ValidationError, match=r"(name|run_name)\n  String should have at most 220 characters"):
+            JobSpec.model_validate(bad)
+    assert JobSpec.model_validate({**raw, "name": "a" * 220}).name == "a" * 220  # ab-<experiment>-<arm>-<fingerprint> fits
+    with pytest.raises(ValidationError, match=r"name\n  String should have at most 128 characters"):
+        SearchSpec.model_validate({"name": "s" * 129, "base": "b.yaml", "space": {"train.lr": {"uniform": [0.1, 0.2]}}})
+    with pytest.raises(ValidationError, match=r"String should have at most 128 characters"):
+        PipelineSpec.model_validate({"name": "p", "stages": [{"name": "t" * 129, "kind": "train", "spec": "j.yaml"}]})
