@@ -91,6 +91,21 @@ def test_ray_and_local_engines_write_the_same_rows_for_any_file_layout(ray_local
             pd.testing.assert_frame_equal(rows(res, s), rows(ref, s), rtol=1e-9)
 
 
+def test_a_column_also_named_in_a_folder_keeps_its_own_values_on_both_engines(ray_local, tmp_path):
+    """Ray Data's default hive partitioning replaced a column's values with a k=v folder's text
+    (dt=2024-06-01/ lost every row's hour) on the ray engine only."""
+    df = frame(400, seed=5)
+    for i, rows in enumerate(np.array_split(np.arange(len(df)), 2)):
+        folder = tmp_path / "data" / f"item=from-folder-{i}"
+        folder.mkdir(parents=True)
+        df.iloc[rows].to_parquet(folder / "part-0.parquet")
+    spec = job(str(tmp_path / "data"))
+    ray_run, local_run = preprocess(spec, out=str(tmp_path / "r")), preprocess(spec, out=str(tmp_path / "l"), engine="local")
+    vocab = {c.name: c.vocab for c in ray_run.features.categorical}["item"]
+    assert vocab and not any(v.startswith("from-folder") for v in vocab)
+    assert ray_run.features.categorical == local_run.features.categorical and ray_run.data_hash == local_run.data_hash
+
+
 def test_synthetic_ctr_one_million_rows(ray_local):
     spec = JobSpec.model_validate({
         "name": "synth1m",

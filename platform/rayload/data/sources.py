@@ -172,12 +172,16 @@ def read_parquet(paths: list[str], **kwargs):
     The DataSource V2 path of Ray 2.60 packed a 16-file source into one read task (one busy
     CPU), and its separate file-listing task always asks for a CPU, which a training job
     whose workers hold every CPU never gets. V1 honours override_num_blocks and num_cpus.
+
+    No partitioning: Ray's default (hive) replaced the values of a column also named in a
+    folder (dt=2024-06-01/) with the folder's text, while the local engine, the schema checks
+    and serving read the file's own values.
     """
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     previous, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
-        return ray.data.read_parquet(paths, file_extensions=None, **kwargs)
+        return ray.data.read_parquet(paths, file_extensions=None, partitioning=None, **kwargs)
     finally:
         ctx.use_datasource_v2 = previous
