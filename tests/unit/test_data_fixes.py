@@ -161,3 +161,27 @@ def test_a_decimal_parquet_column_is_numeric(tmp_path, monkeypatch):
     assert result.counts["good"] == n
     stats = next(s for s in result.features.numeric if s.name == "price").stats
     assert stats["min"] == pytest.approx(0.25) and stats["max"] == pytest.approx(n - 1 + 0.25)
+
+
+@pytest.mark.parametrize("kind, write", [("csv", lambda df, f: df.to_csv(f, index=False)),
+                                         ("jsonl", lambda df, f: df.to_json(f, orient="records", lines=True))])
+def test_compressed_text_shards_in_a_folder_are_read_like_the_others(tmp_path, kind, write):
+    """part-1.csv.gz beside part-0.csv was skipped without a word (read when named directly)."""
+    import bz2
+    import gzip
+
+    from helpers import frame, job
+
+    from rayload.data.pipeline import preprocess
+
+    df = frame(300, seed=2)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with open(folder / f"part-0.{kind}", "w") as f:
+        write(df.iloc[:100], f)
+    with gzip.open(folder / f"part-1.{kind}.gz", "wt") as f:
+        write(df.iloc[100:200], f)
+    with bz2.open(folder / f"part-2.{kind.upper()}.bz2", "wt") as f:
+        write(df.iloc[200:], f)
+    res = preprocess(job(str(folder), kind=kind), out=str(tmp_path / "out"), engine="local")
+    assert res.counts["input"] == 300

@@ -18,6 +18,17 @@ from ..errors import DataError
 from .builtin import materialize
 
 _EXTENSIONS = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+# Text files compressed whole: both engines open them through pyarrow, which decompresses by
+# the file's extension (a folder's part-1.csv.gz was skipped without a word, read when named)
+_COMPRESSED = (".gz", ".bz2", ".zst")
+
+
+def _is_data(name: str, fmt: str) -> bool:
+    """A file of `fmt` by its name (P6.CSV too; csv.gz and the like for the text formats)."""
+    name = name.lower()
+    if fmt != "parquet" and name.endswith(_COMPRESSED):
+        name = name.rsplit(".", 1)[0]
+    return name.endswith(_EXTENSIONS[fmt])
 _GLOB = set("*?[")
 _OPEN_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError)
 
@@ -99,7 +110,7 @@ def _glob(fs: pafs.FileSystem, pattern: str, fmt: str) -> list[str]:
         parts = i.path[len(base):].strip("/").split("/")
         if _match(parts, wanted):
             out.append(i.path)
-        elif i.base_name.lower().endswith(_EXTENSIONS[fmt]) and any(
+        elif _is_data(i.base_name, fmt) and any(
                 _match(parts[:k], wanted) and not any(p.startswith((".", "_")) for p in parts[k:]) for k in range(1, len(parts))):
             out.append(i.path)  # inside a folder the pattern names
     return out
@@ -144,7 +155,7 @@ def _walk(fs: pafs.FileSystem, path: str, item: str, fmt: str) -> list[str]:
         i.path
         for i in infos
         if i.type == pafs.FileType.File
-        and i.base_name.lower().endswith(_EXTENSIONS[fmt])  # P6.CSV too
+        and _is_data(i.base_name, fmt)
         # hidden or _ names at any depth below the folder (.git/, _temporary/), and runs/ and the cache
         and not any(part.startswith((".", "_")) for part in i.path[len(path):].strip("/").split("/"))
         and not _ours(fs, path, i.path)
