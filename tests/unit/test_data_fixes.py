@@ -185,3 +185,21 @@ def test_compressed_text_shards_in_a_folder_are_read_like_the_others(tmp_path, k
         write(df.iloc[200:], f)
     res = preprocess(job(str(folder), kind=kind), out=str(tmp_path / "out"), engine="local")
     assert res.counts["input"] == 300
+
+
+def test_an_empty_or_cut_off_parquet_shard_is_named(tmp_path):
+    """A 0-byte part file (a writer that died) raised Arrow's 'Parquet file size is 0 bytes',
+    naming no file."""
+    from helpers import frame, job
+
+    from rayload.data.pipeline import preprocess
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    frame(50, seed=1).to_parquet(folder / "a.parquet")
+    (folder / "b.parquet").write_bytes(b"")
+    with pytest.raises(DataError, match=r"b\.parquet: not a readable Parquet file \(.*0 bytes.*\); remove it"):
+        preprocess(job(str(folder)), out=str(tmp_path / "out"), engine="local")
+    (folder / "b.parquet").write_bytes((folder / "a.parquet").read_bytes()[:100])
+    with pytest.raises(DataError, match=r"b\.parquet: not a readable Parquet file"):
+        preprocess(job(str(folder)), out=str(tmp_path / "out2"), engine="local")

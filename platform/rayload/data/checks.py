@@ -42,7 +42,11 @@ def check_files(inputs: Inputs, schema: Schema) -> None:
 
 def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if inputs.fmt == "parquet":
-        return pq.read_schema(path, filesystem=inputs.filesystem)
+        try:
+            return pq.read_schema(path, filesystem=inputs.filesystem)
+        except (pa.ArrowInvalid, OSError) as exc:  # a 0-byte or cut-off shard: Arrow's error named no file
+            raise DataError(f"{path}: not a readable Parquet file ({exc}); remove it, or name the files to read in "
+                            "data.source.path") from None
     with inputs.filesystem.open_input_stream(path) as f:
         raw = f.read(1 << 20)
         head = b"".join(itertools.islice(io.BytesIO(raw), 101))
