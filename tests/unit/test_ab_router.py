@@ -531,3 +531,18 @@ def test_the_api_docs_routes_are_not_served():
             return (await client.get(path)).status_code
 
     assert [asyncio.run(get(path)) for path in ("/docs", "/redoc", "/openapi.json")] == [404, 404, 404]
+
+
+@pytest.mark.parametrize("key", ["clé", " padded ", "tab\tinside"])
+def test_an_api_key_no_header_can_carry_is_refused_before_serving(models, tmp_path, monkeypatch, key):
+    """A key with 'é' never matched: clients send it as UTF-8, Starlette reads headers as Latin-1."""
+    from rayload.errors import RayloadError
+
+    checkpoints, _ = models
+    spec = ab_from_dict({"name": "t", "arms": [{"name": a, "weight": 0.5, "checkpoint": checkpoints[a]} for a in ("A", "B")],
+                         "serving": {"mode": "combined", "api_key_env": "AB_TEST_KEY"}})
+    monkeypatch.setenv("AB_TEST_KEY", key)
+    with pytest.raises(RayloadError, match=r"the API key in AB_TEST_KEY must be printable ASCII"):
+        app_args(spec, checkpoints, str(tmp_path))
+    monkeypatch.setenv("AB_TEST_KEY", "k3y-Of.ascii~!")
+    assert app_args(spec, checkpoints, str(tmp_path))["api_key_sha256"]

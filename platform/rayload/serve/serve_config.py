@@ -89,6 +89,11 @@ def app_args(spec: ABSpec, checkpoints: dict[str, str], run_dir: str) -> dict:
         if not key:
             raise RayloadError(f"serving.api_key_env: the environment variable {spec.serving.api_key_env} is not set; "
                                "export the API key there, or remove api_key_env to serve without a key")
+        if not (key.isascii() and key.isprintable() and key == key.strip()):
+            # HTTP carries header values as bytes that servers read as Latin-1 and strip: a key with
+            # 'é' (sent as UTF-8 by curl and aiohttp) or surrounding spaces could never match
+            raise RayloadError(f"serving.api_key_env: the API key in {spec.serving.api_key_env} must be printable ASCII "
+                               "without surrounding spaces, which an x-api-key header carries as it is")
         key_sha = hashlib.sha256(key.encode()).hexdigest()
     return {"api_key_sha256": key_sha,"experiment": spec.name, "salt": spec.experiment_salt, "arms": [a.name for a in spec.arms],
             "checkpoints": checkpoints, "mode": serving_mode(spec, checkpoints), "serving": serving,
