@@ -546,3 +546,32 @@ def test_an_api_key_no_header_can_carry_is_refused_before_serving(models, tmp_pa
         app_args(spec, checkpoints, str(tmp_path))
     monkeypatch.setenv("AB_TEST_KEY", "k3y-Of.ascii~!")
     assert app_args(spec, checkpoints, str(tmp_path))["api_key_sha256"]
+
+
+def test_a_slow_shadow_holds_up_no_later_request(run, make_router, models):
+    """The shadow's call shared the live batch queue and ran on the event loop: a request sent
+    right after a shadowed one waited out the challenger's model (507 ms, logged as the
+    champion's latency)."""
+    _, rows = models
+    router = make_router(shadow=True)
+    real = router.models.scorers["B"].score_table
+
+    def slow(*a, **k):
+        time.sleep(1.0)
+        return real(*a, **k)
+
+    router.models.scorers["B"].score_table = slow
+
+    async def main():
+        first = answer(await router.predict(request({"unit_id": "u1", "features": rows[0]})))
+        start = time.perf_counter()
+        second = answer(await router.predict(request({"unit_id": "u2", "features": rows[1]})))
+        waited = time.perf_counter() - start
+        await asyncio.gather(*router._shadow_tasks)
+        return first, second, waited
+
+    first, second, waited = run(main())
+    assert first[0] == second[0] == 200 and waited < 0.5
+    latencies = [ms for (ms,) in rows_of(router, "select latency_ms from ab_exposures")]
+    assert len(latencies) == 2 and max(latencies) < 500
+    assert rows_of(router, "select arm, status from ab_shadow") == [("B", "ok")] * 2

@@ -30,6 +30,22 @@ class Models:
 
         self.scorers = {arm: Scorer.load(arm, path, drift, torchscript) for arm, path in checkpoints.items()}
         self.log = None
+        self._alone = None  # the shadows' thread (score_alone), made at the first shadow
+
+    async def score_alone(self, arm: str, rows: list[dict]) -> tuple[list[float], str]:
+        """One request scored outside the live batches, in a thread of its own (serve/shadow.py):
+        a shadow challenger's call that shared a batch with live requests held up their answers,
+        and, run on the event loop, every request that arrived while it scored. One thread per
+        replica: the shadows (bounded in number) score one after another."""
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._alone is None:
+            self._alone = ThreadPoolExecutor(1, thread_name_prefix="rayload-shadow")
+        [result] = await asyncio.get_running_loop().run_in_executor(self._alone, score_grouped, self.scorers, [(arm, rows)])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def score(self, arm: str, rows: list[dict], exposure: tuple | None = None) -> tuple[list[float], str]:
         return await self._batched((arm, rows, exposure))

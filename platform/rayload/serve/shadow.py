@@ -1,5 +1,6 @@
 """Shadow mode of the A/B router (serve/app.py): the champion answers every request, and the
-challengers score it after the champion's own call returned, in the background, so the answer
+challengers score it after the champion's own call returned, in the background (in combined
+mode outside the live batches, in a thread of their own: Models.score_alone), so the answer
 and the champion's logged latency never wait for a challenger. Their scores (or a failure,
 status error) go to `ab_shadow` when they come; at most `max_ongoing_requests` requests' shadows
 are in flight per replica, and beyond that a request's shadows are skipped (counted), never
@@ -16,7 +17,7 @@ log = logging.getLogger("rayload.serve.app")  # the router's log, where its shad
 
 
 class ShadowScoring:
-    """Mixed into ABRouter, whose `order`, `writer` and `_score_or_error` it uses."""
+    """Mixed into ABRouter, whose `order`, `writer`, `models` and `_score` it uses."""
 
     def _init_shadows(self, max_tasks: int) -> None:
         self.max_shadow_tasks = max_tasks
@@ -52,7 +53,10 @@ class ShadowScoring:
 
     async def _timed_score(self, arm: str, rows: list[dict]) -> tuple:
         start = time.perf_counter()
-        result = await self._score_or_error(arm, rows)
+        try:  # combined mode: outside the live batches and off the event loop (Models.score_alone)
+            result = await (self.models.score_alone(arm, rows) if self.models is not None else self._score(arm, rows))
+        except Exception as exc:  # noqa: BLE001 - recorded as the shadow's error
+            result = exc
         return result, (time.perf_counter() - start) * 1000
 
     def _count_shadow(self, arm: str, outcome: str, error: BaseException | None) -> None:
