@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from .cli import AddressOpt, SetOpt, _friendly, _g, _out_file, app, console
@@ -74,7 +75,7 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
                 # After a promote or rollback each look returns it again, acting on nothing; say it once.
                 decision, reasons = control.step(dep.run_dir)
                 if decision != "continue" and (decision, reasons) != said:
-                    console.print(f"[bold]{decision}[/]: {'; '.join(reasons)}")
+                    console.print(f"[bold]{decision}[/]: {escape('; '.join(reasons))}")
                 said = (decision, reasons)
     except KeyboardInterrupt:
         _stop_serving(ab.name)
@@ -142,7 +143,6 @@ def print_analysis(result) -> None:
     table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", "95% CI", "errors", "p99 ms", "guardrails",
                   title=f"experiment {result.experiment} (champion {result.live_champion or result.champion}"
                         f"{f', promoted over {result.champion}' if result.live_champion else ''})")
-    from rich.markup import escape  # "[0.1, 0.2]" and "[n/a]" are style tags to Rich: it dropped them
 
     from .serve.analysis import points
     from .serve.report import _n, lift_text
@@ -239,7 +239,7 @@ def simulate(spec: ABArg, users: Annotated[Optional[int], typer.Option(min=1, he
                                   auto=decide and ab.ramp.auto,
                                   on_chunk=lambda done, status: line.update(f"simulated {done}/{total} requests; statuses {status}"))
     for s in out.steps:
-        console.print(f"after {s['requests']} requests: {s['decision']} ({'; '.join(s['reasons'])})")
+        console.print(escape(f"after {s['requests']} requests: {s['decision']} ({'; '.join(s['reasons'])})"))
     console.print(f"requests {out.requests}, HTTP statuses {out.status}" + (f", click feedback statuses {out.feedback}" if out.feedback else ""))
     print_analysis(control.analysis_for(run_dir))
     console.print(f"[bold]decision: {out.decision}[/]")

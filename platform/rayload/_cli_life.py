@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from .cli import AddressOpt, SetOpt, _friendly, _g, app, console, err_console
 
@@ -35,9 +36,9 @@ def compress(
             result = run(checkpoint, method, amount=amount, structured=structured, finetune_epochs=finetune_epochs,
                          max_auc_drop=max_auc_drop, out=out, spec=job, address=address, overrides=[] if spec else (set_ or []))
         except GateRefused as exc:
-            err_console.print(f"[bold red]{exc}[/]", highlight=False)  # it says "... model refused: ..." itself
+            err_console.print(f"[bold red]{escape(str(exc))}[/]", highlight=False)  # it says "... model refused: ..." itself
             raise typer.Exit(1) from None
-    console.print(f"[green]wrote[/] {result.checkpoint}")
+    console.print(f"[green]wrote[/] {escape(result.checkpoint)}")
     size = (f"{result.bytes_before / max(result.bytes_after, 1):.2f}x smaller" if result.method == "int8" else
             "zeros are stored as dense weights: the file is the same size; the sparsity below is what pruning bought")
     console.print(f"validation AUC {result.auc_before:.5f} -> {result.auc_after:.5f} (drop {result.auc_drop:+.5f}, "
@@ -78,4 +79,4 @@ def retrain(
     if not result.passed:
         err_console.print("[bold red]refused:[/] the retrained model does not beat the champion on recent events; no experiment written")
         raise typer.Exit(1)
-    console.print(f"[green]next experiment:[/] rayload serve {result.ab_spec}")
+    console.print(f"[green]next experiment:[/] rayload serve {escape(result.ab_spec)}")

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from .cli import AddressOpt, StageSetOpt, _friendly, _g, _out_file, app, console
@@ -66,8 +67,8 @@ def print_run(result) -> None:
     console.print(table)
     for s in result.stages:
         if s.error:
-            console.print(f"[red]stage {s.name} failed[/]: {s.error}")
-    console.print(f"run folder [bold]{result.run_dir}[/] (manifest.json, one folder per stage)")
+            console.print(f"[red]stage {s.name} failed[/]: {escape(str(s.error))}")
+    console.print(f"run folder [bold]{escape(result.run_dir)}[/] (manifest.json, one folder per stage)")
 
 
 def _key_outputs(stage) -> str:
@@ -147,13 +148,12 @@ def print_summary(result, report_path: str) -> None:
     if decided:
         arms = "; ".join(f"{arm} CTR {_g(a['ctr'])} [{_g(a['ctr_ci'][0])}, {_g(a['ctr_ci'][1])}] over {a['units']} users"
                          for arm, a in decided["arms"].items())
-        from rich.markup import escape  # the intervals' brackets are style tags to Rich
 
         lift = (f"lift of {decided.get('challenger')} over {decided.get('champion')} {decided['lift']:+.2%}"
                 if decided.get("lift") is not None else "lift n/a")
         console.print(escape(f"A/B decision: {decided['decision']} ({'; '.join(decided['reasons'])}); {arms}; {lift}; "
                              f"sequential p {_g(decided.get('sequential_p'))}; {decided['action']}"))
-    console.print(f"report: [bold]{report_path}[/]")
+    console.print(f"report: [bold]{escape(report_path)}[/]")
 
 
 def _write_report(run_dir: str) -> str:
@@ -229,7 +229,7 @@ def cluster_lint(path: Annotated[str, typer.Argument(help="the `ray up` file")] 
     from .cluster import check
 
     check(path)
-    console.print(f"[green]ok[/] {path}: Ray's cluster schema, token auth, dashboard on loopback, no Ray port or SSH open to the internet")
+    console.print(f"[green]ok[/] {escape(path)}: Ray's cluster schema, token auth, dashboard on loopback, no Ray port or SSH open to the internet")
 
 
 @cluster_app.command("local")

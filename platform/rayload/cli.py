@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape as _e  # user text (paths, values, messages) is no style tag: '[/x]' raised, '[draft]' vanished
 from rich.table import Table
 
 from .errors import RayloadError
@@ -36,7 +37,7 @@ def _friendly(fn):
         try:
             return fn(*args, **kwargs)
         except RayloadError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            err_console.print(f"[bold red]error:[/] {_e(str(exc))}", highlight=False, markup=True)
             for note in getattr(exc, "__notes__", ()):  # where it happened (which fold of a k-fold run)
                 err_console.print(note, highlight=False, markup=False)
             raise typer.Exit(2) from None
@@ -78,14 +79,14 @@ def validate(spec: AnySpecArg, set_: SetOpt = None) -> None:
         from .search_job import load_search_spec
 
         {"search": load_search_spec, "ab": load_ab_spec, "pipeline": load_pipeline}[kind](spec, set_ or [])
-        console.print(f"[green]ok[/] {spec}: {kind} spec valid")
+        console.print(f"[green]ok[/] {_e(spec)}: {kind} spec valid")
         return
     from .data.checks import check_data_schema
     from .spec import load_spec
 
     job = load_spec(spec, set_ or [])
     files = check_data_schema(job)
-    console.print(f"[green]ok[/] {spec}: spec valid, {files} input file(s), schema matches data.columns")
+    console.print(f"[green]ok[/] {_e(spec)}: spec valid, {files} input file(s), schema matches data.columns")
 
 
 @app.command()
@@ -109,13 +110,13 @@ def _preprocess_with_status(job, out, address):
 def print_preprocess_summary(result) -> None:
     c = result.counts
     state = "reused from cache" if result.cached else "written"
-    console.print(f"[bold]{result.out_dir}[/] ({state})")
+    console.print(f"[bold]{_e(result.out_dir)}[/] ({state})")
     counts = Table("input", "good", "quarantined", "train", "val", "test", title="rows")
     w = c.get("written", c["split_rows"])
     counts.add_row(*map(str, [c["input"], c["good"], c["quarantined"], w["train"], w["val"], w["test"]]))
     console.print(counts)
     for reason, n in sorted(c["reasons"].items(), key=lambda kv: -kv[1])[:10]:
-        console.print(f"  quarantined {n}: {reason}")
+        console.print(f"  quarantined {n}: {_e(reason)}")
     console.print(feature_table(result.features))
 
 
@@ -182,7 +183,7 @@ def print_training(result) -> None:
     console.print(table)
     if result.test:
         console.print(metrics_table(result.test, "test metrics (best checkpoint)"))
-    console.print(f"best checkpoint: [bold]{result.checkpoint}[/]")
+    console.print(f"best checkpoint: [bold]{_e(result.checkpoint)}[/]")
 
 
 def metrics_table(metrics: dict, title: str) -> Table:
@@ -213,7 +214,7 @@ def evaluate(
         from .paths import write_json
 
         write_json(out, metrics.to_dict())  # whole or not at all: an earlier good file is never cut short
-        console.print(f"wrote {out}")
+        console.print(f"wrote {_e(out)}")
 
 
 @app.command()
@@ -241,12 +242,12 @@ def tune(
         result = tuning.tune(spec, resume=resume, address=address, overrides=set_ or [])
     print_trials(result.trials, result.metric, f"search {result.run_name}")
     counts = ", ".join(f"{n} {state}" for state, n in result.counts().items())
-    console.print(f"trials: {counts}; ended: {result.ended}; run folder [bold]{result.run_dir}[/]")
+    console.print(f"trials: {counts}; ended: {result.ended}; run folder [bold]{_e(result.run_dir)}[/]")
     if result.best:
         console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
                       f"[bold]rayload train {result.best_spec}[/]")
     for path in result.plots:
-        console.print(f"plot: {path}")
+        console.print(f"plot: {_e(path)}")
 
 
 def print_trials(rows: list[dict], metric: str, title: str, limit: int = 30) -> None:
@@ -298,7 +299,7 @@ def synth(
         raise typer.BadParameter(str(exc)) from None
     with console.status(f"generating {rows:,} rows..."):
         result = write_synthetic(out, params)
-    console.print(f"[green]wrote[/] {len(result.files)} shard(s), {result.rows:,} rows to {result.out_dir}")
+    console.print(f"[green]wrote[/] {len(result.files)} shard(s), {result.rows:,} rows to {_e(result.out_dir)}")
     console.print(f"positive rate {result.positive_rate:.4f}; Bayes-optimal AUC {result.bayes_auc:.4f} (the ceiling for any model)")
 
 

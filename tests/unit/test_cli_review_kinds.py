@@ -143,3 +143,18 @@ def test_amount_without_prune_is_refused_not_ignored(tmp_path):
     assert out.exit_code == 2 and "--amount applies to --method prune only" in out.output
     with pytest.raises(RayloadError, match="no checkpoint|does not exist|not found"):  # the default amount passes the checks
         compress(str(tmp_path / "none"), "prune")
+
+
+def test_brackets_in_paths_and_values_are_printed_as_they_are(tmp_path):
+    """Messages went through Rich markup: '[/x]' in a path raised MarkupError (a traceback) and
+    '[draft]' vanished from the path shown."""
+    folder = tmp_path / "exp [draft]"
+    (folder / "[").mkdir(parents=True)
+    odd = folder / "[" / "x]ok.yaml"  # ".../exp [draft]/[/x]ok.yaml"
+    odd.write_text(open(BAYES).read().replace("../jobs/", os.path.join(ROOT, "jobs") + "/"))
+    r = CliRunner().invoke(cli_app(), ["validate", str(odd)])
+    assert r.exit_code == 0 and f"{odd}: search spec valid" in r.output.replace("\n", ""), r.output
+    r = CliRunner().invoke(cli_app(), ["validate", str(folder / "nope.yaml")])
+    assert r.exit_code == 2 and "exp [draft]" in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(cli_app(), ["validate", BAYES, "--set", "space.train.lr={loguniform: [nan, 0.01]}"])
+    assert r.exit_code == 2 and "[nan, 0.01]" in r.output.replace("\n", ""), r.output
