@@ -203,3 +203,19 @@ def test_an_empty_or_cut_off_parquet_shard_is_named(tmp_path):
     (folder / "b.parquet").write_bytes((folder / "a.parquet").read_bytes()[:100])
     with pytest.raises(DataError, match=r"b\.parquet: not a readable Parquet file"):
         preprocess(job(str(folder)), out=str(tmp_path / "out2"), engine="local")
+
+
+def test_a_csv_file_without_a_header_line_is_named():
+    """Old Mac \\r line ends (or a binary file named .csv) raised the csv module's error, naming no file."""
+    import tempfile
+
+    from helpers import job
+
+    from rayload.data.checks import check_data_schema
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/old-mac.csv"
+        with open(path, "w", newline="") as f:
+            f.write("user,item,tags,price,age,label\ru1,3,a,1.5,30,1\r")
+        with pytest.raises(DataError, match=r"old-mac\.csv: no CSV header line \(.*\); CSV lines end with"):
+            check_data_schema(job(path, kind="csv"))

@@ -53,7 +53,10 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     if not head.strip():
         return None
     if inputs.fmt == "csv":
-        names = next(csv.reader([header_line(strip_bom(head)).decode(errors="replace").rstrip("\r")]), [])
+        try:
+            names = next(csv.reader([header_line(strip_bom(head)).decode(errors="replace").rstrip("\r")]), [])
+        except csv.Error as exc:  # a binary file, or old Mac \r line ends: the csv module's traceback named no file
+            raise DataError(f"{path}: no CSV header line ({exc}); CSV lines end with \\n or \\r\\n") from None
         return pa.schema([(n, pa.string()) for n in names])
     whole = len(raw) < 1 << 20 and len(head) == len(raw)  # the sample is the whole file
     lines = jsonl_lines(head)  # as the reader splits them (splitlines() also broke lines at a lone \r)
