@@ -147,13 +147,18 @@ def find_run(run: str) -> str:
     raise RayloadError(f"no search run {run!r}: looked for search.json in {', '.join(candidates)}")
 
 
-def read_state(run_dir: str) -> dict:
+def read_state(run_dir: str, needs: tuple[str, ...] = ()) -> dict:
+    """search.json, with the fields `needs` (else it is damaged: a KeyError named no file)."""
     path = os.path.join(run_dir, "search.json")
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except ValueError as exc:  # a bare JSONDecodeError named no file
-            raise RayloadError(f"{path} is damaged ({exc}); the search's trials are in its study") from None
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (ValueError, IsADirectoryError) as exc:  # a bare JSONDecodeError named no file
+        raise RayloadError(f"{path} is damaged ({exc}); the search's trials are in its study") from None
+    missing = [k for k in needs if k not in state] if isinstance(state, dict) else ["an object"]
+    if missing:
+        raise RayloadError(f"{path} is damaged (no {', '.join(missing)} in it); the search's trials are in its study")
+    return state
 
 
 def study_url(state: dict, run_dir: str) -> str:
@@ -181,7 +186,7 @@ def status(run: str) -> dict:
     from ._tune_report import best_row, trial_rows
 
     run_dir = find_run(run)
-    state = read_state(run_dir)
+    state = read_state(run_dir, ("storage", "study", "total", "metric", "mode"))
     try:
         rows = trial_rows(read_study(study_url(state, run_dir), state["study"]))
     except RayloadError:

@@ -281,9 +281,10 @@ def load_run(run: str) -> tuple[str, dict]:
             try:
                 with open(path) as f:
                     manifest = json.load(f)
-            except ValueError as exc:  # a bare JSONDecodeError named no file
+            except (ValueError, IsADirectoryError) as exc:  # a bare JSONDecodeError named no file
                 raise RayloadError(f"{path} is damaged ({exc}); each stage's stage.json in {folder} still holds its outputs") from None
-            if not isinstance(manifest, dict) or not isinstance(manifest.get("stages", []), list):
+            stages = manifest.get("stages") if isinstance(manifest, dict) else None
+            if not isinstance(stages, list) or not all(isinstance(s, dict) and {"kind", "outcome"} <= s.keys() for s in stages):
                 raise RayloadError(f"{path} is damaged (not a run manifest); each stage's stage.json in {folder} still holds its outputs")
             return os.path.abspath(folder), manifest
     raise RayloadError(f"no pipeline run {run!r}: looked for manifest.json in {run} and {run_dir_for(run)}")

@@ -82,7 +82,9 @@ def tune(search: str | SearchSpec | None, resume: str | None = None, address: st
     None, and a given spec (with its overrides) must be that one: a different one is refused."""
     if resume:
         run_dir = find_run(resume)
-        state = read_state(run_dir)
+        if read_state(run_dir, ("spec",)).get("kind") == "function":  # its base_raw: a KeyError
+            raise RayloadError(f"{run_dir} is a search of a Python function; resume it with rayload.tune_function(..., resume=)")
+        state = read_state(run_dir, ("spec", "base_raw"))
         if search is not None:
             check_resumed_spec(run_dir, state["spec"], _load(search, overrides)[0])
         elif overrides:

@@ -124,3 +124,26 @@ def test_a_uri_for_the_run_folders_or_the_cache_is_refused_naming_the_variable(m
     monkeypatch.setenv("RAYLOAD_HOME", "gs://bucket/runs")
     with pytest.raises(RayloadError, match=r"RAYLOAD_HOME=gs://bucket/runs: a folder path"):
         runs_root()
+
+
+@pytest.mark.parametrize("name, text", [("serve.json", '{"config": {}}'), ("serve.json", '{"config": {"applications": []}}'),
+                                        ("serve.json", '{"config": {"applications": [{"args": {}}]}}'), ("serve.json", None),
+                                        ("search.json", "[1]"), ("search.json", "{}"), ("search.json", None),
+                                        ("manifest.json", "{}"), ("manifest.json", '{"stages": [1]}'), ("manifest.json", None)])
+def test_damaged_run_files_are_named_not_a_traceback(tmp_path, monkeypatch, name, text):
+    """A serve.json without its Serve application, a search.json that is a list or lacks its
+    study, a manifest whose stages are not stages, or any of them a folder: KeyError,
+    IndexError, TypeError or IsADirectoryError tracebacks from ab status, tune status and report."""
+    import importlib
+
+    importlib.import_module("rayload._cli_ab")
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    run.mkdir()
+    if text is None:
+        (run / name).mkdir()
+    else:
+        (run / name).write_text(text)
+    command = {"serve.json": ["ab", "status"], "search.json": ["tune", "status"], "manifest.json": ["report"]}[name]
+    out = CliRunner().invoke(cli_app(), [*command, str(run)])
+    assert out.exit_code == 2 and f"{name} is damaged" in out.output and "Traceback" not in out.output, out.output

@@ -36,12 +36,12 @@ def load_state(run: str) -> tuple[str, dict]:
     for folder in (run, os.path.join(runs_root(), "ab", run)):
         path = os.path.join(folder, "serve.json")
         if os.path.exists(path):
-            with open(path) as f:
-                try:
+            try:
+                with open(path) as f:
                     state = json.load(f)
-                except ValueError as exc:  # a bare JSONDecodeError named no file
-                    raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
-            if not isinstance(state, dict) or not isinstance(state.get("config"), dict):  # was KeyError: 'config'
+            except (OSError, ValueError) as exc:  # a bare JSONDecodeError (or IsADirectoryError) named no file
+                raise RayloadError(f"{path} is damaged ({exc}); the experiment's events are in its event store") from None
+            if not isinstance(state, dict) or not _serve_config(state.get("config")):  # was KeyError: 'config', 'applications', ...
                 raise RayloadError(f"{path} is damaged (no Serve config in it); the experiment's events are in its event store")
             return os.path.abspath(folder), state
     if run.endswith((".yaml", ".yml")) and not os.path.exists(run):  # a mistyped spec was read as a run name
@@ -49,6 +49,15 @@ def load_state(run: str) -> tuple[str, dict]:
     places = list(dict.fromkeys([run, os.path.join(runs_root(), "ab", run)]))  # one place when the name is already a path there
     raise RayloadError(f"no A/B run {run!r}: no serve.json in {' or '.join(places)}; an experiment gets its run folder when "
                        "`rayload serve SPEC` starts it")
+
+
+def _serve_config(config) -> bool:
+    """The shape control.parts reads: an application with args and a deployment's user_config."""
+    try:
+        app = config["applications"][0]
+        return isinstance(app["args"], dict) and isinstance(app["deployments"][0]["user_config"], dict)
+    except (KeyError, IndexError, TypeError):
+        return False
 
 
 @contextmanager
