@@ -69,9 +69,9 @@ class Param(_Spec):
 
     @property
     def values(self) -> list[Any]:
-        """The values a check can try: both bounds of a range, every choice or grid value."""
-        found = getattr(self, self.kind)
-        return list(found)
+        """The values a check can try: both bounds of a range, every choice or grid value (none
+        for a parameter of no kind or of two, which `problems` refuses: getattr(self, '') raised)."""
+        return list(getattr(self, self.kind)) if self.kind else []
 
     def inside(self) -> float | None:
         """A value strictly inside a float range that the sampler can draw, with a fractional

@@ -256,3 +256,10 @@ def test_a_stepped_float_range_with_fractional_steps_on_an_integer_field_is_refu
     for step in (1, 4.0):  # whole steps from a whole low draw whole values only
         assert load_search_spec(write(tmp_path, space={"model.embedding_dim": {"uniform": [8, 64], "step": step}})).space
     assert load_search_spec(write(tmp_path, space={"model.dropout": {"uniform": [0.0, 0.5], "step": 0.5}})).space  # a float field
+
+
+@pytest.mark.parametrize("param", [{}, {"uniform": [0, 1], "choice": [1]}])
+def test_a_parameter_of_no_kind_or_two_is_refused_by_name(tmp_path, param):
+    """`space.train.lr={}` raised AttributeError: 'Param' object has no attribute ''."""
+    msg = problems(tmp_path, space={"train.lr": param})
+    assert "space.train.lr" in msg and "give exactly one of" in msg
