@@ -175,8 +175,8 @@ def evaluate_split(spec, checkpoint: str, split: str = "test", address: str | No
     local = localize(checkpoint)
     if not os.path.isfile(os.path.join(local, "features.json")):
         raise RayloadError(_not_a_checkpoint(checkpoint, local))
+    trained = FittedFeatures.load(os.path.join(local, "features.json"))  # a damaged one: said before Ray and the data
     pre = preprocess(with_own_features(spec, checkpoint), address=address)
-    trained = FittedFeatures.load(os.path.join(local, "features.json"))
     if trained != pre.features:
         from .train.identity import features_differ, read_manifest
 

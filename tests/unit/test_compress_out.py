@@ -174,3 +174,14 @@ def test_a_drop_of_exactly_max_auc_drop_passes_the_gate():
     for before, after in [(0.51, 0.508), (0.75, 0.748), (0.9, 0.898), (0.8125, 0.8105)]:
         assert CompressResult("int8", "c", None, before, after, 0.002, 1, 0, {}).passed
     assert not CompressResult("int8", "c", None, 0.51, 0.5079, 0.002, 1, 0, {}).passed
+
+
+@pytest.mark.parametrize("text, what", [("{}", "no model config"), ('{"config": {"name": "mlp"}}', "no input shape"), ("[", "\\(Expecting value")])
+def test_a_damaged_model_json_is_named(tmp_path, text, what):
+    """compress on a checkpoint whose model.json lacked its config raised KeyError: 'config'."""
+    from rayload.errors import RayloadError
+    from rayload.train import checkpoint as ckpt
+
+    (tmp_path / "model.json").write_text(text)
+    with pytest.raises(RayloadError, match=rf"model\.json is damaged .*{what}"):
+        ckpt.load(str(tmp_path))

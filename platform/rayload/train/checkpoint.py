@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import RayloadError
 from ..features import FittedFeatures
 from ..models import InputShape, build_model, model_json
 from ..paths import join_uri, localize, read_text
@@ -152,9 +153,15 @@ class LoadedModel:
 
 def read_model_json(path: str) -> dict:
     """A checkpoint's model.json: architecture config, input shape, compression (if any)."""
-    path = localize(path)
-    with open(os.path.join(path, MODEL_JSON)) as f:
-        return json.load(f)
+    where = os.path.join(localize(path), MODEL_JSON)
+    try:
+        with open(where) as f:
+            spec = json.load(f)
+    except ValueError as exc:  # a bare JSONDecodeError named no file
+        raise RayloadError(f"{where} is damaged ({exc}); not a checkpoint rayload can load") from None
+    if not (isinstance(spec, dict) and isinstance(spec.get("config"), dict)):  # was KeyError: 'config' from compress, evaluate, serve
+        raise RayloadError(f"{where} is damaged (no model config in it); not a checkpoint rayload can load")
+    return spec
 
 
 def input_shape(spec: dict) -> InputShape:
@@ -167,6 +174,9 @@ def load(path: str, device: str | torch.device = "cpu") -> LoadedModel:
     mode; a URI (s3://...) is downloaded first (`localize`)."""
     path = localize(path)
     spec = read_model_json(path)
+    shape = spec.get("shape")
+    if not (isinstance(shape, dict) and {"dense", "sparse", "bags"} <= shape.keys()):
+        raise RayloadError(f"{os.path.join(path, MODEL_JSON)} is damaged (no input shape in it); not a checkpoint rayload can load")
     model = build_model(spec["config"], input_shape(spec))
     weights = torch.load(os.path.join(path, MODEL), weights_only=True, map_location="cpu")
     compression = spec.get("compression") or {}
