@@ -293,6 +293,8 @@ def synth(
     """Write the seeded Criteo-like synthetic-ctr data set as Parquet shards."""
     from .data.synthetic import SynthParams, write_synthetic
 
+    if not out.strip():  # '' wrote the shards into the working folder and said "to " (blank)
+        raise typer.BadParameter("give a folder or URI", param_hint="--out")
     try:
         params = SynthParams(rows=rows, numeric=numeric, categorical=categorical, shard_rows=shard_rows, missing_rate=missing_rate, zipf=zipf, seed=seed)
     except ValueError as exc:

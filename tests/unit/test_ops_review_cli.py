@@ -147,3 +147,11 @@ def test_damaged_run_files_are_named_not_a_traceback(tmp_path, monkeypatch, name
     command = {"serve.json": ["ab", "status"], "search.json": ["tune", "status"], "manifest.json": ["report"]}[name]
     out = CliRunner().invoke(cli_app(), [*command, str(run)])
     assert out.exit_code == 2 and f"{name} is damaged" in out.output and "Traceback" not in out.output, out.output
+
+
+def test_data_synth_refuses_a_blank_out(tmp_path, monkeypatch):
+    """--out '' wrote part-00000.parquet into the working folder and printed 'to ' with exit 0."""
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(cli_app(), ["data", "synth", "--out", " ", "--rows", "10"])
+    assert out.exit_code == 2 and "--out" in out.output and "give a folder or URI" in out.output, out.output
+    assert os.listdir(tmp_path) == []
