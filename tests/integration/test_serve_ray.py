@@ -375,6 +375,22 @@ def wait_for_replicas(client, n: int, old: set, timeout: float = 120) -> set:
     raise AssertionError(f"router replicas did not come back: wanted {n} new, last saw {pids}")
 
 
+def test_a_restart_interrupted_after_its_deploy_leaves_the_running_experiment_up(served, monkeypatch):
+    """`rayload serve SPEC` again on a running experiment, interrupted (Ctrl-C) in the ingress
+    wait after its deploy, deleted the live experiment: the clean-up is for an app it created."""
+    from ray import serve
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(control, "ingress_urls", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        control.start(served["spec"])
+    assert serve.status().applications["itest"].status == "RUNNING"
+    with httpx.Client(timeout=30) as client:
+        assert predict(client, "u-restart", served["rows"][0]).status_code == 200
+
+
 def test_sticky_assignment_survives_router_restarts_and_replica_counts(served):
     """10,000 units get the same arms from the deployed router before and after every router
     replica is killed, after a redeploy with one replica, and as computed in this process.

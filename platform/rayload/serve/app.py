@@ -32,7 +32,7 @@ from ..errors import DataError, RayloadError
 from .batch_scoring import ModelDeployment, ModelError, Models, drift_flusher, monitor_args
 from .event_writer import is_row_error
 from .http_io import (AssignBody, FeedbackBody, PredictBody, RequestIds, _features_json, _loads, _ok, _problem,  # noqa: F401
-                      _validation_detail)
+                      _validation_detail, rows_problem)
 from .router_config import RouterConfig, config_issues
 from .shadow import ShadowScoring
 
@@ -180,7 +180,7 @@ class ABRouter(ShadowScoring):
             return parsed
         body, fast = parsed
         rows = body.candidates if body.candidates is not None else ([body.features] if body.features is not None else None)
-        if problem := self._rows_problem(rows, body.candidates is not None):
+        if problem := rows_problem(rows, body.candidates is not None, self.max_candidates, self.feature_names):
             return problem
         unit = str(body.unit_id)
         # Shadow mode: the champion answers every request and the other arms score it after
@@ -225,21 +225,6 @@ class ABRouter(ShadowScoring):
         if body.candidates is not None:
             out.update(ranking=sorted(range(len(scores)), key=lambda i: -scores[i]), scores=scores, shown=top)
         return _ok(out)  # scores are finite: score_grouped turns a non-finite one into its arm's ModelError
-
-    def _rows_problem(self, rows, ranking: bool) -> JSONResponse | None:
-        field = "candidates" if ranking else "features"
-        if not rows:
-            return _problem(422, [{"loc": ["body", field], "msg": "give features (one item) or a non-empty candidates list", "type": "missing"}])
-        if len(rows) > self.max_candidates:
-            return _problem(422, [{"loc": ["body", "candidates"], "msg": f"at most {self.max_candidates} candidates", "type": "too_long"}])
-        for i, row in enumerate(rows):
-            unknown = sorted(set(row) - self.feature_names)
-            if unknown:
-                # the name as it can be written back in UTF-8: JSON's \ud800 escape gives a lone surrogate
-                name = unknown[0].encode("utf-8", "backslashreplace").decode("utf-8")
-                loc = ["body", "candidates", i, name] if ranking else ["body", "features", name]
-                return _problem(422, [{"loc": loc, "msg": f"unknown feature {name!r}; known: {sorted(self.feature_names)}", "type": "extra_forbidden"}])
-        return None
 
     async def _score(self, arm: str, rows: list[dict], exposure: tuple | None = None):
         if self.models is not None:
@@ -311,7 +296,12 @@ class ABRouter(ShadowScoring):
         if isinstance(parsed, JSONResponse):
             return parsed
         body, _ = parsed
-        if not await asyncio.to_thread(self.reader.exposure_exists, body.request_id):
+        try:
+            known = await asyncio.to_thread(self.reader.exposure_exists, body.request_id)
+        except Exception:  # the store is down: a bare 500 said nothing of retrying
+            log.exception("looking up an exposure failed")
+            return _problem(503, "the outcome could not be recorded; retry")
+        if not known:
             return _problem(404, f"unknown request_id {body.request_id!r}")
         try:  # the insert says whether it stored the row: concurrent repeats cannot all see it absent first
             inserted = await self.writer.write(("outcome", {"request_id": body.request_id, "event": body.event, "value": body.value,
@@ -366,11 +356,27 @@ class ABRouter(ShadowScoring):
                 **({"config_refused": self.config_refused} if self.config_refused else {})}
 
     def __del__(self):
-        if getattr(self, "flusher", None) is not None:
-            self.flusher.close()
-        writer = getattr(self, "writer", None)
-        if writer is not None:
-            writer.close()
+        """Serve calls it once it routes no more requests here (a shutdown, Ctrl-C, a new
+        generation's rolling update) and awaits the coroutine it returns: the shadows in flight
+        finish first (ShadowScoring.drain_shadows; a closed writer refused their rows), then the
+        flusher and the writer close in a thread. The garbage collector's call closes at once."""
+        if getattr(self, "_stopped", False):
+            return None
+        self._stopped = True
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._close()
+        return self._stop()
+
+    async def _stop(self) -> None:
+        await self.drain_shadows()
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        for part in (getattr(self, "flusher", None), getattr(self, "writer", None), getattr(self, "models", None)):
+            if part is not None:
+                part.close()
 
 
 def build_app(args: dict):

@@ -32,6 +32,10 @@ class Models:
         self.log = None
         self._alone = None  # the shadows' thread (score_alone), made at the first shadow
 
+    def close(self) -> None:
+        if self._alone is not None:
+            self._alone.shutdown(wait=False, cancel_futures=True)
+
     async def score_alone(self, arm: str, rows: list[dict]) -> tuple[list[float], str]:
         """One request scored outside the live batches, in a thread of its own (serve/shadow.py):
         a shadow challenger's call that shared a batch with live requests held up their answers,

@@ -84,6 +84,7 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
         parts(config)[1].update(parts(kept["config"])[1])
     check_direct_ingress(args["serving"])
+    was_running = kept is not None and _app_running(spec.name)
     try:
         deploy(config)
     except BaseException as exc:  # Serve took the config, and its wait failed or was interrupted: record what it runs
@@ -96,6 +97,8 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     try:
         urls = ingress_urls(args["serving"], spec.name)
     except BaseException as exc:  # a refusal, a Ray error or Ctrl-C in the wait: nothing half-deployed stays behind
+        if was_running:  # a restart of a live experiment (maybe promoted): it stays up, as serve.json records it
+            raise
         from ray import serve as ray_serve
 
         ray_serve.delete(spec.name)
@@ -105,6 +108,17 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     save_state(run_dir, {"config": config, "url": urls[0], "urls": urls, "address": ray.get_runtime_context().gcs_address,
                          "decisions": [], **{k: kept[k] for k in _KEPT if k in (kept or {})}})
     return Deployment(run_dir, urls[0], config, urls)
+
+
+def _app_running(name: str) -> bool:
+    """Whether Serve runs the app `name` now (a restart's clean-up must not delete a live experiment)."""
+    from ray import serve as ray_serve
+
+    try:
+        status = ray_serve.status().applications.get(name)
+    except Exception:  # noqa: BLE001 - no Serve yet: nothing runs
+        return False
+    return status is not None and status.status == "RUNNING"
 
 
 _KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config and generation

@@ -152,3 +152,20 @@ class RequestIds:
             self._buf, self._pos = os.urandom(10 * self.BLOCK), 0
         self._pos += 10
         return f"{time.time_ns() // 1_000_000:012x}{self._buf[self._pos - 10:self._pos].hex()}"
+
+
+def rows_problem(rows, ranking: bool, max_candidates: int, feature_names: set[str]) -> JSONResponse | None:
+    """A /predict body's rows checked before scoring: none, too many, or a feature no model knows (a 422)."""
+    field = "candidates" if ranking else "features"
+    if not rows:
+        return _problem(422, [{"loc": ["body", field], "msg": "give features (one item) or a non-empty candidates list", "type": "missing"}])
+    if len(rows) > max_candidates:
+        return _problem(422, [{"loc": ["body", "candidates"], "msg": f"at most {max_candidates} candidates", "type": "too_long"}])
+    for i, row in enumerate(rows):
+        unknown = sorted(set(row) - feature_names)
+        if unknown:
+            # the name as it can be written back in UTF-8: JSON's \ud800 escape gives a lone surrogate
+            name = unknown[0].encode("utf-8", "backslashreplace").decode("utf-8")
+            loc = ["body", "candidates", i, name] if ranking else ["body", "features", name]
+            return _problem(422, [{"loc": loc, "msg": f"unknown feature {name!r}; known: {sorted(feature_names)}", "type": "extra_forbidden"}])
+    return None

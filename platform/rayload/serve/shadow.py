@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 
+DRAIN_S = 10.0  # how long a stopping replica waits for its shadows (within Serve's 20 s graceful shutdown)
 log = logging.getLogger("rayload.serve.app")  # the router's log, where its shadows' warnings have always gone
 
 
@@ -23,6 +24,11 @@ class ShadowScoring:
         self.max_shadow_tasks = max_tasks
         self._shadow_tasks: set = set()  # in flight: held here, as the event loop keeps only weak references
         self.shadow_counts: dict[str, dict[str, int]] = {}  # this replica's: arm -> ok / error / skipped
+
+    async def drain_shadows(self, timeout_s: float = DRAIN_S) -> None:
+        """Wait for the shadows in flight (a stopping replica), at most `timeout_s`."""
+        if self._shadow_tasks:
+            await asyncio.wait(list(self._shadow_tasks), timeout=timeout_s)
 
     def _start_shadows(self, champion: str, request_id: str, rows: list[dict]) -> None:
         """The other arms score this request in the background, once the champion has answered."""
