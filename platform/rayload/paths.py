@@ -13,9 +13,10 @@ NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
 # At most this long: a run folder adds a timestamp to the name, and past the file system's 255
 # bytes a folder cannot be made (an OSError traceback after the spec had validated). A job's
 # name and run name may be longer: rayload makes some from other names (retrain-<experiment>-
-# <stamp>, ab-<experiment>-<arm>-<fingerprint>: up to 207 characters); a run or cache folder
-# adds at most 23 to them.
-NAME_MAX, JOB_NAME_MAX = 128, 220
+# <stamp>, ab-<experiment>-<arm>-<fingerprint>: up to 207 characters). A run or cache folder
+# adds at most 23 to a job's name; a k-fold run's name adds -<stamp>-fold<k> (at most 30) to
+# it, or -fold<k> to a given run name, which is the run folder's name itself.
+NAME_MAX, JOB_NAME_MAX, RUN_NAME_MAX = 128, 200, 250
 
 
 # Where a submitted job's run folders go when neither the job nor the cluster sets RAYLOAD_HOME.

@@ -16,7 +16,7 @@ from .data.builtin import builtin_columns, builtin_label
 from .errors import FieldValueError
 from .feature_spec import (BucketSpec, CategoricalFeature, ClipSpec, CrossFeature, DerivedFeature, FeatureSpec,  # noqa: F401
                            NumericFeature)
-from .paths import JOB_NAME_MAX, NAME_PATTERN
+from .paths import JOB_NAME_MAX, NAME_PATTERN, RUN_NAME_MAX
 
 Role = Literal["numeric", "categorical", "multi_categorical", "label", "id", "timestamp"]
 
@@ -215,7 +215,7 @@ class TrainSpec(_Spec):
     early_stopping: EarlyStopping | None = None
     keep_checkpoints: int = Field(default=2, ge=1)
     max_failures: int = Field(default=0, ge=-1, description="-1: retry forever")
-    run_name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=JOB_NAME_MAX)
+    run_name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=RUN_NAME_MAX)
     storage_path: str | None = None
     prefetch_batches: int = Field(default=2, ge=0)
     shuffle_buffer: int = Field(default=0, ge=0, description="rows in each worker's local shuffle buffer")

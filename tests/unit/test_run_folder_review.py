@@ -149,10 +149,19 @@ def test_names_too_long_for_a_folder_are_refused_at_load_naming_the_field():
     from rayload.spec import JobSpec
 
     raw = job("x.parquet").model_dump(mode="json")
-    for bad in ({**raw, "name": "a" * 221}, {**raw, "train": {**raw["train"], "run_name": "r" * 221}}):
-        with pytest.raises(ValidationError, match=r"(name|run_name)\n  String should have at most 220 characters"):
+    for bad, most in (({**raw, "name": "a" * 201}, 200), ({**raw, "train": {**raw["train"], "run_name": "r" * 251}}, 250)):
+        with pytest.raises(ValidationError, match=rf"(name|run_name)\n  String should have at most {most} characters"):
             JobSpec.model_validate(bad)
-    assert JobSpec.model_validate({**raw, "name": "a" * 220}).name == "a" * 220  # ab-<experiment>-<arm>-<fingerprint> fits
+    longest = JobSpec.model_validate({**raw, "name": "a" * 200})
+    assert JobSpec.model_validate({**raw, "train": {**raw["train"], "run_name": "r" * 250}}).train.run_name == "r" * 250
+    # a k-fold run of the longest name: <name>-<stamp>-fold<k> still validates (a ValidationError traceback before)
+    from rayload.errors import SpecError
+    from rayload.train.kfold import fold_spec
+    from rayload.train.trainer import run_name_for
+
+    assert len(fold_spec(longest, 10, 9, run_name_for(longest)).train.run_name) <= 250
+    with pytest.raises(SpecError, match=r"train.run_name: too long for its fold runs' names"):
+        fold_spec(longest, 10, 9, "r" * 245)
     with pytest.raises(ValidationError, match=r"name\n  String should have at most 128 characters"):
         SearchSpec.model_validate({"name": "s" * 129, "base": "b.yaml", "space": {"train.lr": {"uniform": [0.1, 0.2]}}})
     with pytest.raises(ValidationError, match=r"String should have at most 128 characters"):

@@ -31,7 +31,12 @@ def fold_spec(spec: JobSpec, k: int, fold: int, run_name: str) -> JobSpec:
                                    "group split for cross-validation", "temporal", True)])
     grouped = spec.split.kind in ("group", "kfold") and spec.split.group
     split = spec.split.model_copy(update={"kind": "kfold", "k": k, "fold": fold, "group": spec.split.group if grouped else None})
-    train = spec.train.model_copy(update={"run_name": f"{run_name}-fold{fold}"})
+    from ..paths import RUN_NAME_MAX
+
+    if len(named := f"{run_name}-fold{fold}") > RUN_NAME_MAX:  # the fold's run folder: a ValidationError traceback
+        raise SpecError([SpecIssue("train.run_name", f"too long for its fold runs' names ({named[:40]}..., {len(named)} characters, "
+                                   f"at most {RUN_NAME_MAX}); give a shorter --run-name", run_name, True)])
+    train = spec.train.model_copy(update={"run_name": named})
     # The test_* figures are the held-out test rows' whatever the job evaluates after training
     # (eval.split: val would score each fold's validation rows again and call them test).
     evaluation = spec.eval.model_copy(update={"split": "test"})
