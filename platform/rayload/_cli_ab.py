@@ -122,7 +122,7 @@ def _build(ab, spec: str, out: str, address) -> None:
             f.write("# serving.ingress: direct: start every node with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of\n"
                     "# `ray start`; the router replicas then answer on ports from 30000 (Serve's target groups list them)\n")
         yaml.safe_dump(config, f, sort_keys=False)
-    console.print(f"wrote {out}: deploy it with [bold]serve deploy {out}[/]")
+    console.print(f"wrote {escape(out)}: deploy it with [bold]serve deploy {escape(out)}[/]")
 
 
 @ab_app.command("status")
@@ -258,4 +258,4 @@ def report(run: RunArg, out: Annotated[Optional[str], typer.Option(help="default
     path = out or os.path.join(run_dir, "report.html")
     with open(path, "w") as f:
         f.write(render(analysis_for(run_dir), events_of(run_dir)))
-    console.print(f"wrote {path}")
+    console.print(f"wrote {escape(path)}")

@@ -63,7 +63,7 @@ def run_with_progress(pipeline, run_id, address, force=()):
 def print_run(result) -> None:
     table = Table("stage", "kind", "outcome", "seconds", "key outputs", title=f"run {result.run_id}")
     for s in result.stages:
-        table.add_row(s.name, s.kind, s.outcome, f"{s.seconds:.1f}", _key_outputs(s))
+        table.add_row(s.name, s.kind, s.outcome, f"{s.seconds:.1f}", escape(_key_outputs(s)))
     console.print(table)
     for s in result.stages:
         if s.error:
@@ -174,7 +174,7 @@ def report(
 
     _out_file(out)
     run_dir, _ = load_run(run)
-    console.print(f"wrote {write_report(run_dir, out)}")
+    console.print(f"wrote {escape(write_report(run_dir, out))}")
 
 
 @app.command()
@@ -212,7 +212,7 @@ def doctor(
     checks = run(address, specs, serve_port)
     table = Table("check", "result", "detail", title="rayload doctor")
     for c in checks:
-        table.add_row(c.name, "[green]pass" if c.ok else "[red]FAIL", c.detail)
+        table.add_row(c.name, "[green]pass" if c.ok else "[red]FAIL", escape(c.detail))
     console.print(table)
     if not all(c.ok for c in checks):
         raise typer.Exit(1)
@@ -253,5 +253,5 @@ def cluster_local(
     config = local_config(cluster, gcs_address)
     with open(out, "w") as f:
         json.dump(config, f, indent=1)
-    console.print(f"wrote {out}; start it with: RAY_FAKE_CLUSTER=1 RAY_AUTH_MODE=token ray start --head "
-                  f"--port={port} --num-cpus=0 --autoscaling-config={out}")
+    console.print(escape(f"wrote {out}; start it with: RAY_FAKE_CLUSTER=1 RAY_AUTH_MODE=token ray start --head "
+                         f"--port={port} --num-cpus=0 --autoscaling-config={out}"))

@@ -127,14 +127,14 @@ def feature_table(features) -> Table:
         kind = f"numeric ({'bucketised' if n.boundaries is not None else n.scale}{', log' if n.log else ''})"
         out = f"id[{n.cardinality}]" if n.boundaries is not None else "float32"
         detail = f"mean={_g(s.get('mean'))} std={_g(s.get('std'))} impute={_g(n.impute_value)}"
-        table.add_row(n.name, kind, out, f"{s.get('null_rate', 0):.3f}", detail)
+        table.add_row(_e(n.name), kind, out, f"{s.get('null_rate', 0):.3f}", _e(detail))
     for cat in features.categorical:
         s = cat.stats
         out = ("bag" if cat.multi else "onehot" if cat.encode == "onehot" else "id") + f"[{cat.cardinality}]"
         detail = f"vocab={s.get('vocab_size')} distinct={s.get('distinct')} coverage={_g(s.get('coverage'))}" if cat.encode != "hash" else f"{cat.buckets} hash buckets"
-        table.add_row(cat.name, f"{'multi_' if cat.multi else ''}categorical ({cat.encode})", out, f"{s.get('null_rate', 0):.3f}", detail)
+        table.add_row(_e(cat.name), f"{'multi_' if cat.multi else ''}categorical ({cat.encode})", out, f"{s.get('null_rate', 0):.3f}", _e(detail))
     for x in features.crosses:
-        table.add_row(x.name, "cross (hash)", f"id[{x.buckets}]", "-", " x ".join(x.columns))
+        table.add_row(_e(x.name), "cross (hash)", f"id[{x.buckets}]", "-", _e(" x ".join(x.columns)))
     return table
 
 
@@ -238,14 +238,14 @@ def tune(
     if run is not None:  # `rayload tune SPEC RUN` started a new search, RUN dropped: a resume is --resume RUN
         raise typer.BadParameter(f"a second argument ({run!r}) is only for `rayload tune status RUN`; to continue a "
                                  f"search: rayload tune {spec} --resume {run}", param_hint="RUN")
-    with console.status(f"searching {spec}..."):
+    with console.status(f"searching {_e(spec)}..."):
         result = tuning.tune(spec, resume=resume, address=address, overrides=set_ or [])
     print_trials(result.trials, result.metric, f"search {result.run_name}")
     counts = ", ".join(f"{n} {state}" for state, n in result.counts().items())
-    console.print(f"trials: {counts}; ended: {result.ended}; run folder [bold]{_e(result.run_dir)}[/]")
+    console.print(f"trials: {counts}; ended: {_e(result.ended)}; run folder [bold]{_e(result.run_dir)}[/]")
     if result.best:
         console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
-                      f"[bold]rayload train {result.best_spec}[/]")
+                      f"[bold]rayload train {_e(result.best_spec)}[/]")
     for path in result.plots:
         console.print(f"plot: {_e(path)}")
 
@@ -255,10 +255,10 @@ def print_trials(rows: list[dict], metric: str, title: str, limit: int = 30) -> 
     from rich.table import Column
 
     # a searched path folds onto two lines rather than losing its end (model.embedding_…)
-    table = Table("trial", "state", metric, "epochs", "seconds", *[Column(n, overflow="fold") for n in names], title=title)
+    table = Table("trial", "state", metric, "epochs", "seconds", *[Column(n, overflow="fold") for n in names], title=_e(title))
     for r in rows[:limit]:
         table.add_row(str(r["number"]), r["state"], _g(r["value"]), "-" if r["epochs"] is None else str(r["epochs"]), _g(r["seconds"]),
-                      *[_param(r["params"].get(n)) for n in names])
+                      *[_e(_param(r["params"].get(n))) for n in names])
     console.print(table)
     if len(rows) > limit:
         console.print(f"... and {len(rows) - limit} more trials (trials.csv in the run folder has them all)")
@@ -272,7 +272,7 @@ def print_search_status(state: dict) -> None:
     done = sum(r["state"] in ("complete", "pruned", "fail") for r in state["trials"])
     print_trials(state["trials"], state["metric"], f"{state['run_dir']}: {state['state']}, {done} of {state['total']} trials finished")
     if state.get("ended"):
-        console.print(f"ended: {state['ended']}" + (f" after {state['spent_s']:.0f} s" if state.get("spent_s") is not None else ""))
+        console.print(f"ended: {_e(state['ended'])}" + (f" after {state['spent_s']:.0f} s" if state.get("spent_s") is not None else ""))
     if state["best"]:
         so_far = " so far" if state["state"] in ("running", "preparing", "interrupted") else ""
         console.print(f"best{so_far}: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")

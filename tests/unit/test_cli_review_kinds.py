@@ -158,3 +158,21 @@ def test_brackets_in_paths_and_values_are_printed_as_they_are(tmp_path):
     assert r.exit_code == 2 and "exp [draft]" in r.output and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(cli_app(), ["validate", BAYES, "--set", "space.train.lr={loguniform: [nan, 0.01]}"])
     assert r.exit_code == 2 and "[nan, 0.01]" in r.output.replace("\n", ""), r.output
+
+
+def test_column_names_with_brackets_print_in_the_feature_table():
+    """A data column named clicks[/7d] raised MarkupError after preprocessing had finished;
+    price[usd] was shown as price."""
+    import io
+
+    from rich.console import Console
+
+    from rayload.cli import feature_table
+    from rayload.features import CategoricalState, FittedFeatures, LabelState, NumericState
+
+    renamed = FittedFeatures(numeric=[NumericState("clicks[/7d]", 0.0, None, None, False, "zscore")],
+                             categorical=[CategoricalState("price[usd]", "vocab", vocab=["1", "2"])], crosses=[],
+                             label=LabelState("y", "binary"), columns=[])
+    out = io.StringIO()
+    Console(file=out, width=200).print(feature_table(renamed))
+    assert "clicks[/7d]" in out.getvalue() and "price[usd]" in out.getvalue()
