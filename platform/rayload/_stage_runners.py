@@ -282,5 +282,7 @@ def decide(spec, stage, folder, outputs, address, progress) -> dict:
 
 
 def _dump(path: str, obj) -> None:
-    """Written whole or not at all (a crash mid-write left a truncated file that later runs read)."""
-    write_json(path, obj)
+    """Written whole or not at all (a crash mid-write left a truncated file that later runs read),
+    readable by its owner alone: a pipeline's manifest and stage files hold the resolved specs,
+    an event store's or a study's URL with its password among them."""
+    write_json(path, obj, private=True)

@@ -333,7 +333,7 @@ def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challe
     """`next_ab_spec` written to `out`/ab.yaml, ready for `rayload serve`."""
     spec = next_ab_spec(args, champion_arm, champion, challenger, name, weight)
     path = os.path.join(out, "ab.yaml")
-    with open(path, "w") as f:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # its events URL may hold a password
         f.write(f"# rayload serve {path}\n# written by rayload retrain: the champion against the model retrained on its feedback\n")
         yaml.safe_dump(spec, f, sort_keys=False)
     from .ab_spec import load_ab_spec

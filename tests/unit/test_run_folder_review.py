@@ -125,6 +125,10 @@ def test_files_that_may_hold_a_database_password_are_readable_by_their_owner_alo
 
     from rayload._tune_runs import write_state
 
+    from rayload._stage_runners import _dump
+
+    _dump(str(tmp_path / "manifest.json"), {"specs": {"ab": {"events": {"url": "postgresql://ab:s3cret@db/ab"}}}})
+    assert stat.S_IMODE(os.stat(tmp_path / "manifest.json").st_mode) == 0o600  # a pipeline's resolved specs
     save_state(str(tmp_path), {"config": {"events_url": "postgresql://ab:s3cret@db/ab"}})
     write_state(str(tmp_path), spec={"storage": "postgresql://optuna:s3cret@db/optuna"})
     assert stat.S_IMODE(os.stat(tmp_path / "serve.json").st_mode) == stat.S_IMODE(os.stat(tmp_path / "search.json").st_mode) == 0o600
