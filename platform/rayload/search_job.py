@@ -225,3 +225,30 @@ def near_paths(path: str, known: set[str], n: int = 6) -> list[str]:
     else:
         close += [p for p in sorted(known) if "." not in p and p not in close]
     return close[:n]
+
+
+MAX_FIT_CHECKS = 64  # model settings combinations tried against train.init_from before a search
+
+
+def check_init_from(spec: SearchSpec, raw: dict) -> None:
+    """A base job that starts from a checkpoint (train.init_from) must take its weights in some
+    trial: the searched model settings (choices and grids by value, ranges by their bounds) are
+    tried over the base; the search is refused only when no combination fits, with the first
+    one's error. Unsearched, the base alone (a model.hidden the checkpoint does not fit failed
+    every trial on its worker). Past MAX_FIT_CHECKS combinations each trial checks its own."""
+    import itertools
+
+    from .errors import RayloadError
+    from .train.transfer import check_before_training
+
+    paths = [p for p in spec.space if p.startswith("model.") or p in ("train.freeze", "train.init_from")]
+    combos = list(itertools.islice(itertools.product(*(spec.space[p].values for p in paths)), MAX_FIT_CHECKS + 1))
+    if len(combos) > MAX_FIT_CHECKS:
+        return
+    first = None
+    for combo in combos:
+        try:
+            return check_before_training(job_from(raw, dict(zip(paths, combo))))
+        except RayloadError as exc:
+            first = first or exc
+    raise first

@@ -26,7 +26,7 @@ from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
 from ._tune_runs import (ResumeSpecError, SearchRunningError, check_resumed_spec, driving, find_run, now, preparing,  # noqa: F401
                          read_state, status, study_url, write_state)  # status and the errors: public here
-from .search_job import base_raw, job_from, job_issues, load_search_spec
+from .search_job import base_raw, check_init_from, job_from, job_issues, load_search_spec
 from .search_spec import PREPROCESSING, SearchSpec, mode_issues, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
@@ -182,22 +182,16 @@ def _preprocess_variants(spec: SearchSpec, raw: dict, paths: tuple[str, ...], ad
     from .data.pipeline import preprocess
     from .train.prior import training_counts
     from .train.trainer import training_datasets
-    from .train.transfer import check_before_training
 
     values = [spec.space[p].values for p in paths]
     # train.embedding_prior needs every ID's training count: read or counted here once per
     # variant (the trials read no data themselves, and may run where the driver's shards are not on disk)
     prior = bool(raw.get("train", {}).get("embedding_prior")) or "train.embedding_prior" in spec.space
-    # The base's model must take its init_from checkpoint, unless the trials' model or freeze is
-    # searched (each trial checks its own: the base's default model.hidden refused a search
-    # whose every hidden choice fitted)
-    fixed_model = not any(p.startswith("model.") or p in ("train.freeze", "train.init_from") for p in spec.space)
+    check_init_from(spec, raw)  # some trial's model must take the init_from checkpoint: refused before any data
     out = {}
     for combo in itertools.product(*values):
         params = dict(zip(paths, combo))
         job = job_from(raw, params)
-        if fixed_model:
-            check_before_training(job)  # a checkpoint the trials' model does not fit: refused before the search
         pre = preprocess(job, address=address)
         counts = training_counts(pre) if prior else None
         out[variant_key(params, paths)] = (pre, training_datasets(pre, job.train.cache_dataset), counts)

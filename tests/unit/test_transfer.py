@@ -122,9 +122,12 @@ def test_an_empty_part_is_no_part_to_freeze():
 
 
 @pytest.mark.parametrize("space, reaches_data", [({"train.lr": {"loguniform": [1e-4, 1e-2]}}, False),
-                                                 ({"model.hidden": {"choice": [[16], [8]]}}, True)])
-def test_a_search_checks_its_base_against_init_from_unless_the_model_is_searched(tmp_path, monkeypatch, space, reaches_data):
-    """The base's default model.hidden refused a search whose every hidden choice fitted the checkpoint."""
+                                                 ({"model.hidden": {"choice": [[16], [8]]}}, True),
+                                                 ({"model.hidden": {"choice": [[32], [8]]}}, False),
+                                                 ({"model.dropout": {"uniform": [0.0, 0.5]}}, False)])
+def test_a_search_is_refused_when_no_searched_model_takes_the_init_from_checkpoint(tmp_path, monkeypatch, space, reaches_data):
+    """The base's default model.hidden refused a search whose every hidden choice fitted the
+    checkpoint; a search of model.dropout alone then skipped the check, and every trial failed."""
     from rayload import tuning
     from rayload.data import pipeline
     from rayload.search_spec import SearchSpec
