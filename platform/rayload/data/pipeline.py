@@ -252,11 +252,13 @@ def cache_key(spec, inputs: Inputs, fixed: FittedFeatures | None = None) -> str:
     # value's full count, as serving's (target_stats.transform), and moments carry a pivot (_moments: z-score offsets
     # and divisors may differ in their last bits), a cut vocabulary's unseen share is Good-Turing's at its cut,
     # target-statistic folds hash every declared column; a stratified split gives each split a row of a rare
-    # label; JSONL lines end at \n only and a CSV line "" is a row; a far epoch number is quarantined.
+    # label; JSONL lines end at \n only and a CSV line "" is a row; a far epoch number is quarantined;
+    # "parquet_reads": a column also named in a k=v folder keeps its own values on the ray engine.
     markers = {"train_rows": "seeded-order", "categorical_nan": "missing", "csv_records": "rfc4180,field-start-quotes",
                "shard_names": "per-source", "rebalance_unit": "row", "split_keys": "keyless-rows-own,no-empty-stratified,rare-label-each-split", "far_rows": "quarantined",
                "text_rows": "jsonl-newline-only,csv-quoted-empty-line", "timestamps": "far-quarantined,declared-unit",
-               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges,edges-by-largest-share,binary-spread-none,float32-text"}
+               "feature_values": "own-text,int-floats,constant-zero,atom-buckets,full-logcount,pivot-moments,hashed-heavy-hitters,gt-unseen-at-cut,bag-lists,parquet-sources,lists-refused,buckets-at-most-asked,raw-prior-all-rows,decimal-text,stamps-alone,nul-target-values,exact-vocab-ties,noise-ulps,oof-folds-all-columns,target-spread,tie-balanced-edges,edges-by-largest-share,binary-spread-none,float32-text,float32-stamps-exact",
+               "parquet_reads": "no-hive-partitions"}
     return digest({"rayload": __version__, "spec": sections, "inputs": inputs.fingerprint, **markers, **extra})
 
 
