@@ -108,3 +108,36 @@ def test_psi_of_identical_distributions_is_zero_and_grows_with_the_shift():
     assert drift.psi(expected, [250, 250, 250, 250]) == pytest.approx(0.0, abs=1e-12)
     small, large = drift.psi(expected, [300, 250, 250, 200]), drift.psi(expected, [700, 100, 100, 100])
     assert 0 < small < 0.05 < 0.2 < large
+
+
+def test_two_threads_observing_as_a_period_ends_close_it_once():
+    """A shadow's thread and the serving loop may score the same model while shadow mode ends:
+    two observes that both saw the period end each closed it (its counts written twice)."""
+    import threading
+
+    from rayload.serve.drift import DriftCounter
+    from _loop import features
+
+    both_starting = threading.Barrier(2, timeout=0.5)
+
+    class Counter(DriftCounter):
+        def _start(self, period):  # holds an observe between seeing the period end and starting the next
+            if period == 1:
+                try:
+                    both_starting.wait()
+                except threading.BrokenBarrierError:  # the other one never got this far: one at a time
+                    pass
+            super()._start(period)
+
+    now = [0.0]
+    counter = Counter(features(), period_s=10, clock=lambda: now[0])
+    rows = [{"x": float(i % 7), "c": str(i % 30), "b": "p|q"} for i in range(5)]
+    counter.observe(rows)
+    now[0] = 15.0
+    threads = [threading.Thread(target=counter.observe, args=(rows,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(period, snap["rows"]) for period, snap in counter.closed] == [(0, 5)]
+    assert counter.period == 1 and counter.snapshot()["rows"] == 10

@@ -31,6 +31,7 @@ once per request, and `min_rows` counts requests (tests/unit/test_drift_fixes.py
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -230,8 +231,10 @@ class DriftCounter:
         # Counts by period (`period_s`, None: one period, since the replica started), so that
         # readers can merge the periods of a recent window only (monitor.py). A period's counts
         # are final once the next one starts: `closed` holds them, (period, snapshot), for the
-        # flusher to write and drop. Only `observe` (the serving thread) changes the counts.
+        # flusher to write and drop. Only `observe` changes the counts, one call at a time (a
+        # shadow's thread and the serving loop may score the same model while shadow mode ends).
         self.period_s, self.clock = period_s, clock
+        self._observing = threading.Lock()
         self.closed: list[tuple[int, dict]] = []
         self._start(self._period())
 
@@ -250,6 +253,10 @@ class DriftCounter:
         return int(self.clock() // self.period_s) if self.period_s else 0
 
     def observe(self, rows: list[dict], table: pa.Table | None = None, sizes: list[int] | None = None) -> None:
+        with self._observing:
+            self._observe(rows, table, sizes)
+
+    def _observe(self, rows: list[dict], table: pa.Table | None, sizes: list[int] | None) -> None:
         """Count raw request rows; `table`, when given, is their transform by this model's
         features (`FittedFeatures.transform_rows`), whose IDs stand in for the raw values of
         vocabulary-encoded columns.
