@@ -316,7 +316,9 @@ def download_folder(remote: str, local: str) -> None:
     os.makedirs(tmp)
     try:
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-            parts = info.path[len(root) + 1:].split("/")
+            parts = [p for p in info.path[len(root) + 1:].split("/") if p]  # a//b is a/b, as a file system reads it
+            if not parts:  # the folder's own marker object
+                continue
             if not all(map(plain_name, parts)):  # a key with ../ in it wrote outside the folder
                 from .errors import RayloadError
 
