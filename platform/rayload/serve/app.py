@@ -355,21 +355,14 @@ class ABRouter(ShadowScoring):
                 **({"shadow_counts": self.shadow_counts} if self.shadow_counts else {}),
                 **({"config_refused": self.config_refused} if self.config_refused else {})}
 
-    def __del__(self):
-        """Serve calls it once it routes no more requests here (a shutdown, Ctrl-C, a new
-        generation's rolling update) and awaits the coroutine it returns: the shadows in flight
-        finish first (ShadowScoring.drain_shadows; a closed writer refused their rows), then the
-        flusher and the writer close in a thread. The garbage collector's call closes at once."""
+    async def __del__(self):
+        """Serve's ingress wrapper awaits it (a coroutine function) once the replica routes no
+        more requests (a shutdown, Ctrl-C, a new generation's rolling update): the shadows in
+        flight finish first (ShadowScoring.drain_shadows; a closed writer refused their rows),
+        then the flusher and the writer close in a thread, off the loop."""
         if getattr(self, "_stopped", False):
-            return None
+            return
         self._stopped = True
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self._close()
-        return self._stop()
-
-    async def _stop(self) -> None:
         await self.drain_shadows()
         await asyncio.to_thread(self._close)
 
