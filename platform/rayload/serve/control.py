@@ -21,7 +21,8 @@ from ..errors import RayloadError, SpecError, SpecIssue
 from ..paths import runs_root
 from .ingress import check_direct_ingress, direct_ingress_env, ingress_urls
 from .router_config import final_weights_issue
-from .run_state import _locked, load_state, new_generation, save_state  # noqa: F401  (load_state, save_state: public here)
+from .run_state import (FINAL, _KEPT, _earlier_state, _locked, _previous_state, load_state, new_generation, parts,  # noqa: F401
+                        save_state)  # (load_state, save_state, parts: public here)
 from .serve_config import NotRunningError, app_args, deploy, resolve_checkpoints, serve_config
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,6 @@ class Deployment:
         return parts(self.config)[0]
 
 
-def parts(config: dict) -> tuple[dict, dict]:
-    """(app args, router user_config) of an experiment's Serve config (the ones it changes)."""
-    app = config["applications"][0]
-    return app["args"], app["deployments"][0]["user_config"]
-
-
 def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) -> Deployment:
     """Train what is missing, deploy the experiment, record it in the run folder
     (`runs/ab/<name>/` unless a pipeline stage gives its own)."""
@@ -84,20 +79,25 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
         parts(config)[1].update(parts(kept["config"])[1])
     check_direct_ingress(args["serving"])
-    was_running = kept is not None and _app_running(spec.name)
+    was_running = _app_running(spec.name)  # this experiment, or one of its name started with another spec
+
+    def record_submitted() -> None:  # Serve runs `config` now: serve.json says so (a later look would redeploy the old one)
+        earlier = _previous_state(run_dir)
+        save_state(run_dir, {"config": config, "url": earlier.get("url"), "urls": earlier.get("urls") or [],
+                             "address": ray.get_runtime_context().gcs_address, "decisions": [],
+                             **{k: kept[k] for k in _KEPT if k in (kept or {})}})
+
     try:
         deploy(config)
     except BaseException as exc:  # Serve took the config, and its wait failed or was interrupted: record what it runs
         if isinstance(exc, NotRunningError) or getattr(exc, "rayload_config_submitted", False):
-            earlier = _previous_state(run_dir)
-            save_state(run_dir, {"config": config, "url": earlier.get("url"), "urls": earlier.get("urls") or [],
-                                 "address": ray.get_runtime_context().gcs_address, "decisions": [],
-                                 **{k: kept[k] for k in _KEPT if k in (kept or {})}})
+            record_submitted()
         raise
     try:
         urls = ingress_urls(args["serving"], spec.name)
     except BaseException as exc:  # a refusal, a Ray error or Ctrl-C in the wait: nothing half-deployed stays behind
-        if was_running:  # a restart of a live experiment (maybe promoted): it stays up, as serve.json records it
+        if was_running:  # a restart of a live experiment (maybe promoted): it stays up, running the new config
+            record_submitted()
             raise
         from ray import serve as ray_serve
 
@@ -121,57 +121,6 @@ def _app_running(name: str) -> bool:
     return status is not None and status.status == "RUNNING"
 
 
-_KEPT = ("decisions", "final", "ramp_step")  # what a restart keeps of serve.json, beside the router's user_config and generation
-# what makes a restart the same experiment; the champion too: kept across a restart whose spec
-# named another, the running roles and the args' disagreed, and a rollback gave the arm under test all traffic
-_SAME = ("experiment", "salt", "arms", "checkpoints", "shadow", "champion")
-
-
-def _previous_state(run_dir: str) -> dict:
-    try:
-        return load_state(run_dir)[1]
-    except RayloadError:
-        return {}
-
-
-def _earlier_state(run_dir: str, args: dict) -> dict | None:
-    """serve.json of this experiment's earlier start, when it is the same experiment (same
-    name, arms, models, salt, shadow mode and champion): `rayload serve SPEC` again after a crash, a
-    reboot or a `--detach` re-run goes on where it was (a promote stays promoted, the decision
-    log and ramp step are kept) instead of deploying the spec's weights and deciding afresh on
-    the same events. Anything else starts afresh, said in the log, as a new generation whose
-    analysis does not read the earlier one's events (new_generation). A run recorded before
-    generations had none: restarted as the same experiment it keeps reading all its events."""
-    path = os.path.join(run_dir, "serve.json")
-    if not os.path.exists(path):
-        return None
-    _, state = load_state(run_dir)
-    before = parts(state["config"])[0]
-    changed = [k for k in _SAME if before.get(k) != args.get(k)]
-    if changed:
-        log.warning("%s: the experiment there had other %s; it starts afresh (the earlier decision log is dropped)",
-                    path, ", ".join(changed))
-        return None
-    _older_state(state, args)
-    log.info("%s: restarting %s with its weights, champion and decisions in force (%d decisions, final: %s)", path,
-             args["experiment"], len(state.get("decisions") or []), (state.get("final") or {}).get("decision"))
-    return state
-
-
-def _older_state(state: dict, args: dict) -> None:
-    """A serve.json written before `final` and `ramp_step` were kept: its promote or rollback is
-    the last decision of the log when the weights in force are that decision's (else a restart
-    ramped the demoted arm back in), and a ramp step under way counts its units from the next
-    look (else the first look after the restart took the next step with no new units)."""
-    weights = parts(state["config"])[1].get("weights")
-    if "final" not in state:
-        last = (state.get("decisions") or [None])[-1]
-        state["final"] = last if last and last.get("decision") in FINAL and last.get("weights") == weights else None
-    if "ramp_step" not in state and weights != args.get("weights"):
-        state["ramp_step"] = {"weights": weights, "units": None}
-
-
-FINAL = ("promote", "rollback")  # decisions that end an experiment's automatic steps
 
 
 def set_weights(run: str, weights: dict[str, float], champion: str | None = None, reason: str = "by hand",
