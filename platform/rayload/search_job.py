@@ -230,6 +230,21 @@ def near_paths(path: str, known: set[str], n: int = 6) -> list[str]:
 MAX_FIT_CHECKS = 64  # model settings combinations tried against train.init_from before a search
 
 
+def _fit_candidates(param, path: str, raw: dict) -> list:
+    """The values of a searched setting tried against the checkpoint: its choices, or its range's
+    bounds and, inside an int range, the checkpoint's own value (model.embedding_dim int [2, 8]
+    around a checkpoint of 4 fits only there)."""
+    values = list(param.values)
+    init = (raw.get("train") or {}).get("init_from")
+    if param.kind == "int" and init and path.startswith("model."):
+        from .train.checkpoint import read_model_json
+
+        own = read_model_json(init)["config"].get(path[len("model."):])
+        if isinstance(own, int) and values[0] <= own <= values[-1]:
+            values.append(own)
+    return values
+
+
 def check_init_from(spec: SearchSpec, raw: dict) -> None:
     """A base job that starts from a checkpoint (train.init_from) must take its weights in some
     trial: the searched model settings (choices and grids by value, ranges by their bounds) are
@@ -241,8 +256,8 @@ def check_init_from(spec: SearchSpec, raw: dict) -> None:
     from .errors import RayloadError
     from .train.transfer import check_before_training
 
-    paths = [p for p in spec.space if p.startswith("model.") or p in ("train.freeze", "train.init_from")]
-    combos = list(itertools.islice(itertools.product(*(spec.space[p].values for p in paths)), MAX_FIT_CHECKS + 1))
+    paths = [p for p in spec.space if p.startswith("model.") or p in ("model", "train", "train.freeze", "train.init_from")]
+    combos = list(itertools.islice(itertools.product(*(_fit_candidates(spec.space[p], p, raw) for p in paths)), MAX_FIT_CHECKS + 1))
     if len(combos) > MAX_FIT_CHECKS:
         return
     first = None

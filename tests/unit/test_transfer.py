@@ -124,7 +124,10 @@ def test_an_empty_part_is_no_part_to_freeze():
 @pytest.mark.parametrize("space, reaches_data", [({"train.lr": {"loguniform": [1e-4, 1e-2]}}, False),
                                                  ({"model.hidden": {"choice": [[16], [8]]}}, True),
                                                  ({"model.hidden": {"choice": [[32], [8]]}}, False),
-                                                 ({"model.dropout": {"uniform": [0.0, 0.5]}}, False)])
+                                                 ({"model.dropout": {"uniform": [0.0, 0.5]}}, False),
+                                                 ({"model.hidden": {"choice": [[64], [16]]}, "model.embedding_dim": {"int": [2, 8]}}, True),
+                                                 ({"model": {"choice": [{"name": "deepfm", "embedding_dim": 4, "hidden": [16],
+                                                                         "dropout": 0.0}]}}, True)])
 def test_a_search_is_refused_when_no_searched_model_takes_the_init_from_checkpoint(tmp_path, monkeypatch, space, reaches_data):
     """The base's default model.hidden refused a search whose every hidden choice fitted the
     checkpoint; a search of model.dropout alone then skipped the check, and every trial failed."""
