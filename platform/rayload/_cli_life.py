@@ -73,9 +73,9 @@ def retrain(
     console.print(f"held-out AUC ({result.gate_split} split of the event rows, {result.gate_rows} rows, {result.gate_positives} positive): "
                   f"champion {_g(result.auc_champion)}, retrained {_g(result.auc_new)} (needs a gain of {result.min_auc_gain}); "
                   f"gain {result.auc_new - result.auc_champion:+.4f}, 95% interval [{result.gain_ci[0]:+.4f}, {result.gain_ci[1]:+.4f}], "
-                  f"p={result.gain_p:.3g} (DeLong, paired); checkpoint {result.checkpoint}")
+                  f"p={result.gain_p:.3g} (DeLong, paired); checkpoint {escape(result.checkpoint)}")
     if result.warm_start and result.warm_start != result.champion:
-        console.print(f"warm-started from {result.warm_start} (the compressed champion's original)")
+        console.print(f"warm-started from {escape(result.warm_start)} (the compressed champion's original)")
     if not result.passed:
         err_console.print("[bold red]refused:[/] the retrained model does not beat the champion on recent events; no experiment written")
         raise typer.Exit(1)

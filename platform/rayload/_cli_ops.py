@@ -212,7 +212,7 @@ def doctor(
     checks = run(address, specs, serve_port)
     table = Table("check", "result", "detail", title="rayload doctor")
     for c in checks:
-        table.add_row(c.name, "[green]pass" if c.ok else "[red]FAIL", escape(c.detail))
+        table.add_row(escape(c.name), "[green]pass" if c.ok else "[red]FAIL", escape(c.detail))
     console.print(table)
     if not all(c.ok for c in checks):
         raise typer.Exit(1)
