@@ -116,7 +116,9 @@ def _build(ab, spec: str, out: str, address) -> None:
     run_dir = control.run_dir_for(ab)
     os.makedirs(run_dir, exist_ok=True)
     config = serve_config(app_args(ab, resolve_checkpoints(ab, address), run_dir))
-    with open(out, "w") as f:
+    if os.path.exists(out):  # a new file is made 0600 (below); an existing one would keep its mode
+        os.remove(out)
+    with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # events_url may hold a password
         f.write(f"# serve deploy {out}   (written by rayload serve build {spec})\n")
         if ab.serving.ingress == "direct":
             f.write("# serving.ingress: direct: start every node with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of\n"
