@@ -520,3 +520,22 @@ def test_one_callers_events_are_never_split_across_commits(url):
     reader = EventReader(url)
     assert sorted(reader.frame("e")["request_id"]) == ["r10", "r11", "r12", "r13", "r14"]
     reader.close()
+
+
+def test_a_postgresql_server_that_never_answers_fails_within_the_connect_bound(monkeypatch):
+    """No connect timeout: a server that accepted the connection and then said nothing (frozen,
+    or behind a partition) held the writer, and every /predict, as long as TCP does."""
+    import socket
+
+    from rayload.serve import events
+
+    monkeypatch.setattr(events, "PG_CONNECT_TIMEOUT_S", 1)
+    with socket.socket() as silent:  # the kernel completes the handshake from the backlog; nobody answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        engine = events.engine_for(f"postgresql://u@127.0.0.1:{silent.getsockname()[1]}/db")
+        start = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError):
+            engine.connect()
+        assert time.monotonic() - start < 10
+        engine.dispose()
