@@ -230,19 +230,34 @@ def near_paths(path: str, known: set[str], n: int = 6) -> list[str]:
 MAX_FIT_CHECKS = 64  # model settings combinations tried against train.init_from before a search
 
 
-def _fit_candidates(param, path: str, raw: dict) -> list:
-    """The values of a searched setting tried against the checkpoint: its choices, or its range's
-    bounds and, inside an int range, the checkpoint's own value (model.embedding_dim int [2, 8]
-    around a checkpoint of 4 fits only there)."""
-    values = list(param.values)
-    init = (raw.get("train") or {}).get("init_from")
-    if param.kind == "int" and init and path.startswith("model."):
-        from .train.checkpoint import read_model_json
+def _fit_candidates(param, path: str, inits: list[str]) -> list:
+    """The values of a searched setting tried against the checkpoints: its choices, or its range's
+    bounds and, among the values the range can draw, each checkpoint's own (model.embedding_dim
+    int [2, 8] around a checkpoint of 4 fits only there). A checkpoint that cannot be read adds
+    none: check_before_training names it."""
+    from .errors import RayloadError
+    from .train.transfer import _model_json
 
-        own = read_model_json(init)["config"].get(path[len("model."):])
-        if isinstance(own, int) and values[0] <= own <= values[-1]:
-            values.append(own)
+    values = list(param.values)
+    if param.kind == "int" and path.startswith("model."):
+        for init in inits:
+            try:
+                own = _model_json(init).get("config", {}).get(path[len("model."):])
+            except RayloadError:
+                continue
+            if isinstance(own, int) and param.refuses(own) is None and own not in values:
+                values.append(own)
     return values
+
+
+def _inits(spec: SearchSpec, raw: dict) -> list[str]:
+    """Every checkpoint a trial may start from: the base's train.init_from and the searched ones."""
+    found = [(raw.get("train") or {}).get("init_from")]
+    if "train.init_from" in spec.space:
+        found += spec.space["train.init_from"].values
+    if "train" in spec.space:
+        found += [v.get("init_from") for v in spec.space["train"].values if isinstance(v, dict)]
+    return [f for f in dict.fromkeys(found) if isinstance(f, str) and f]
 
 
 def check_init_from(spec: SearchSpec, raw: dict) -> None:
@@ -257,7 +272,8 @@ def check_init_from(spec: SearchSpec, raw: dict) -> None:
     from .train.transfer import check_before_training
 
     paths = [p for p in spec.space if p.startswith("model.") or p in ("model", "train", "train.freeze", "train.init_from")]
-    combos = list(itertools.islice(itertools.product(*(_fit_candidates(spec.space[p], p, raw) for p in paths)), MAX_FIT_CHECKS + 1))
+    inits = _inits(spec, raw)
+    combos = list(itertools.islice(itertools.product(*(_fit_candidates(spec.space[p], p, inits) for p in paths)), MAX_FIT_CHECKS + 1))
     if len(combos) > MAX_FIT_CHECKS:
         return
     first = None

@@ -620,3 +620,34 @@ def test_feedback_while_the_store_cannot_be_read_is_a_503_to_retry(run, make_rou
 
     code, body = run(main())
     assert code == 503 and "retry" in str(body)
+
+
+def test_serve_build_writes_its_config_for_its_owner_alone_and_starts_no_ray(models, tmp_path, monkeypatch):
+    """The Serve config holds events_url, password and all (0644 before); an existing file kept its
+    mode. Checking whether the app runs must not start a Ray of its own in a process without one."""
+    import os
+    import stat
+
+    import ray
+    import yaml
+    from typer.testing import CliRunner
+
+    from _ops import cli_app
+    from rayload.serve.control import _app_running
+
+    __import__("importlib").import_module("rayload._cli_ab")  # registers `serve`
+
+    checkpoints, _ = models
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    spec = tmp_path / "ab.yaml"
+    spec.write_text("# rayload serve ab.yaml\n" + yaml.safe_dump({
+        "name": "t", "arms": [{"name": a, "weight": 0.5, "checkpoint": checkpoints[a]} for a in ("A", "B")],
+        "events": {"url": "postgresql://ab:s3cret@127.0.0.1:5432/test"}}))
+    out = tmp_path / "serve_config.yaml"
+    out.write_text("old")
+    os.chmod(out, 0o644)
+    r = CliRunner().invoke(cli_app(), ["serve", "build", str(spec), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600 and "s3cret" in out.read_text()
+    had_ray = ray.is_initialized()  # (another test file in this process may have started one)
+    assert _app_running("t") is False and ray.is_initialized() == had_ray

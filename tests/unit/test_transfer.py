@@ -148,3 +148,31 @@ def test_a_search_is_refused_when_no_searched_model_takes_the_init_from_checkpoi
     spec = SearchSpec.model_validate({"name": "s", "base": "b.yaml", "space": space})
     with pytest.raises(Reached if reaches_data else RayloadError):
         tuning._preprocess_variants(spec, raw, (), None)
+
+
+def test_the_search_check_tries_own_values_the_search_can_draw_from_every_checkpoint_it_may_start_from(tmp_path, monkeypatch):
+    """Review of the check: the checkpoint's own value was tried even when the range's step can
+    never draw it; a searched train.init_from added none; a missing checkpoint was a traceback."""
+    from rayload import tuning
+    from rayload.data import pipeline
+    from rayload.search_spec import SearchSpec
+
+    class Reached(Exception):
+        pass
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(pipeline, "preprocess", reached)
+    source = _source(tmp_path)  # embedding_dim 4, hidden [16]
+
+    def check(space: dict, init_from: str | None = source):
+        raw = job(init_from=init_from).model_dump(mode="json") if init_from else job().model_dump(mode="json")
+        tuning._preprocess_variants(SearchSpec.model_validate({"name": "s", "base": "b.yaml", "space": space}), raw, (), None)
+
+    with pytest.raises(RayloadError, match=r"model\.embedding_dim: checkpoint 4 vs spec"):  # draws 2 and 5 only
+        check({"model.embedding_dim": {"int": [2, 5], "step": 3}})
+    with pytest.raises(Reached):  # no init_from in the base: the searched one's own dimension, 4, fits
+        check({"train.init_from": {"choice": [source]}, "model.embedding_dim": {"int": [2, 6]}}, init_from=None)
+    with pytest.raises(RayloadError, match=r"train.init_from=.* is not a checkpoint"):
+        check({"model.embedding_dim": {"int": [2, 6]}}, init_from=str(tmp_path / "nope"))

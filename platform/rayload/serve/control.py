@@ -112,15 +112,16 @@ def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
 
 def _app_running(name: str) -> bool:
     """Whether Serve runs the app `name` now (a restart's clean-up must not delete a live experiment)."""
+    import ray
     from ray import serve as ray_serve
 
+    if not ray.is_initialized():  # serve.status() would start a Ray of its own
+        return False
     try:
         status = ray_serve.status().applications.get(name)
     except Exception:  # noqa: BLE001 - no Serve yet: nothing runs
         return False
     return status is not None and status.status == "RUNNING"
-
-
 
 
 def set_weights(run: str, weights: dict[str, float], champion: str | None = None, reason: str = "by hand",
