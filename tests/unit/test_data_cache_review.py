@@ -47,6 +47,27 @@ def test_an_out_folder_that_is_not_a_preprocessing_output_is_refused_and_left_as
                                                                                            "features.json", "summary.json", "_SUCCESS"}
 
 
+def test_a_dataset_laid_out_as_train_val_test_is_not_taken_for_an_earlier_output(tmp_path, home):
+    """Folder names alone passed the check: --out mydata (train/ val/ test/ of the user's own
+    files, a features.json of theirs) deleted every file in them and overwrote features.json."""
+    source = _csv(tmp_path / "in" / "events.csv")
+    mine = tmp_path / "mydata"
+    for name in ("train/raw-2024.csv", "train/README.txt", "val/raw.csv"):
+        (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        (mine / name).write_text("a,b\n")
+    (mine / "features.json").write_text('{"mine": 1}')
+    with pytest.raises(DataError, match=r"--out .*/mydata: not empty and not a preprocessing output \(it holds train/README.txt, "
+                                         r"train/raw-2024.csv, val/raw.csv\)"):
+        preprocess(job(source, "csv"), out=str(mine), engine="local")
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "features.json").write_text('{"mine": 1}')
+    with pytest.raises(DataError, match=r"not a preprocessing output \(it holds features.json\)"):
+        preprocess(job(source, "csv"), out=str(only), engine="local")
+    assert (mine / "train" / "README.txt").exists() and (mine / "features.json").read_text() == '{"mine": 1}'
+    assert (only / "features.json").read_text() == '{"mine": 1}'
+
+
 def test_a_glob_star_stays_in_its_folder_and_skips_hidden_names(tmp_path, home):
     d = tmp_path / "d"
     for name in ("a.csv", "old/b.csv", ".a.csv", "_c.csv"):

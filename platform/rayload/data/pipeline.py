@@ -288,10 +288,25 @@ def check_out(out_dir: str, inputs: Inputs) -> None:
         if inside:
             raise DataError(f"--out {out_dir}: holds the input file {inside[0]}; preprocessing writes its shards into that folder "
                             "and replaces what it wrote before there: name another folder")
-    other = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(base)) if i.base_name not in OWN_ENTRIES)
+    entries = fs.get_file_info(pafs.FileSelector(base))
+    other = sorted(i.base_name for i in entries if i.base_name not in OWN_ENTRIES)
+    # An earlier write holds only part-*.parquet in its split folders: a dataset laid out as
+    # train/ val/ test/ (its own files inside) passed by its folder names and was deleted whole
+    for i in entries:
+        if i.base_name in (*SPLIT_NAMES, "quarantine"):
+            inside = [f for f in fs.get_file_info(pafs.FileSelector(i.path, recursive=True))] if i.type == pafs.FileType.Directory else [i]
+            other += [os.path.relpath(f.path, base) for f in inside if f.type != pafs.FileType.Directory and not _shard_name(f.base_name)]
+    shards = any(i.base_name in (*SPLIT_NAMES, "quarantine") and i.type == pafs.FileType.Directory for i in entries)
+    if not other and not shards and any(i.base_name == "features.json" for i in entries) and \
+            not any(i.base_name in ("_SUCCESS", "summary.json") for i in entries):
+        other = ["features.json"]  # only a features.json: someone's own, not a write of ours
     if other:
-        raise DataError(f"--out {out_dir}: not empty and not a preprocessing output (it holds {', '.join(other[:3])}"
+        raise DataError(f"--out {out_dir}: not empty and not a preprocessing output (it holds {', '.join(sorted(other)[:3])}"
                         f"{', ...' if len(other) > 3 else ''}); name a new or empty folder")
+
+
+def _shard_name(name: str) -> bool:
+    return name.startswith("part-") and name.endswith(".parquet")
 
 
 def _reset(out_dir: str) -> None:
