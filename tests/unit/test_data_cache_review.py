@@ -117,3 +117,30 @@ def test_a_glob_naming_folders_reads_their_files_as_a_folder_source_does(tmp_pat
     _csv(events / "dt=2024-06-01" / ".hidden" / "x.csv")
     found = [os.path.relpath(p, events) for p in _expand(str(events / "dt=2024-06-*"), "csv")[1]]
     assert sorted(found) == ["dt=2024-06-01/part-0.csv", "dt=2024-06-02/part-0.csv"]
+
+
+@pytest.mark.parametrize("damage", ["shard", "summary", "summary-keys", "features"])
+def test_a_cache_entry_damaged_after_it_was_finished_is_written_again(tmp_path, home, damage):
+    """A removed shard was reused (its rows counted, then a FileNotFoundError traceback when read);
+    a truncated summary.json or features.json failed every later run with a traceback."""
+    import glob
+    import json
+
+    spec = job(_csv(tmp_path / "in" / "events.csv"), "csv")
+    first = preprocess(spec, engine="local")
+    if damage == "shard":
+        os.remove(first.files["val"][0])
+    elif damage == "summary":
+        with open(os.path.join(first.out_dir, "summary.json"), "r+") as f:
+            f.truncate(20)
+    elif damage == "summary-keys":
+        with open(os.path.join(first.out_dir, "summary.json"), "w") as f:
+            json.dump({}, f)
+    else:
+        with open(os.path.join(first.out_dir, "features.json"), "r+") as f:
+            f.truncate(20)
+    again = preprocess(spec, engine="local")
+    assert not again.cached and again.out_dir == first.out_dir and again.counts["split_rows"] == first.counts["split_rows"]
+    assert all(os.path.exists(p) for split in again.files.values() for p in split)
+    assert preprocess(spec, engine="local").cached  # whole again: reused
+    assert len(glob.glob(os.path.join(first.out_dir, "val", "*.parquet"))) == len(again.files["val"])

@@ -149,7 +149,16 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
             summary = json.loads(f.read())
         with fs.open_input_stream(f"{base}/features.json") as f:
             features_json = f.read().decode()
+        features = FittedFeatures.from_json(features_json)
+        files, counts = _in_entry(out_dir, summary["files"]), dict(summary["counts"])
+        missing = _gone(fs, [p for split in files.values() for p in split])
     except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, AttributeError, DataError) as exc:  # damaged after it was finished
+        log.warning("%s: a damaged preprocessing output (%s); it is written again", out_dir, exc)
+        return None
+    if missing:  # a shard removed since: the summary's counts would be read off rows that are gone
+        log.warning("%s: %d shard(s) it lists are gone (%s); it is written again", out_dir, len(missing), missing[0])
         return None
     if not summary.get("data_hash"):
         summary["data_hash"] = content_digest(out_dir, summary["files"], features_json)
@@ -159,8 +168,18 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
             fs.move(f"{base}/summary.json.tmp", f"{base}/summary.json")
         except OSError as exc:  # a read-only cache: the digest is computed again next time
             log.warning("could not keep the data's content digest in %s/summary.json: %s", out_dir, exc)
-    return PreprocessResult(out_dir, FittedFeatures.from_json(features_json), summary["counts"], key, cached=True,
-                            files=_in_entry(out_dir, summary["files"]), data_hash=summary["data_hash"])
+    return PreprocessResult(out_dir, features, counts, key, cached=True, files=files, data_hash=summary["data_hash"])
+
+
+def _gone(fs: pafs.FileSystem, paths: list[str]) -> list[str]:
+    """The shards among `paths` that are not there (one listing call per file system)."""
+    local = [p for p in paths if "://" not in p]
+    out = [i.path for i in (fs.get_file_info(local) if local else []) if i.type != pafs.FileType.File]
+    for uri in (p for p in paths if "://" in p):
+        shard_fs, where = pafs.FileSystem.from_uri(uri)
+        if shard_fs.get_file_info(where).type != pafs.FileType.File:
+            out.append(uri)
+    return out
 
 
 def _in_entry(out_dir: str, files: dict[str, list[str]]) -> dict[str, list[str]]:
