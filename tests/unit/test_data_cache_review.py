@@ -144,3 +144,23 @@ def test_a_cache_entry_damaged_after_it_was_finished_is_written_again(tmp_path, 
     assert all(os.path.exists(p) for split in again.files.values() for p in split)
     assert preprocess(spec, engine="local").cached  # whole again: reused
     assert len(glob.glob(os.path.join(first.out_dir, "val", "*.parquet"))) == len(again.files["val"])
+
+
+def test_a_finished_entry_in_a_cache_that_cannot_be_written_is_read_and_a_new_one_is_refused_by_folder(tmp_path, home, monkeypatch):
+    """The entry's lock file was opened for writing before the finished entry was looked at: a
+    read-only cache could not even be reused (an OSError traceback naming the lock file)."""
+    import errno
+
+    from rayload.data import pipeline
+
+    spec = job(_csv(tmp_path / "in" / "events.csv"), "csv")
+    first = preprocess(spec, engine="local")
+
+    def read_only(entry):
+        raise OSError(errno.EROFS, "Read-only file system", f"{entry}.lock")
+
+    monkeypatch.setattr(pipeline, "cache_lock", read_only)
+    assert preprocess(spec, engine="local").out_dir == first.out_dir  # finished: read without the lock
+    with pytest.raises(DataError, match=r"cannot write the preprocessed data to .*preprocessed/t-[0-9a-f]+ \(Read-only file "
+                                        r"system\); point RAYLOAD_CACHE at a writable folder"):
+        preprocess(job(str(tmp_path / "in" / "events.csv"), "csv", split={"seed": 5}), engine="local")

@@ -64,7 +64,17 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
         check_reachable(inputs, out_dir)
     # A cache entry has one writer: a second process that wants it waits, then reuses it. An
     # explicit `out` folder belongs to its caller (a pipeline stage, a user) and is not locked.
-    with cache_lock(out_dir) if out is None else contextlib.nullcontext():
+    # A finished entry is read without the lock (on a read-only cache the lock file cannot be made).
+    if out is None and (cached := load_result(out_dir, expect_key=key)) is not None:
+        log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
+        return cached
+    with contextlib.ExitStack() as held:
+        if out is None:
+            try:
+                held.enter_context(cache_lock(out_dir))
+            except OSError as exc:  # a read-only or full cache: the traceback named the lock file only
+                raise DataError(f"cannot write the preprocessed data to {out_dir} ({exc.strerror or exc}); point "
+                                "RAYLOAD_CACHE at a writable folder") from None
         return _preprocess(spec, inputs, schema, key, out_dir, fixed, address, engine, on_stage)
 
 
