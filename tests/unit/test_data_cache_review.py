@@ -164,3 +164,15 @@ def test_a_finished_entry_in_a_cache_that_cannot_be_written_is_read_and_a_new_on
     with pytest.raises(DataError, match=r"cannot write the preprocessed data to .*preprocessed/t-[0-9a-f]+ \(Read-only file "
                                         r"system\); point RAYLOAD_CACHE at a writable folder"):
         preprocess(job(str(tmp_path / "in" / "events.csv"), "csv", split={"seed": 5}), engine="local")
+
+
+def test_a_second_writer_of_one_out_folder_is_refused(tmp_path, home):
+    """Two processes writing one --out at once mixed their shards under one summary."""
+    from rayload.paths import exclusive, lock_file
+
+    source = _csv(tmp_path / "in" / "events.csv")
+    out = tmp_path / "shards"
+    with exclusive(lock_file(str(out)), "held"):  # as another process writing it would hold it
+        with pytest.raises(Exception, match=r"--out .*/shards is being written by another process"):
+            preprocess(job(source, "csv"), out=str(out), engine="local")
+    assert preprocess(job(source, "csv"), out=str(out), engine="local").counts["good"] == 300

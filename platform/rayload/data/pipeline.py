@@ -30,7 +30,7 @@ from .._ray import ensure_ray
 from ..errors import DataError, RayloadError
 from ..features import FittedFeatures
 from ..hashing import digest
-from ..paths import cache_lock, cache_root
+from ..paths import cache_lock, cache_root, exclusive, lock_file
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
 from ._row_counts import check_bad_fraction, check_split_rows, counts_of, with_moved
@@ -63,8 +63,9 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
     if engine == "ray":
         check_reachable(inputs, out_dir)
     # A cache entry has one writer: a second process that wants it waits, then reuses it. An
-    # explicit `out` folder belongs to its caller (a pipeline stage, a user) and is not locked.
-    # A finished entry is read without the lock (on a read-only cache the lock file cannot be made).
+    # explicit `out` folder has one writer too (two mixed their shards under one summary), and a
+    # second is refused. A finished entry is read without the lock (on a read-only cache the
+    # lock file cannot be made).
     if out is None and (cached := load_result(out_dir, expect_key=key)) is not None:
         log.info("reusing preprocessed shards in %s (same spec and inputs)", out_dir)
         return cached
@@ -75,6 +76,9 @@ def preprocess(spec, out: str | None = None, address: str | None = None, engine:
             except OSError as exc:  # a read-only or full cache: the traceback named the lock file only
                 raise DataError(f"cannot write the preprocessed data to {out_dir} ({exc.strerror or exc}); point "
                                 "RAYLOAD_CACHE at a writable folder") from None
+        else:
+            held.enter_context(exclusive(lock_file(out_dir), f"--out {out_dir} is being written by another process; wait "
+                                                             "for it, or name another folder"))
         return _preprocess(spec, inputs, schema, key, out_dir, fixed, address, engine, on_stage)
 
 
