@@ -73,7 +73,13 @@ def cache_lock(entry: str):
         return
     os.makedirs(os.path.dirname(os.path.abspath(entry)), exist_ok=True)
     with open(f"{entry}.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # said, or a second process sat silent for as long as the first one's preprocessing
+            import logging
+
+            logging.getLogger("rayload.data").warning("waiting for another process writing %s", entry)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

@@ -176,3 +176,22 @@ def test_a_second_writer_of_one_out_folder_is_refused(tmp_path, home):
         with pytest.raises(Exception, match=r"--out .*/shards is being written by another process"):
             preprocess(job(source, "csv"), out=str(out), engine="local")
     assert preprocess(job(source, "csv"), out=str(out), engine="local").counts["good"] == 300
+
+
+def test_a_process_waiting_for_a_cache_entry_says_so(tmp_path, caplog):
+    """It sat silent for as long as the other process's preprocessing took."""
+    import fcntl
+    import logging
+    import threading
+
+    from rayload.paths import cache_lock
+
+    entry = str(tmp_path / "preprocessed" / "t-0123")
+    (tmp_path / "preprocessed").mkdir()
+    holder = open(f"{entry}.lock", "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(0.3, lambda: (fcntl.flock(holder, fcntl.LOCK_UN), holder.close())).start()
+    with caplog.at_level(logging.WARNING, logger="rayload.data"):
+        with cache_lock(entry):
+            pass
+    assert f"waiting for another process writing {entry}" in caplog.text
