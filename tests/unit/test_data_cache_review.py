@@ -195,3 +195,16 @@ def test_a_process_waiting_for_a_cache_entry_says_so(tmp_path, caplog):
         with cache_lock(entry):
             pass
     assert f"waiting for another process writing {entry}" in caplog.text
+
+
+def test_a_full_disk_is_named_with_the_folder(tmp_path, home, monkeypatch):
+    """Arrow's 'No space left on device' reached the user as a traceback naming no folder."""
+    from rayload.data import _batch
+
+    def full(*args, **kwargs):
+        raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(_batch.pq, "write_table", full)
+    with pytest.raises(DataError, match=r"cannot write the preprocessed shards to .*/shards \(.*No space left on device\); "
+                                        r"free space there"):
+        preprocess(job(_csv(tmp_path / "in" / "events.csv"), "csv"), out=str(tmp_path / "shards"), engine="local")

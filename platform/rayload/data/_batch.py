@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._feature_fit import FitPlan, partial_stats
+from ..errors import DataError
 from ..features import FittedFeatures, far_reason
 from . import rebalance as rb
 from .readers import parse_csv, parse_jsonl
@@ -216,8 +217,12 @@ def _quarantine_name(name: str, bad: pa.Table) -> str:
 def _write(fs: pafs.FileSystem, base: str, split: str, name: str, table: pa.Table) -> dict:
     path = f"{base}/{split}/{name}"
     if table.num_rows:
-        fs.create_dir(f"{base}/{split}", recursive=True)
-        pq.write_table(table, path, filesystem=fs, compression="snappy")
+        try:
+            fs.create_dir(f"{base}/{split}", recursive=True)
+            pq.write_table(table, path, filesystem=fs, compression="snappy")
+        except OSError as exc:  # a full disk or a read-only cache: Arrow's error named no folder
+            raise DataError(f"cannot write the preprocessed shards to {base} ({exc}); free space there, or point "
+                            "RAYLOAD_CACHE (or --out) at another folder") from None
     return {"split": split, "path": path, "rows": table.num_rows}
 
 
