@@ -33,6 +33,7 @@ from ..hashing import digest
 from ..paths import cache_lock, cache_root, exclusive, lock_file
 from . import rebalance as rb
 from ._batch import BatchPlan, filesystem, fit_pass, keys_pass, unpickle, write_pass
+from .out_folder import OWN_ENTRIES, _reset, check_out  # noqa: F401  (OWN_ENTRIES: public here)
 from ._row_counts import check_bad_fraction, check_split_rows, counts_of, with_moved
 from .checks import check_files
 from .fixed import check_fixed_columns, check_fixed_spec, fixed_features
@@ -284,57 +285,6 @@ def job_cache_key(spec) -> str:
 
 
 # What preprocessing writes into its folder, and all that _reset removes before writing again.
-OWN_ENTRIES = (*SPLIT_NAMES, "quarantine", "features.json", "summary.json", "summary.json.tmp", "_SUCCESS")
-
-
-def check_out(out_dir: str, inputs: Inputs) -> None:
-    """An explicit output folder is new, empty, or an earlier preprocessing output: it was emptied
-    whole before the write, so `--out .` or `--out data` deleted the input files (and anything
-    else there) and then failed reading them."""
-    fs, base = filesystem(out_dir)
-    info = fs.get_file_info(base)
-    if info.type == pafs.FileType.NotFound:
-        return
-    if info.type != pafs.FileType.Directory:
-        raise DataError(f"--out {out_dir}: exists and is not a folder")
-    if isinstance(inputs.filesystem, pafs.LocalFileSystem) and isinstance(fs, pafs.LocalFileSystem):
-        inside = [p for p in inputs.paths if os.path.commonpath([os.path.abspath(base), os.path.abspath(p)]) == os.path.abspath(base)]
-        if inside:
-            raise DataError(f"--out {out_dir}: holds the input file {inside[0]}; preprocessing writes its shards into that folder "
-                            "and replaces what it wrote before there: name another folder")
-    entries = fs.get_file_info(pafs.FileSelector(base))
-    other = sorted(i.base_name for i in entries if i.base_name not in OWN_ENTRIES)
-    # An earlier write holds only part-*.parquet in its split folders: a dataset laid out as
-    # train/ val/ test/ (its own files inside) passed by its folder names and was deleted whole
-    for i in entries:
-        if i.base_name in (*SPLIT_NAMES, "quarantine"):
-            inside = [f for f in fs.get_file_info(pafs.FileSelector(i.path, recursive=True))] if i.type == pafs.FileType.Directory else [i]
-            other += [os.path.relpath(f.path, base) for f in inside if f.type != pafs.FileType.Directory and not _shard_name(f.base_name)]
-    shards = any(i.base_name in (*SPLIT_NAMES, "quarantine") and i.type == pafs.FileType.Directory for i in entries)
-    if not other and not shards and any(i.base_name == "features.json" for i in entries) and \
-            not any(i.base_name in ("_SUCCESS", "summary.json") for i in entries):
-        other = ["features.json"]  # only a features.json: someone's own, not a write of ours
-    if other:
-        raise DataError(f"--out {out_dir}: not empty and not a preprocessing output (it holds {', '.join(sorted(other)[:3])}"
-                        f"{', ...' if len(other) > 3 else ''}); name a new or empty folder")
-
-
-def _shard_name(name: str) -> bool:
-    return name.startswith("part-") and name.endswith(".parquet")
-
-
-def _reset(out_dir: str) -> None:
-    """Remove what an earlier write of this folder left (only preprocessing's own entries)."""
-    fs, base = filesystem(out_dir)
-    fs.create_dir(base, recursive=True)
-    for info in fs.get_file_info(pafs.FileSelector(base)):
-        if info.base_name in OWN_ENTRIES:
-            if info.type == pafs.FileType.Directory:
-                fs.delete_dir(info.path)
-            else:
-                fs.delete_file(info.path)
-
-
 def _features_json(features: FittedFeatures) -> str:
     """features.json, made before any shard is written: a fitted number JSON cannot hold (inf,
     NaN) was found only after every shard had been written."""
