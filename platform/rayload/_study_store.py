@@ -115,12 +115,14 @@ def _postgres(url: str):
     advisory lock, so one process creates the tables and the others find them."""
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    from .serve.events import pg_connect_args  # a server that stops answering is given up on, as the event store's
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool, connect_args=pg_connect_args(url))
     try:
         with engine.connect() as conn:
             conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _TABLES_LOCK})
             try:
-                return optuna.storages.RDBStorage(url)
+                return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": pg_connect_args(url)})
             finally:
                 conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _TABLES_LOCK})
     finally:

@@ -522,6 +522,7 @@ def test_one_callers_events_are_never_split_across_commits(url):
     reader.close()
 
 
+@pytest.mark.timeout(60)  # without the bound it waited as long as TCP does
 def test_a_postgresql_server_that_never_answers_fails_within_the_connect_bound(monkeypatch):
     """No connect timeout: a server that accepted the connection and then said nothing (frozen,
     or behind a partition) held the writer, and every /predict, as long as TCP does."""

@@ -208,3 +208,20 @@ def test_a_full_disk_is_named_with_the_folder(tmp_path, home, monkeypatch):
     with pytest.raises(DataError, match=r"cannot write the preprocessed shards to .*/shards \(.*No space left on device\); "
                                         r"free space there"):
         preprocess(job(_csv(tmp_path / "in" / "events.csv"), "csv"), out=str(tmp_path / "shards"), engine="local")
+
+
+def test_an_earlier_output_with_a_hidden_file_is_ours_and_empty_split_folders_are_not(tmp_path, home):
+    """Review of the --out check: a .DS_Store Finder left in train/ made an earlier output
+    foreign; empty train/ val/ test/ folders beside someone's features.json passed as ours."""
+    source = _csv(tmp_path / "in" / "events.csv")
+    out = tmp_path / "shards"
+    preprocess(job(source, "csv"), out=str(out), engine="local")
+    (out / "train" / ".DS_Store").write_text("finder")
+    assert preprocess(job(source, "csv", split={"seed": 4}), out=str(out), engine="local").counts["good"] == 300
+    mine = tmp_path / "mine"
+    for split in ("train", "val", "test"):
+        (mine / split).mkdir(parents=True)
+    (mine / "features.json").write_text('{"mine": 1}')
+    with pytest.raises(DataError, match=r"not a preprocessing output \(it holds features.json\)"):
+        preprocess(job(source, "csv"), out=str(mine), engine="local")
+    assert (mine / "features.json").read_text() == '{"mine": 1}'

@@ -13,6 +13,7 @@ from .result import SPLIT_NAMES
 from .sources import Inputs
 
 
+# What preprocessing writes into its folder, and all that _reset removes before writing again.
 OWN_ENTRIES = (*SPLIT_NAMES, "quarantine", "features.json", "summary.json", "summary.json.tmp", "_SUCCESS")
 
 
@@ -35,11 +36,13 @@ def check_out(out_dir: str, inputs: Inputs) -> None:
     other = sorted(i.base_name for i in entries if i.base_name not in OWN_ENTRIES)
     # An earlier write holds only part-*.parquet in its split folders: a dataset laid out as
     # train/ val/ test/ (its own files inside) passed by its folder names and was deleted whole
+    shards = False
     for i in entries:
         if i.base_name in (*SPLIT_NAMES, "quarantine"):
             inside = [f for f in fs.get_file_info(pafs.FileSelector(i.path, recursive=True))] if i.type == pafs.FileType.Directory else [i]
-            other += [os.path.relpath(f.path, base) for f in inside if f.type != pafs.FileType.Directory and not _shard_name(f.base_name)]
-    shards = any(i.base_name in (*SPLIT_NAMES, "quarantine") and i.type == pafs.FileType.Directory for i in entries)
+            files = [f for f in inside if f.type != pafs.FileType.Directory and not f.base_name.startswith(".")]  # .DS_Store, .nfsXXXX
+            other += [os.path.relpath(f.path, base) for f in files if not _shard_name(f.base_name)]
+            shards = shards or any(_shard_name(f.base_name) for f in files)
     if not other and not shards and any(i.base_name == "features.json" for i in entries) and \
             not any(i.base_name in ("_SUCCESS", "summary.json") for i in entries):
         other = ["features.json"]  # only a features.json: someone's own, not a write of ours

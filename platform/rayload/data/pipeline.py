@@ -284,7 +284,6 @@ def job_cache_key(spec) -> str:
     return cache_key(spec, resolve_inputs(spec.data, cache_root()), fixed_features(spec))
 
 
-# What preprocessing writes into its folder, and all that _reset removes before writing again.
 def _features_json(features: FittedFeatures) -> str:
     """features.json, made before any shard is written: a fitted number JSON cannot hold (inf,
     NaN) was found only after every shard had been written."""

@@ -151,9 +151,11 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
             features_json = f.read().decode()
         features = FittedFeatures.from_json(features_json)
         files, counts = _in_entry(out_dir, summary["files"]), dict(summary["counts"])
-        missing = _gone(fs, [p for split in files.values() for p in split])
+        missing = _gone(fs, base, [p for split in files.values() for p in split])
     except FileNotFoundError:
         return None
+    except OSError as exc:  # the storage could not be read now: not a reason to write a good entry again
+        raise DataError(f"cannot read the preprocessed output {out_dir}: {exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError, DataError) as exc:  # damaged after it was finished
         log.warning("%s: a damaged preprocessing output (%s); it is written again", out_dir, exc)
         return None
@@ -171,15 +173,13 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
     return PreprocessResult(out_dir, features, counts, key, cached=True, files=files, data_hash=summary["data_hash"])
 
 
-def _gone(fs: pafs.FileSystem, paths: list[str]) -> list[str]:
-    """The shards among `paths` that are not there (one listing call per file system)."""
-    local = [p for p in paths if "://" not in p]
-    out = [i.path for i in (fs.get_file_info(local) if local else []) if i.type != pafs.FileType.File]
-    for uri in (p for p in paths if "://" in p):
-        shard_fs, where = pafs.FileSystem.from_uri(uri)
-        if shard_fs.get_file_info(where).type != pafs.FileType.File:
-            out.append(uri)
-    return out
+def _gone(fs: pafs.FileSystem, base: str, paths: list[str]) -> list[str]:
+    """The shards among `paths` that are not there: one listing of the entry's folder (one
+    request per shard took minutes on object storage for thousands of shards), a look of its
+    own for a shard elsewhere."""
+    there = {i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True)) if i.type == pafs.FileType.File}
+    inside = base.rstrip("/") + "/"
+    return [p for p in paths if (p not in there if p.startswith(inside) else fs.get_file_info(p).type != pafs.FileType.File)]
 
 
 def _in_entry(out_dir: str, files: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -107,16 +107,21 @@ def engine_for(url: str, sync: str = "normal", busy_timeout_s: float = 30.0) -> 
             cursor.close()
 
         return engine
-    # A server that stops answering (frozen, or a network partition without a reset) held every
-    # request as long as TCP does, minutes: libpq gives up on connecting, on unacknowledged sends
-    # and on a silent idle connection within these; the URL's own settings win
-    given = sa.engine.make_url(url).query
-    defaults = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
-                "keepalives_count": 3, "tcp_user_timeout": PG_CONNECT_TIMEOUT_S * 3000}
-    return sa.create_engine(url, pool_pre_ping=True, connect_args={k: v for k, v in defaults.items() if k not in given})
+    return sa.create_engine(url, pool_pre_ping=True, connect_args=pg_connect_args(url))
 
 
 PG_CONNECT_TIMEOUT_S = 10
+
+
+def pg_connect_args(url: str) -> dict:
+    """libpq settings for a PostgreSQL store (events, search studies). A server that stops
+    answering (frozen, or a network partition without a reset) held every request as long as TCP
+    does, minutes: libpq gives up on connecting, on unacknowledged sends and on a silent idle
+    connection within these; the URL's own query settings win."""
+    given = sa.engine.make_url(url).query
+    defaults = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                "keepalives_count": 3, "tcp_user_timeout": PG_CONNECT_TIMEOUT_S * 3000}
+    return {k: v for k, v in defaults.items() if k not in given}
 
 
 _SCHEMA_LOCK = 0x7261796C6F6164  # PostgreSQL advisory lock key ("rayload")
