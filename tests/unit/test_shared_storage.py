@@ -99,3 +99,29 @@ def test_checkpoint_records_naming_a_path_outside_the_run_are_left_out(tmp_path)
     (tmp_path / "checkpoints.json").write_text(json.dumps([{"name": "epoch_0000", "metrics": {"epoch": 0}},
                                                            {"name": "../../elsewhere", "metrics": {"epoch": 1}}]))
     assert [e["name"] for e in record.entries(str(tmp_path))] == ["epoch_0000"]
+
+
+def test_shards_written_to_object_storage_are_named_by_their_uris(tmp_path, monkeypatch):
+    """A preprocess --out on object storage handed back its shards as the file system names them
+    (bucket/out/val/part-...parquet, no scheme), read as local files that do not exist."""
+    import pyarrow.parquet as pq
+
+    from helpers import frame, job
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    source = tmp_path / "events.csv"
+    frame(300, seed=1).to_csv(source, index=False)
+    with helpers.s3_bucket() as base:
+        bucket, query = base.split("?", 1)
+        out = f"{bucket}/out?{query}"
+        fresh = preprocess(job(str(source), "csv"), out=out, engine="local")
+        again = preprocess(job(str(source), "csv"), out=out, engine="local")
+        assert again.cached and again.files == fresh.files
+        for split in ("train", "val", "test"):
+            rows = 0
+            for uri in fresh.files[split]:
+                assert uri.startswith(f"{bucket}/out/{split}/part-") and query in uri
+                fs, where = pafs.FileSystem.from_uri(uri)
+                rows += pq.read_table(where, filesystem=fs).num_rows
+            assert rows == fresh.counts["split_rows"][split]

@@ -41,7 +41,7 @@ from .sources import PATH_COLUMN, Inputs, read_dataset, resolve_inputs
 from .split import SplitPlan
 from .validate import Schema
 # the result and its readers, re-exported: callers name them as data.pipeline's
-from .result import SPLIT_NAMES, LocalShards, PreprocessResult, content_digest, load_result, read_concurrency  # noqa: F401
+from .result import SPLIT_NAMES, LocalShards, PreprocessResult, _in_entry, content_digest, load_result, read_concurrency  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +349,6 @@ def _finish(out_dir: str, key: str, features: FittedFeatures, features_json: str
         f.write(json.dumps(summary, indent=1).encode())
     with fs.open_output_stream(f"{base}/_SUCCESS") as f:
         f.write(key.encode())
-    return PreprocessResult(out_dir, features, counts, key, cached=False, files=files, data_hash=data_hash)
+    return PreprocessResult(out_dir, features, counts, key, cached=False, files=_in_entry(out_dir, files), data_hash=data_hash)
 
 

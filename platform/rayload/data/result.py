@@ -151,7 +151,8 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
             features_json = f.read().decode()
         features = FittedFeatures.from_json(features_json)
         files, counts = _in_entry(out_dir, summary["files"]), dict(summary["counts"])
-        missing = _gone(fs, base, [p for split in files.values() for p in split])
+        where = summary["files"] if _remote(out_dir) else files  # as the entry's file system names them
+        missing = _gone(fs, base, [p for split in where.values() for p in split])
     except FileNotFoundError:
         return None
     except OSError as exc:  # the storage could not be read now: not a reason to write a good entry again
@@ -173,6 +174,10 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
     return PreprocessResult(out_dir, features, counts, key, cached=True, files=files, data_hash=summary["data_hash"])
 
 
+def _remote(out_dir: str) -> bool:
+    return "://" in out_dir and not out_dir.startswith("file://")
+
+
 def _gone(fs: pafs.FileSystem, base: str, paths: list[str]) -> list[str]:
     """The shards among `paths` that are not there: one listing of the entry's folder (one
     request per shard took minutes on object storage for thousands of shards), a look of its
@@ -186,10 +191,12 @@ def _in_entry(out_dir: str, files: dict[str, list[str]]) -> dict[str, list[str]]
     """The shards of a local entry in the folder it was found in: summary.json keeps the paths
     they were written at, and an entry moved (RAYLOAD_CACHE pointed elsewhere, a shared cache
     mounted at another path, a copied RAYLOAD_HOME) handed back the old ones, failing or reading
-    the old copy. Every shard is <entry>/<split>/<name>. Remote entries keep their URIs."""
-    if "://" in out_dir and not out_dir.startswith("file://"):
-        return files
-    from ..paths import local_path
+    the old copy. Every shard is <entry>/<split>/<name>. A remote entry's shards are URIs under
+    it (written, they were named as its file system does, without the scheme, and read back as
+    local files)."""
+    from ..paths import join_uri, local_path
 
+    if _remote(out_dir):
+        return {split: [join_uri(out_dir, split, path.rsplit("/", 1)[-1]) for path in paths] for split, paths in files.items()}
     root = os.path.abspath(local_path(out_dir))
     return {split: [os.path.join(root, split, path.rsplit("/", 1)[-1]) for path in paths] for split, paths in files.items()}
