@@ -140,6 +140,10 @@ class StudySearcher(Searcher):
             frozen = self.resumable.pop(0)
             trial = optuna.trial.Trial(self.study, frozen._trial_id)
             log.info("re-attaching trial %d (running when the search stopped)", frozen.number)
+            # Killed between creating the trial and storing its values (ask stores one value at a
+            # time): drawn now, or it trained the base's values and counted as a searched trial
+            for name in [k for k in self.distributions if k not in frozen.params]:
+                trial._suggest(name, self.distributions[name])
             # What it reported before the stop counts: its best epoch may be one it will not run again.
             earlier = self._best_reported(frozen)
             if earlier is not None:

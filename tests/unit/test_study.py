@@ -392,3 +392,16 @@ def test_a_trial_that_ends_itself_on_an_asha_rung_is_complete_not_pruned():
     trials["D"] = SimpleNamespace(trial_id="D")
     assert result("D", 1, 0.50) == "STOP"
     assert study.get_trials()[-1].state == TrialState.PRUNED
+
+
+def test_a_trial_killed_before_its_values_were_stored_gets_them_when_re_attached(tmp_path):
+    """A driver SIGKILLed inside study.ask left a RUNNING trial with no values (seen in the e2e
+    kill-and-resume test): re-attached, it trained the base job's values and counted among the
+    N searched trials."""
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = searcher(storage)
+    first.study.ask()  # created, killed before any value was stored
+    resumed = searcher(storage, create=False)
+    config = resumed.suggest("t0")
+    assert config["number"] == 0 and set(config["params"]) == {"lr", "hidden"}
+    assert set(resumed.study.trials[0].params) == {"lr", "hidden"}  # stored in the study too
