@@ -135,3 +135,22 @@ def test_a_file_uri_storage_is_a_folder_on_this_machine(subset, tmp_path, monkey
     small = rayload.compress(f"file://{res.checkpoint}", "int8", max_auc_drop=0.05)
     assert small.checkpoint == f"{res.checkpoint}-int8" and os.path.isfile(os.path.join(small.checkpoint, "model.pt"))
     assert not os.path.exists(tmp_path / "file:")
+
+
+def test_shards_prepared_into_the_bucket_are_read_back_through_ray_data(bucket, ray_local, tmp_path, monkeypatch):
+    """Named by URIs with the endpoint's query options, several shards of a split failed in Ray
+    Data: it takes one file system from the first path and kept the query inside the later keys."""
+    from helpers import frame
+    from helpers import job as frame_job
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "runs"))
+    data = tmp_path / "in"
+    data.mkdir()
+    for i in range(2):  # one shard per input file and split
+        frame(300, seed=i).to_csv(data / f"part-{i}.csv", index=False)
+    base, query = bucket.split("?", 1)
+    res = preprocess(frame_job(str(data), "csv"), out=f"{base}/prepared?{query}", engine="local")
+    assert len(res.files["val"]) == 2
+    for split in ("train", "val", "test"):
+        assert res.dataset(split).count() == res.counts["split_rows"][split]

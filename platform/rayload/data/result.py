@@ -60,6 +60,10 @@ class PreprocessResult:
         if not self.files.get(split):
             raise DataError(f"split '{split}' has no rows in {self.out_dir}")
         extra = {"num_cpus": 0, "concurrency": read_concurrency()} if for_training else {}
+        if _remote(self.out_dir):  # Ray takes one file system from the first URI and kept its query in the later keys
+            fs, base = filesystem(self.out_dir)
+            names = [uri.split("?", 1)[0].rsplit("/", 1)[-1] for uri in self.files[split]]
+            return read_parquet([f"{base}/{split}/{name}" for name in names], filesystem=fs, **extra)
         return read_parquet(self.files[split], **extra)
 
     def batches(self, split: str):
