@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import stat
 import time
 from typing import Annotated, Optional
 
@@ -118,11 +116,9 @@ def _build(ab, spec: str, out: str, address) -> None:
     run_dir = control.run_dir_for(ab)
     os.makedirs(run_dir, exist_ok=True)
     config = serve_config(app_args(ab, resolve_checkpoints(ab, address), run_dir))
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # events_url may hold a password
-    if stat.S_ISREG(os.fstat(fd).st_mode):  # an existing file keeps its mode through O_CREAT
-        with contextlib.suppress(OSError):
-            os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
+    from .paths import open_private
+
+    with open_private(out) as f:  # events_url may hold a password
         f.write(f"# serve deploy {out}   (written by rayload serve build {spec})\n")
         if ab.serving.ingress == "direct":
             f.write("# serving.ingress: direct: start every node with RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in the environment of\n"

@@ -181,7 +181,7 @@ def write_text(uri: str, text: str, durable: bool = False, private: bool = False
         tmp = f"{local}.tmp"
         if os.path.exists(tmp):  # a crash's leftover keeps its mode through os.open: start anew
             os.remove(tmp)
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666), "w") as f:
+        with open_private(tmp) if private else open(tmp, "w") as f:
             f.write(text)
             if durable:
                 f.flush()
@@ -195,6 +195,20 @@ def write_text(uri: str, text: str, durable: bool = False, private: bool = False
     fs, where = pafs.FileSystem.from_uri(uri)
     with fs.open_output_stream(where) as f:
         f.write(text.encode())
+
+
+def open_private(path: str):
+    """`path` opened for writing text, readable by its owner alone (0600): for files that may
+    hold a database URL's password. An existing regular file is made 0600 too (O_CREAT keeps
+    an existing file's mode); anything else (a symlink's target, /dev/stdout) is written as it is."""
+    import contextlib
+    import stat
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w")
 
 
 def _fsync_folder(folder: str) -> None:

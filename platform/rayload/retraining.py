@@ -47,7 +47,7 @@ import yaml
 from .errors import DataError, RayloadError
 from .retrain_gate import GATE_SPLIT, Gate, gate_aucs
 from .retrain_rows import check_rows, experiment_attribution, input_columns, training_rows, windows
-from .paths import is_remote, localize, runs_root
+from .paths import is_remote, localize, open_private, runs_root
 
 log = logging.getLogger(__name__)
 SPLIT = {"train": 0.7, "val": 0.15, GATE_SPLIT: 0.15}
@@ -333,7 +333,7 @@ def write_ab_spec(out: str, args: dict, champion_arm: str, champion: str, challe
     """`next_ab_spec` written to `out`/ab.yaml, ready for `rayload serve`."""
     spec = next_ab_spec(args, champion_arm, champion, challenger, name, weight)
     path = os.path.join(out, "ab.yaml")
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # its events URL may hold a password
+    with open_private(path) as f:  # its events URL may hold a password
         f.write(f"# rayload serve {path}\n# written by rayload retrain: the champion against the model retrained on its feedback\n")
         yaml.safe_dump(spec, f, sort_keys=False)
     from .ab_spec import load_ab_spec

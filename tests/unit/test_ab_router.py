@@ -548,19 +548,24 @@ def test_an_api_key_no_header_can_carry_is_refused_before_serving(models, tmp_pa
     assert app_args(spec, checkpoints, str(tmp_path))["api_key_sha256"]
 
 
+def _slow_challenger(router, seconds: float):
+    """`router` with its challenger B's model taking `seconds` more per call."""
+    real = router.models.scorers["B"].score_table
+
+    def slow(*a, **k):
+        time.sleep(seconds)
+        return real(*a, **k)
+
+    router.models.scorers["B"].score_table = slow
+    return router
+
+
 def test_a_slow_shadow_holds_up_no_later_request(run, make_router, models):
     """The shadow's call shared the live batch queue and ran on the event loop: a request sent
     right after a shadowed one waited out the challenger's model (507 ms, logged as the
     champion's latency)."""
     _, rows = models
-    router = make_router(shadow=True)
-    real = router.models.scorers["B"].score_table
-
-    def slow(*a, **k):
-        time.sleep(1.0)
-        return real(*a, **k)
-
-    router.models.scorers["B"].score_table = slow
+    router = _slow_challenger(make_router(shadow=True), 1.0)
 
     async def main():
         first = answer(await router.predict(request({"unit_id": "u1", "features": rows[0]})))
@@ -581,14 +586,7 @@ def test_a_stopping_replica_lets_its_shadows_finish_before_closing_the_writer(ru
     """Serve drains a stopping replica's requests, not its shadows: __del__ closed the writer at
     once and the shadows still in flight lost their rows (37 of 64 stored)."""
     _, rows = models
-    router = make_router(shadow=True)
-    real = router.models.scorers["B"].score_table
-
-    def slow(*a, **k):
-        time.sleep(0.02)
-        return real(*a, **k)
-
-    router.models.scorers["B"].score_table = slow
+    router = _slow_challenger(make_router(shadow=True), 0.02)
 
     async def main():
         for i in range(20):

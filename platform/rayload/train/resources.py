@@ -198,7 +198,7 @@ def elastic_wait_bound(resources):
                 return
             _, per = requested(resources)
             alive = [n["Resources"] for n in alive_nodes()]
-            if placeable_count(per, alive) >= low:
+            if (can := placeable_count(per, alive)) >= low:
                 self.since = None
                 return
             now = time.monotonic()
@@ -208,7 +208,7 @@ def elastic_wait_bound(resources):
                     f"resources.workers {{min: {low}, max: {resources.workers.max}}}: the worker group waited {bound:g} s "
                     f"(resources.placement_timeout_s) for nodes that place {low} worker(s) of "
                     f"{', '.join(f'{k}={v:g}' for k, v in per.items())}; the {len(alive)} live node(s) place "
-                    f"{placeable_count(per, alive)}. Add nodes or lower min; a relaunch with the same train.run_name resumes")
+                    f"{can}. Add nodes or lower min; a relaunch with the same train.run_name resumes")
 
     return ElasticWaitBound()
 
