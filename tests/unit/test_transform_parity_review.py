@@ -104,3 +104,16 @@ def test_a_real_but_small_relative_spread_is_z_scored():
     fitted = _fit(table, schema, {"numeric": {"t": {"scale": "zscore"}}}, [(0, 8)])
     out = np.asarray(fitted.transform_rows([{"t": v} for v in table.column("t").to_pylist()]).column("t").to_pylist())
     assert not fitted.numeric[0].constant and np.abs(out).max() < 2.0
+
+
+def test_a_spread_of_a_few_dozen_ulps_of_large_values_is_z_scored():
+    """Epoch nanoseconds 5 us apart at 1.7e18 (about 20 ulps; std 8.5e3) were still taken for rounding
+    noise: the divisor stayed 1 and the outputs were raw offsets up to 12,544. A std of 1 or more
+    cannot blow noise up, so it is divided by."""
+    import numpy as np
+
+    schema = Schema((_column("t", "numeric"),), LABEL)
+    table = pa.table({"t": (1.7e18 + np.arange(6) * 5000.0).tolist(), "y": [0, 1] * 3})
+    fitted = _fit(table, schema, {"numeric": {"t": {"scale": "zscore"}}}, [(0, 6)])
+    out = np.asarray(fitted.transform_rows([{"t": v} for v in table.column("t").to_pylist()]).column("t").to_pylist())
+    assert not fitted.numeric[0].constant and 1.0 < np.abs(out).max() < 2.0
