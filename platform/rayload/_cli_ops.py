@@ -117,9 +117,11 @@ def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: in
     """The demo's options as `--set` items for the pipeline's stages of each kind, whatever their
     names: the port for its A/B stages (none without one), the search options for its tune stages."""
     from .errors import RayloadError
+    from ._stage_runners import _search
     from .pipeline_spec import load_pipeline_spec
 
-    stages = load_pipeline_spec(spec).stages
+    pipeline = load_pipeline_spec(spec)
+    stages = pipeline.stages
     named = {kind: [s.name for s in stages if s.kind == kind] for kind in ("tune", "ab")}
     asked = {"tune": {"--trials": trials, "--search-epochs": search_epochs}, "ab": {"--ab-requests": ab_requests}}
     for kind, options in asked.items():
@@ -130,8 +132,11 @@ def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: in
     for name in named["ab"]:
         # `is not None`: a 0 was dropped for the pipeline's own value; given, the spec refuses it by name
         sets += [f"{name}.serving.port={port}"] + ([f"{name}.simulate.requests={ab_requests}"] if ab_requests is not None else [])
-    for name in named["tune"]:
-        sets += [f"{name}.num_samples={trials}", f"{name}.startup_trials={max(2, trials // 2)}"] if trials is not None else []
+    for stage in (s for s in stages if s.kind == "tune"):
+        name = stage.name
+        if trials is not None:  # startup_trials is for Bayesian searches only (a random or grid search refuses it)
+            bayes = _search(pipeline, stage).strategy == "bayes"
+            sets += [f"{name}.num_samples={trials}"] + ([f"{name}.startup_trials={max(2, trials // 2)}"] if bayes else [])
         sets += [f"{name}.scheduler.max_epochs={search_epochs}"] if search_epochs is not None else []
     return sets
 

@@ -19,6 +19,27 @@ def _cpus_issues(cpus) -> list[SpecIssue]:
     return [SpecIssue("cpus", "each trial's CPUs: a number > 0 (fractions share a CPU between trials)", cpus, True)]
 
 
+def _fn_issues(fn, address) -> list[SpecIssue]:
+    """tune_function's objective is called with one dict per trial, and `address` is a Ray
+    address or None: a string, a lambda of no arguments or address=5 started Ray and failed
+    every trial inside it instead."""
+    import inspect
+
+    out = []
+    if not callable(fn):
+        out.append(SpecIssue("fn", "the objective must be a callable taking one dict of parameters", fn, True))
+    else:
+        try:
+            inspect.signature(fn).bind({})
+        except TypeError as exc:
+            out.append(SpecIssue("fn", f"the objective is called with one dict of parameters, which {fn!r} does not take ({exc})"))
+        except ValueError:  # no signature to read (some builtins): let the call decide
+            pass
+    if address is not None and not isinstance(address, str):
+        out.append(SpecIssue("address", "a Ray address such as 'auto' or 'ray://head:10001', or None for a local Ray", address, True))
+    return out
+
+
 def _scheduler_issues(spec) -> list[SpecIssue]:
     """ASHA stops every trial at its max_t: a job search takes it from the base job's epochs, a
     function has none, and 100 was used unsaid (a function reporting 500 steps was cut at 100

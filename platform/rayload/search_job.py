@@ -73,7 +73,9 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
         if path not in known:
             section = "fixed" if path in spec.fixed else "space"
             issues.append(SpecIssue(f"{section}.{path}", f"not a field of the job spec {os.path.basename(where)}; near it: {', '.join(near_paths(path, known))}"))
-        elif path in spec.fixed and (fields := _section_fields(path)):
+        elif path in spec.fixed and spec.fixed[path] is not None and (fields := _section_fields(path)):
+            # (None turns an optional section off, e.g. fixed train.early_stopping: null; a section
+            # that cannot be None is refused by the job spec's own check, named)
             issues.append(SpecIssue(f"fixed.{path}", f"names a section of the job spec, which this value would replace whole (every "
                                     f"field it leaves out back to its default); set its fields one by one: "
                                     f"{', '.join(f'fixed.{path}.{f}' for f in fields[:4])}{', ...' if len(fields) > 4 else ''}"))

@@ -134,7 +134,8 @@ class Param(_Spec):
                 return [f"log is for uniform and int ranges; a {kind} list takes its values as given (remove log)"]
             if not values:
                 return [f"{kind} needs at least one value"]
-            if len({repr(v) for v in values}) != len(values):
+            # By value, as the job spec will read them (8 and 8.0 are one value; a bool is not a number).
+            if any(v == w and isinstance(v, bool) == isinstance(w, bool) for i, v in enumerate(values) for w in values[:i]):
                 return [f"{kind} lists a value twice: {values}"]
             return []
         low, high = getattr(self, kind)
@@ -260,6 +261,9 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
                                         "samples, so write it as {choice: [...]}"))
     if spec.sampler and spec.strategy != "bayes":
         issues.append(SpecIssue("sampler", f"sampler is for strategy: bayes, not {spec.strategy}", spec.sampler, True))
+    if spec.startup_trials is not None and spec.strategy != "bayes":  # random and grid draw every trial alike
+        issues.append(SpecIssue("startup_trials", f"startup_trials (random trials before TPE or GP model the space) is for "
+                                f"strategy: bayes, not {spec.strategy}; remove it", spec.startup_trials, True))
     if spec.strategy == "grid" and grid_size(spec) > MAX_GRID:
         issues.append(SpecIssue("space", f"the grid has {grid_size(spec):,} points, each a trial; a grid search runs every one "
                                 f"(at most {MAX_GRID:,}): list fewer values, or sample the space with strategy random or bayes"))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._ray import ensure_ray
-from ._tune_function import _cpus_issues, _function_trial, _scheduler_issues, _ship_by_value, function_result  # noqa: F401  (function_result: public here)
+from ._tune_function import _cpus_issues, _fn_issues, _function_trial, _scheduler_issues, _ship_by_value, function_result  # noqa: F401  (function_result: public here)
 from ._tune_capacity import SearchResourceError, _check_shape, _concurrency  # noqa: F401  (SearchResourceError: public here)
 from .errors import RayloadError, SpecError, SpecIssue
 from .paths import is_remote, join_uri, runs_root, shared_storage
@@ -228,6 +228,7 @@ def tune_function(fn: Callable[[dict], Any], space: dict[str, Any], strategy: st
     # mode=None with a metric of no known direction is refused for a new search (a resumed one
     # goes on in the direction its study was made with).
     spec = validate_model(SearchSpec, raw, check=lambda s: strategy_issues(s) + ([] if resume else mode_issues(s)) + _cpus_issues(cpus)
+                                                    + _fn_issues(fn, address)
                                                     + _scheduler_issues(s))
     if resume:
         run_dir = find_run(resume)
@@ -262,6 +263,9 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
     spec = plan.spec
     total = trials_wanted(spec)
     startup = spec.startup_trials or min(10, max(3, total // 4))
+    if spec.strategy == "bayes" and startup >= total:
+        log.warning("startup_trials %d >= the search's %d trials: every trial is drawn at random, none by the %s model",
+                    startup, total, (spec.sampler or "tpe").upper())
     sampler = functools.partial(make_sampler, spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)
     if resume:
         owner = read_state(plan.run_dir).get("run_uid")

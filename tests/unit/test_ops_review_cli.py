@@ -41,6 +41,21 @@ def test_demo_options_go_to_the_pipelines_stages_of_each_kind_whatever_their_nam
     load_pipeline(path, sets)  # every item reaches its stage
 
 
+def test_demo_trials_on_a_random_search_stage_set_no_startup_trials(tmp_path):
+    """startup_trials is for Bayesian searches; `--trials` set it on every tune stage, which a random one refuses."""
+    from rayload._cli_ops import demo_sets
+    from rayload.pipeline_spec import load_pipeline
+
+    shutil.copy(os.path.join(ROOT, "tune", "movielens_random.yaml"), tmp_path / "random.yaml")
+    (tmp_path / "random.yaml").write_text((tmp_path / "random.yaml").read_text().replace("../jobs/", ""))
+    path = _pipeline(tmp_path, [{"name": "base", "kind": "train", "job": "movielens_deepfm.yaml"},
+                                {"name": "hpo", "kind": "tune", "search": "bayes.yaml"},
+                                {"name": "wide", "kind": "tune", "search": "random.yaml"}])
+    sets = demo_sets(path, 8123, trials=6)
+    assert sets == ["hpo.num_samples=6", "hpo.startup_trials=3", "wide.num_samples=6"]
+    load_pipeline(path, sets)
+
+
 def test_demo_on_a_pipeline_without_an_ab_stage_sets_no_port(tmp_path):
     from rayload._cli_ops import demo_sets
 

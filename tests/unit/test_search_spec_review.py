@@ -172,3 +172,49 @@ def test_tune_function_with_asha_needs_its_most_steps_before_ray(tune_before_ray
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, scheduler={"kind": "asha"})
     with pytest.raises(AssertionError, match="Ray was started"):  # with it, the checks pass
         tuning.tune_function(lambda c: c["x"], {"x": {"uniform": [0, 1]}}, scheduler={"kind": "asha", "max_epochs": 500})
+
+
+@pytest.mark.parametrize("fn, field", [("not a function", "fn"), (None, "fn"), (lambda: 1.0, "fn"), (lambda a, b: a, "fn")])
+def test_tune_function_refuses_an_objective_that_cannot_take_one_dict_before_ray(tune_before_ray, fn, field):
+    """A string or a lambda of no arguments started Ray and failed every trial inside it."""
+    with pytest.raises(SpecError, match=f"{field}: the objective"):
+        tuning.tune_function(fn, {"x": {"uniform": [0, 1]}})
+    with pytest.raises(SpecError, match="address: a Ray address"):
+        tuning.tune_function(lambda c, scale=1: c["x"] * scale, {"x": {"uniform": [0, 1]}}, address=5)
+    with pytest.raises(AssertionError, match="Ray was started"):  # one dict, extra defaults: the checks pass
+        tuning.tune_function(lambda c, scale=1: c["x"] * scale, {"x": {"uniform": [0, 1]}})
+
+
+@pytest.mark.parametrize("values", [[1, 1.0], [8, 8.0, 16], [[64, 32], [64.0, 32.0]]])
+@pytest.mark.parametrize("kind", ["grid", "choice"])
+def test_a_list_with_a_value_twice_by_value_is_refused(tmp_path, values, kind):
+    """8 and 8.0 are one value once the job spec reads them: a grid ran that trial twice, a choice drew it twice as often."""
+    space = {"model.embedding_dim": values if kind == "grid" else {"choice": values}}
+    if isinstance(values[0], list):
+        space = {"model.hidden": values if kind == "grid" else {"choice": values}}
+    assert "lists a value twice" in _problems(tmp_path, space=space, strategy="grid" if kind == "grid" else "random")
+
+
+def test_true_and_one_stay_two_values_of_a_choice(tmp_path):
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "strategy": "random",
+                                    "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}, "model.batch_norm": {"choice": [True, False]}}}))
+    assert load_search_spec(str(path)).space["model.batch_norm"].choice == [True, False]
+
+
+@pytest.mark.parametrize("strategy", ["random", "grid"])
+def test_startup_trials_outside_bayes_is_refused(tmp_path, strategy):
+    """It was accepted and ignored: random and grid draw every trial alike."""
+    space = {"train.lr": [0.001, 0.01]} if strategy == "grid" else {"train.lr": {"loguniform": [1e-4, 1e-2]}}
+    assert "startup_trials: startup_trials (random trials before TPE or GP model the space) is for strategy: bayes" in \
+        _problems(tmp_path, space=space, strategy=strategy, startup_trials=3)
+
+
+def test_fixed_null_turns_an_optional_section_off(tmp_path):
+    """fixed train.early_stopping: null was refused as 'names a section' (the benchmark's way to let
+    every trial run its epochs), though None replaces nothing field by field."""
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "strategy": "random", "space": {"train.lr": {"loguniform": [1e-4, 1e-2]}},
+                                    "fixed": {"train.early_stopping": None}}))
+    spec = load_search_spec(str(path))
+    assert job_from(base_raw(spec, str(path)), {"train.lr": 0.001}).train.early_stopping is None
