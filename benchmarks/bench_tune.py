@@ -101,12 +101,14 @@ def bench_branin(args) -> None:
     print(f"  random / TPE = {statistics.mean(random_n) / statistics.mean(tpe_n):.2f}")
 
 
-MOVIELENS_SPACE = {
-    "train.lr": {"loguniform": [0.0003, 0.01]},
-    "train.embedding_l2": {"loguniform": [0.000001, 0.001]},
-    "model.embedding_dim": {"choice": [8, 16, 32, 64]},
-    "model.dropout": {"uniform": [0.0, 0.5]},
-}
+def movielens_space() -> dict:
+    """The space the shipped random search uses (tune/movielens_random.yaml), read from it so the
+    benchmark searches what users search. Until 2026-11-27 this script kept its own copy, which
+    still searched train.embedding_l2 after the job had moved to train.embedding_prior."""
+    import yaml
+
+    with open(os.path.join(ROOT, "tune", "movielens_random.yaml")) as f:
+        return yaml.safe_load(f)["space"]
 
 
 def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: int, asha: dict | None, concurrent: int,
@@ -115,10 +117,10 @@ def movielens_search(name: str, strategy: str, seed: int, trials: int, epochs: i
     from rayload.search_spec import SearchSpec
 
     spec = SearchSpec.model_validate({
-        "name": name, "base": os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "space": MOVIELENS_SPACE,
-        "strategy": strategy, "num_samples": trials, "seed": seed, "startup_trials": 4, "max_concurrent": concurrent,
+        "name": name, "base": os.path.join(ROOT, "jobs", "movielens_deepfm.yaml"), "space": movielens_space(),
+        "strategy": strategy, "num_samples": trials, "seed": seed, "max_concurrent": concurrent,
         "fixed": {"train.epochs": epochs, "train.early_stopping": None, **(fixed or {})}, "scheduler": asha,
-        "target": target, "time_budget_s": budget_s,
+        "target": target, "time_budget_s": budget_s, **({"startup_trials": 4} if strategy == "bayes" else {}),
     })
     start = time.perf_counter()
     res = rayload.tune(spec)
