@@ -219,3 +219,96 @@ def test_a_csv_file_without_a_header_line_is_named():
             f.write("user,item,tags,price,age,label\ru1,3,a,1.5,30,1\r")
         with pytest.raises(DataError, match=r"old-mac\.csv: no CSV header line \(.*\); CSV lines end with"):
             check_data_schema(job(path, kind="csv"))
+
+
+# ---------------------------------------------------------------- ingestion review (2026-11-27)
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "z.jsonl"])
+def test_a_bad_jsonl_shard_is_quarantined_whatever_it_is_called(tmp_path, monkeypatch, name):
+    """Only the first file was checked: a truncated one-line shard stopped the job with "no JSON
+    objects" when it sorted first and was quarantined when it sorted last; a small shard whose
+    one row lacks the label (JSON writers leave null keys out) likewise."""
+    import json
+
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "b.jsonl").write_text("".join(json.dumps({"user": f"u{i}", "price": i, "y": i % 2}) + "\n" for i in range(200)))
+    (folder / name).write_text('{"user":"u1","price":1,"ts":17000\n')
+    (folder / f"{name[0]}2.jsonl").write_text('{"user": "u1", "price": 1}\n')
+    spec = _spec(folder, "jsonl")
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"max_bad_fraction": 0.1})})
+    out = preprocess(spec, out=str(tmp_path / "out"), engine="local")
+    assert (out.counts["good"], out.counts["quarantined"]) == (200, 2)
+
+
+def test_jsonl_files_none_of_which_holds_an_object_or_the_label_are_refused_before_reading(tmp_path):
+    from rayload.data.checks import check_data_schema
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("[1, 2]\n")
+    (folder / "b.jsonl").write_text("not json\n")
+    with pytest.raises(DataError, match=r"a.jsonl: no JSON objects in the first lines"):
+        check_data_schema(_spec(folder, "jsonl"))
+    (folder / "c.jsonl").write_text('{"user": "u1", "price": 1}\n')
+    with pytest.raises(DataError, match=r"\['y'\] not found in .*c.jsonl"):
+        check_data_schema(_spec(folder, "jsonl"))
+    (folder / "d.jsonl").write_text('{"user": "u1", "price": 1, "y": 0}\n')
+    check_data_schema(_spec(folder, "jsonl"))
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_declared_column_named_twice_in_the_file_is_a_data_error_naming_it(tmp_path, kind):
+    """A Parquet file (or the schema check of a CSV header) naming a column twice raised Arrow's
+    KeyError: a traceback, exit 1, no file named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayload.data.checks import check_data_schema
+
+    path = tmp_path / f"d.{kind}"
+    if kind == "csv":
+        path.write_text("user,price,user,y\nu1,1,u2,0\n")
+    else:
+        pq.write_table(pa.Table.from_arrays([pa.array(["u1"]), pa.array([1.0]), pa.array(["u2"]), pa.array([0])],
+                                            names=["user", "price", "user", "y"]), path)
+    with pytest.raises(DataError, match=r"d\.%s: .*\['user'\] more than once" % kind):
+        check_data_schema(_spec(path, kind))
+
+
+def test_a_csv_row_longer_than_arrows_block_is_read(tmp_path):
+    """A 3 MB value straddled two of Arrow's blocks and stopped the whole file ("try to increase block size")."""
+    data = b"user,price,y\n" + b"".join(b"u%d,%d,1\n" % (i, i) for i in range(1000)) + b"x" * 3_000_000 + b",5,0\nu,6,1\n"
+    table, bad = parse_csv(data, NAMES, "a.csv")
+    assert table.num_rows == 1002 and bad == [] and len(table.column("user")[1000].as_py()) == 3_000_000
+
+
+def test_the_bad_fraction_stop_names_each_examples_file_and_quarantined_rows_are_valid_json(tmp_path, monkeypatch):
+    """The examples named a line but not its shard; a quarantined inf was written as Infinity,
+    which JSON parsers other than Python's refuse."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayload.data.pipeline import preprocess
+
+    monkeypatch.setenv("RAYLOAD_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for name in ("a", "b"):
+        (folder / f"{name}.csv").write_text("user,price,y\n" + "".join(f"u{i},{i},{i % 2}\n" for i in range(20)))
+    (folder / "c.csv").write_text("user,price,y\nu1,1\nu2,2,0,9\n")
+    with pytest.raises(DataError, match=r"examples:\n  - \S*c\.csv: malformed CSV line 2"):
+        preprocess(_spec(folder, "csv"), out=str(tmp_path / "out"), engine="local")
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"user": ["u1", "u2"] * 20, "price": [float("inf")] + [1.0] * 39, "y": [0, 1] * 20}), path)
+    spec = _spec(path, "parquet")
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"max_bad_fraction": 0.5})})
+    preprocess(spec, out=str(tmp_path / "out2"), engine="local")
+    rows = pq.read_table(str(tmp_path / "out2" / "quarantine")).column("row").to_pylist()
+    assert len(rows) == 1 and json.loads(rows[0], parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))["price"] == "inf"

@@ -219,6 +219,6 @@ def test_reasons_are_counted_without_their_line_numbers_and_a_stop_after_the_wri
     lines = ["x,t,y"] + [f"{1e13 if i >= 380 else i % 7},{i},{i % 2}" for i in range(400)]
     (tmp_path / "far.csv").write_text("\n".join(lines) + "\n")
     split = {"kind": "temporal", "train": 0.8, "val": 0.1, "test": 0.1}
-    with pytest.raises(DataError, match=r"20 of 400 rows .* are bad[\s\S]*examples:\n  - x: ") as info:
+    with pytest.raises(DataError, match=r"20 of 400 rows .* are bad[\s\S]*examples:\n  - .*far.csv: x: ") as info:
         preprocess(job(tmp_path / "far.csv", split=split, bad=0.01), out=str(tmp_path / "pre2"), engine="local")
     assert str(info.value).count("\n  - ") == 3

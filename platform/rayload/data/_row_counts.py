@@ -40,7 +40,8 @@ def check_bad_fraction(counts: dict, parts: list[dict], limit: float) -> None:
     if frac <= limit:
         return
     examples = [e for p in parts for e in p["examples"]][:3]
-    lines = "".join(f"\n  - {e['reason']}: {e['row']}" for e in examples)
+    # each example names its file: with many shards a line number alone pointed nowhere
+    lines = "".join(f"\n  - {e['source'] + ': ' if e.get('source') else ''}{e['reason']}: {e['row']}" for e in examples)
     raise DataError(
         f"{counts['quarantined']} of {counts['input']} rows ({frac:.2%}) are bad, more than "
         f"data.max_bad_fraction={limit}; reasons: {counts['reasons']}{chr(10) + 'examples:' + lines if lines else ''}\n"

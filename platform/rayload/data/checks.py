@@ -24,20 +24,46 @@ def check_data_schema(job) -> int:
 
 
 def check_files(inputs: Inputs, schema: Schema) -> None:
-    """Every Parquet footer (cheap), or the head of the first text file that is not empty."""
+    """Every Parquet footer (cheap), or the head of the first text file that is not empty.
+
+    JSONL: the first file whose head holds JSON objects and every declared column a row cannot
+    do without. A file whose head holds no object, or a small file read whole that lacks such a
+    column, is passed over (its lines are quarantined one by one when read, as they are in any
+    other file): refusing it only when it sorted first made the outcome depend on file names.
+    Only when no file qualifies is one refused: the first lacking a column, else the first
+    without an object."""
+    lacks = no_objects = None
     for path in inputs.paths:
         found = file_schema(inputs, path)
         if found is None:  # an empty text file: no rows, nothing to check
             continue
         if inputs.fmt == "jsonl":
-            found = _sampled_columns(found, schema)
-        # An empty table with the file's types runs the same type checks as real rows do.
-        try:
-            validate_table(found.empty_table(), schema, path)
-        except DataError as exc:  # a mistyped column: name the shard (three shards, one bad, said nothing of which)
-            raise (exc if path in str(exc) else DataError(f"{path}: {exc}")) from None  # named once
+            if found.names == []:  # no JSON object in its first lines
+                no_objects = no_objects or DataError(f"{path}: no JSON objects in the first lines")
+                continue
+            found, lacking = _sampled_columns(found, schema)
+            if lacking:
+                lacks = lacks or _checked(path, found, schema, keep=True)
+                continue
+        _checked(path, found, schema)
         if inputs.fmt != "parquet":
-            break
+            return
+    if lacks or no_objects:
+        raise lacks or no_objects
+
+
+def _checked(path: str, found: pa.Schema, schema: Schema, keep: bool = False):
+    """An empty table with the file's types runs the same type checks as real rows do; a mistyped
+    column names the shard (three shards, one bad, said nothing of which), once. With `keep`, the
+    error is returned instead of raised."""
+    try:
+        validate_table(found.empty_table(), schema, path)
+    except DataError as exc:
+        error = exc if path in str(exc) else DataError(f"{path}: {exc}")
+        if keep:
+            return error
+        raise error from None
+    return None
 
 
 def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
@@ -62,22 +88,24 @@ def file_schema(inputs: Inputs, path: str) -> pa.Schema | None:
     lines = jsonl_lines(head)  # as the reader splits them (splitlines() also broke lines at a lone \r)
     lines = lines[:-1] if len(lines) > 1 and not whole else lines  # the last may be cut off by the sample
     table, _ = parse_jsonl(b"\n".join(lines), _keys(lines), path)
-    if table.num_columns == 0:
-        raise DataError(f"{path}: no JSON objects in the first lines")
+    if table.num_columns == 0:  # no JSON object: an empty schema, which check_files tells apart
+        return pa.schema([])
     return table.schema.with_metadata({"whole_file": str(whole)})
 
 
-def _sampled_columns(found: pa.Schema, schema: Schema) -> pa.Schema:
+def _sampled_columns(found: pa.Schema, schema: Schema) -> tuple[pa.Schema, bool]:
     """A JSONL line omits a key whose value is null, so a declared column absent from the first
-    lines is only absent there: it is refused only when the sample was the whole file and a
+    lines is only absent there: the file lacks it only when the sample was the whole file and a
     row cannot do without it (the label, a required, id or timestamp column). The others are
     checked as null columns; their rows are validated one by one when read."""
     whole = (found.metadata or {}).get(b"whole_file") == b"True"
     required = {schema.label["column"]} | {c["name"] for c in schema.columns if c.get("required") or c["role"] in ("id", "timestamp")}
+    lacking = False
     for name in schema.names:
         if name not in found.names and not (whole and name in required):
             found = found.append(pa.field(name, pa.null()))
-    return found
+        lacking = lacking or name not in found.names
+    return found, lacking
 
 
 def _keys(lines: list[bytes]) -> list[str]:

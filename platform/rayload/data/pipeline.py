@@ -312,12 +312,12 @@ def _non_finite(obj, path: str = "") -> tuple[str, float] | None:
 
 
 def _quarantined(out_dir: str, files: list[str], n: int = 3) -> list[dict]:
-    """The first `n` rows of the quarantine shards just written (reason and row), for an error
+    """The first `n` rows of the quarantine shards just written (reason, row and source file), for an error
     that stops the run after the write pass: it showed none."""
     fs, base = filesystem(out_dir)
     out: list[dict] = []
     for path in files:
-        table = pq.read_table(path if path.startswith(base) else f"{base}/{path}", filesystem=fs, columns=["reason", "row"])
+        table = pq.read_table(path if path.startswith(base) else f"{base}/{path}", filesystem=fs, columns=["reason", "row", "source"])
         out += table.slice(0, n - len(out)).to_pylist()
         if len(out) >= n:
             break

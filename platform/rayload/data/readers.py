@@ -76,9 +76,11 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
         malformed.append((text, "malformed CSV row"))  # read again by `_read_csv_records`, which knows its line
         return "skip"
 
-    try:
-        table = pacsv.read_csv(
+    def read(block_size: int | None) -> pa.Table:
+        malformed.clear(), spanned.clear()
+        return pacsv.read_csv(
             io.BytesIO(data),
+            read_options=pacsv.ReadOptions(block_size=block_size) if block_size else None,
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid, newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(
                 include_columns=names,
@@ -87,6 +89,17 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
                 null_values=[""],
             ),
         )
+
+    try:
+        try:
+            table = read(None)
+        except pa.ArrowInvalid as exc:
+            # A record longer than Arrow's block (1 MB by default, about 2 MB with its slack) stopped
+            # the whole file ("straddling object ... increase block size"): the file is in memory,
+            # so read it again as one block (single-threaded, only for such files).
+            if "straddl" not in str(exc):
+                raise
+            table = read(min(len(data) + 1, 2**31 - 1))
     except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
         msg = str(exc)
         if "include_columns" in msg or "No such column" in msg or "does not exist" in msg:

@@ -8,6 +8,7 @@ cannot become its type sends the whole row to quarantine; `good + bad == input` 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +91,9 @@ def _require_columns(table: pa.Table, schema: Schema, source: str) -> None:
             f"declared column(s) {missing} not found{where}; the data has columns {table.column_names}. "
             "Fix data.columns / data.label.column or the data."
         )
+    if twice := sorted({n for n in schema.names if table.column_names.count(n) > 1}):  # Arrow's KeyError named no file
+        where = f"{source}: " if source else ""
+        raise DataError(f"{where}the data names the column(s) {twice} more than once; which one is meant is not clear")
 
 
 def _validate_column(column, col: dict, reasons: _Reasons) -> pa.Array:
@@ -330,6 +334,26 @@ def _validate_label(column, label: dict, reasons: _Reasons) -> tuple[pa.Array, p
     return pa.array(y, pa.float64()), raw
 
 
+def row_text(row: dict) -> str:
+    """A quarantined row as JSON text, valid JSON: a non-finite number is written as the text
+    "nan", "inf" or "-inf" (json.dumps wrote NaN and Infinity, which JSON parsers other than
+    Python's refuse, and jq read as 1.8e308)."""
+    try:
+        return json.dumps(row, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(row), default=str)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _quarantine(table: pa.Table, reasons: _Reasons, source: str) -> pa.Table:
     idx = np.flatnonzero(reasons.bad)
     if len(idx) == 0:
@@ -337,7 +361,7 @@ def _quarantine(table: pa.Table, reasons: _Reasons, source: str) -> pa.Table:
     rows = table.take(pa.array(idx)).to_pylist()
     return pa.table(
         {
-            "row": [json.dumps(r, default=str) for r in rows],
+            "row": [row_text(r) for r in rows],
             "reason": list(reasons.values[idx]),
             "source": [source] * len(idx),
         },
