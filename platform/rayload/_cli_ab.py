@@ -73,7 +73,15 @@ def serve(spec: Annotated[str, typer.Argument(help="A/B spec YAML, or `build` fo
             time.sleep(ab.ramp.interval_s)
             if auto and ab.ramp.auto:
                 # After a promote or rollback each look returns it again, acting on nothing; say it once.
-                decision, reasons = control.step(dep.run_dir)
+                try:
+                    decision, reasons = control.step(dep.run_dir)
+                except Exception as exc:  # noqa: BLE001  a database outage or a slow redeploy: look again next interval
+                    # (it ended the loop with a traceback, leaving the experiment without guardrails or ramp)
+                    if ("failed", str(exc)) != said:
+                        console.print(f"[bold red]the controller's look failed[/] ({escape(type(exc).__name__)}: {escape(str(exc))}); "
+                                      f"looking again every {ab.ramp.interval_s:g} s")
+                    said = ("failed", str(exc))
+                    continue
                 if decision != "continue" and (decision, reasons) != said:
                     console.print(f"[bold]{decision}[/]: {escape('; '.join(reasons))}")
                 said = (decision, reasons)
@@ -110,12 +118,9 @@ def _stop_on_signals() -> None:
 
 def _build(ab, spec: str, out: str, address) -> None:
     from .serve import control
-    from .serve.serve_config import app_args, resolve_checkpoints, serve_config
 
     _out_file(out)
-    run_dir = control.run_dir_for(ab)
-    os.makedirs(run_dir, exist_ok=True)
-    config = serve_config(app_args(ab, resolve_checkpoints(ab, address), run_dir))
+    config = control.build(ab, address)
     from .paths import open_private
 
     with open_private(out) as f:  # events_url may hold a password

@@ -222,3 +222,55 @@ def test_a_start_interrupted_after_serve_took_its_config_records_that_config(res
         control.start(_swapped(), run_dir=run_dir)
     args = control.parts(control.load_state(run_dir)[1]["config"])[0]
     assert args["generation"] == served["generation"] != old_generation and args["champion"] == "B"
+
+
+def test_serve_build_of_an_experiment_that_ran_writes_the_state_in_force(restartable, monkeypatch):
+    """`rayload serve build` wrote the spec's starting weights and no generation: deploying it undid a
+    promote, and the routers stamped every later exposure with a generation its analysis never reads."""
+    monkeypatch.setattr(control, "deploy", lambda config: None)
+    run_dir = restartable(spec_of(0.95), events(3_000, {"A": 0.1, "B": 0.13}, {"A": 0.95, "B": 0.05}))
+    monkeypatch.setattr(control, "run_dir_for", lambda spec: run_dir)
+    control.start(spec_of(0.95), run_dir=run_dir)
+    control.promote(run_dir)
+    args, user_config = control.parts(control.load_state(run_dir)[1]["config"])
+    built = control.build(spec_of(0.95))
+    assert control.parts(built)[0]["generation"] == args["generation"] is not None
+    assert control.parts(built)[1] == user_config and user_config["weights"] == {"A": 0.0, "B": 1.0}
+    # another experiment in the folder (other salt): the spec's own start, as before
+    fresh = control.build(spec_of(0.95, salt="other"))
+    assert control.parts(fresh)[0]["generation"] is None and control.parts(fresh)[1]["weights"] == {"A": 0.95, "B": 0.05}
+
+
+def test_a_failed_controller_look_is_retried_and_the_serve_loop_goes_on(monkeypatch, tmp_path):
+    """One failed look (the event store unreachable for a moment) ended `rayload serve` with a
+    traceback, leaving the experiment without its guardrails and ramp."""
+    import yaml
+    from typer.testing import CliRunner
+
+    import rayload._cli_ab as cli_ab
+    from rayload.cli import app
+
+    spec = tmp_path / "ab.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "arms": [{"name": "A", "weight": 0.95, "checkpoint": "/x"},
+                                                          {"name": "B", "weight": 0.05, "checkpoint": "/y"}],
+                                    "drift": {"enabled": False}, "ramp": {"interval_s": 0.01}}))
+    looks = []
+
+    def step(run):
+        looks.append(run)
+        if len(looks) == 2:
+            raise RuntimeError("could not connect to server")
+        if len(looks) == 4:
+            raise KeyboardInterrupt  # Ctrl-C: the loop's own end
+        return "continue", []
+
+    stopped = []
+    monkeypatch.setattr(control, "start", lambda ab, address=None: control.Deployment(
+        str(tmp_path), "http://127.0.0.1:8000", {"applications": [{"args": {"mode": "combined"}, "deployments": [{"user_config": {}}]}]}))
+    monkeypatch.setattr(control, "step", step)
+    monkeypatch.setattr(cli_ab, "_stop_serving", stopped.append)
+    monkeypatch.setattr(cli_ab, "_stop_on_signals", lambda: None)
+    res = CliRunner().invoke(app, ["serve", str(spec)])
+    assert res.exit_code == 0, res.output
+    assert len(looks) == 4 and stopped == ["t"]
+    assert "the controller's look failed (RuntimeError: could not connect to server)" in " ".join(res.output.split())

@@ -70,14 +70,32 @@ def start(spec: ABSpec, address: str | None = None, run_dir: str | None = None) 
         return _start_locked(spec, run_dir, args)
 
 
+def _in_force(args: dict, kept: dict | None, generation: str | None) -> dict:
+    """The Serve config of `args`; of the same experiment's earlier start (`kept`), its
+    generation and the weights, champion and final decision in force, not the spec's again."""
+    args["generation"] = parts(kept["config"])[0].get("generation") if kept else generation
+    config = serve_config(args)
+    if kept:
+        parts(config)[1].update(parts(kept["config"])[1])
+    return config
+
+
+def build(spec: ABSpec, address: str | None = None) -> dict:
+    """The config `rayload serve build` writes for `serve deploy`. Of an experiment that has
+    run, as a restart would deploy it: the spec's starting weights and no generation undid a
+    promote and hid every later exposure from its analysis (which reads its generation's)."""
+    run_dir = run_dir_for(spec)
+    os.makedirs(run_dir, exist_ok=True)
+    args = app_args(spec, resolve_checkpoints(spec, address), run_dir)
+    with _locked(run_dir):
+        return _in_force(args, _earlier_state(run_dir, args), None)
+
+
 def _start_locked(spec: ABSpec, run_dir: str, args: dict) -> Deployment:
     import ray
 
     kept = _earlier_state(run_dir, args)
-    args["generation"] = parts(kept["config"])[0].get("generation") if kept else new_generation()
-    config = serve_config(args)
-    if kept:  # a restart: the weights, champion and final decision in force, not the spec's again
-        parts(config)[1].update(parts(kept["config"])[1])
+    config = _in_force(args, kept, new_generation())
     check_direct_ingress(args["serving"])
     was_running = _app_running(spec.name)  # this experiment, or one of its name started with another spec
 
