@@ -147,7 +147,7 @@ def status(run: RunArg, as_json: Annotated[bool, typer.Option("--json", help="pr
 
 
 def print_analysis(result) -> None:
-    table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", "95% CI", "errors", "p99 ms", "guardrails",
+    table = Table("arm", "weight", "units", "exposures", "clicks", "CTR", result.ci_label, "errors", "p99 ms", "guardrails",
                   title=f"experiment {result.experiment} (champion {result.live_champion or result.champion}"
                         f"{f', promoted over {result.champion}' if result.live_champion else ''})")
 

@@ -2,7 +2,7 @@
 
 Plots are matplotlib PNGs inlined as data URIs (no script, no network): training curves of
 the baseline and of the best trial, the search history against the baseline, the A/B
-experiment's cumulative CTR per arm with 95% bands and the lift, then the decision and the
+experiment's cumulative CTR per arm with bands (at 1 - analysis.alpha) and the lift, then the decision and the
 run's manifest (stages, durations, versions).
 """
 
@@ -134,7 +134,7 @@ def _ab_section(ab: dict, decided: dict) -> str:
                                            f"fixed-horizon p {_num(result.z_p_value, '.4g')}; sequential p {_num(result.sequential_p, '.4g')}; "
                                            f"sample ratio p {_num(result.srm_p, '.4g')}</p>")
     images = "".join(_img(name, png) for name, png in plots(result, events_of(ab["run_dir"])).items())
-    return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th></tr>{rows}</table>"
+    return (f"<table><tr><th>arm</th><th>users</th><th>exposures</th><th>clicks</th><th>CTR</th><th>{result.ci_label}</th></tr>{rows}</table>"
             f"{lift}{drift_table(result.drift)}{images}")
 
 

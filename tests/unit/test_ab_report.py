@@ -72,3 +72,14 @@ def test_the_ctr_plot_starts_at_the_first_exposure_and_names_arms_starting_with_
     result.challenger = None  # the CTR plot only
     assert set(plots(result)) == {"ctr"}
     assert drawn["x_last"][0] == pytest.approx(60.0) and drawn["labels"] == ["arm _control", "arm _new"]
+
+
+def test_interval_headings_follow_analysis_alpha(run):
+    """The intervals are at 1 - analysis.alpha, under a heading that said 95% whatever alpha was."""
+    from rayload.serve.report import render
+
+    run_dir = run(spec_of(0.5, analysis={"min_units": 200, "alpha": 0.1}), events(3_000, {"A": 0.10, "B": 0.12}, {"A": 0.5, "B": 0.5}))
+    result = control.analysis_for(run_dir)
+    assert result.ci_label == "90% CI" and result.to_dict()["confidence"] == pytest.approx(0.9)
+    assert "<th>90% CI</th>" in report._ab_section({"run_dir": run_dir}, {}) and "95% CI" not in report._ab_section({"run_dir": run_dir}, {})
+    assert "<th>90% CI</th>" in render(result, control.events_of(run_dir))

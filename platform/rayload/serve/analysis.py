@@ -101,6 +101,12 @@ class Analysis:
     # The arm serving as champion now, where it is not `champion`: after a promote the figures
     # stay in the roles it was decided in (champion: the arm replaced), while the winner serves
     live_champion: str | None = None
+    confidence: float = 0.95  # the intervals' level: 1 - analysis.alpha
+
+    @property
+    def ci_label(self) -> str:
+        """The intervals' heading, at their level (a "95% CI" heading sat over 90% intervals at alpha 0.1)."""
+        return f"{100 * self.confidence:.4g}% CI"
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(_finite(asdict(self)), default=str, allow_nan=False))
@@ -140,7 +146,8 @@ def analyze(frame, spec: ABSpec, weights: dict[str, float] | None = None, champi
     frame = frame.assign(clicked=(frame["outcome"] > 0).astype(float)) if len(frame) else frame.assign(clicked=[])
     ok = frame[frame["status"] == "ok"] if len(frame) else frame
     reports = {a.name: _arm_report(frame, ok, a.name, spec) for a in spec.arms}
-    result = Analysis(spec.name, champion, challenger, dict(weights), [r for r, _ in reports.values()])
+    result = Analysis(spec.name, champion, challenger, dict(weights), [r for r, _ in reports.values()],
+                      confidence=1 - spec.analysis.alpha)
     result.srm_p = stats.srm_p_value(_periods(ok))
     result.srm_flagged = result.srm_p < spec.analysis.srm_p
     result.valid = not result.srm_flagged

@@ -1,5 +1,5 @@
 """`rayload ab report`: one self-contained HTML page (plots inlined as PNG) with the
-cumulative CTR per arm and its 95% band, the lift over time, the arm table and the decision."""
+cumulative CTR per arm and its band (at 1 - analysis.alpha), the lift over time, the arm table and the decision."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def plots(result: Analysis, frame=None) -> dict[str, str]:
             continue
         ax.plot([p[0] for p in pts], [p[1]["ctr"] for p in pts], label=f"arm {arm}")  # matplotlib hides a label starting "_"
         ax.fill_between([p[0] for p in pts], [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], alpha=0.2)
-    ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title="CTR per arm (95% band over units, as the table's)")
+    ax.set(xlabel="minutes since the first exposure", ylabel="cumulative CTR", title=f"CTR per arm ({result.ci_label.removesuffix(' CI')} band over units, as the table's)")
     ax.legend()
     out = {"ctr": _png(fig)}
     plt.close(fig)
@@ -100,7 +100,7 @@ def render(result: Analysis, frame=None) -> str:
 <style>body{{font-family:sans-serif;margin:2em}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head><body>
 <h1>Experiment {html.escape(result.experiment)}</h1>
 <p>champion <b>{html.escape(result.champion)}</b>; decision <b id="decision">{html.escape(result.decision)}</b>: {html.escape('; '.join(result.reasons))}</p>
-<table><tr><th>arm</th><th>weight</th><th>units</th><th>exposures</th><th>clicks</th><th>CTR</th><th>95% CI</th><th>errors</th><th>p99 ms</th><th>guardrails</th></tr>{rows}</table>
+<table><tr><th>arm</th><th>weight</th><th>units</th><th>exposures</th><th>clicks</th><th>CTR</th><th>{result.ci_label}</th><th>errors</th><th>p99 ms</th><th>guardrails</th></tr>{rows}</table>
 {lift}<p>sample ratio check p = {result.srm_p:.4g} ({srm})</p>{drift}{images}</body></html>"""
 
 

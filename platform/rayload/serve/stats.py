@@ -118,7 +118,19 @@ def compare(control: ArmSums, treatment: ArmSums, alpha: float = 0.05) -> Compar
     hold at any CTR (a broken champion or a rare event)."""
     c, t = control.ctr, treatment.ctr
     return comparison(Estimate(t - c, control.var + treatment.var, c, t, (control.var, treatment.var), (control.y, treatment.y),
-                               (control.n, treatment.n)), alpha)
+                               (control.n, treatment.n), _pooled_null_var(control, treatment)), alpha)
+
+
+def _pooled_null_var(control: ArmSums, treatment: ArmSums) -> float:
+    """The difference's variance if the arms did not differ, from per-unit sums: one per-unit
+    variance of the residuals around the pooled CTR serves both arms (as `_null_variance` for
+    the stratified estimate): the two-proportion test's pooled variance, for a ratio metric."""
+    arms = (control, treatment)
+    if not all(a.y for a in arms) or control.n + treatment.n < 2:
+        return float("nan")
+    p0 = (control.x + treatment.x) / (control.y + treatment.y)
+    s2 = sum(a.xx - 2 * p0 * a.xy + p0 * p0 * a.yy for a in arms) / (control.n + treatment.n - 1)
+    return max(0.0, s2) * sum(a.n / (a.y * a.y) for a in arms)
 
 
 def comparison(est: Estimate, alpha: float = 0.05) -> Comparison:
@@ -130,12 +142,17 @@ def comparison(est: Estimate, alpha: float = 0.05) -> Comparison:
     variance estimates recovery, with the correlation of the levels where a unit is in both arms
     (a ramp step moved it). Wald's estimate +- z se has zero width with no clicks (or all) and
     covered a difference at 0.2% -> 0.4% on 200 units per arm in about half the experiments;
-    these hold about 95% there, and equal Wald's at large counts. The z-test stays the
-    difference over its delta-method standard error."""
+    these hold about 95% there, and equal Wald's at large counts.
+
+    The z-test divides the difference by its standard error if the arms did not differ (the
+    pooled variance, `est.null_var`, as the two-proportion test takes it; the delta-method one
+    where that is not known). Each arm's own variance is 0 before its first click: an A/A test
+    at 0.2% CTR with a 1% challenger arm was "significant" in 37% of experiments at alpha 0.05,
+    beside an interval holding 0."""
     nan = float("nan")
     if not (math.isfinite(est.diff) and math.isfinite(est.var)):
         return Comparison(nan, (nan, nan), None, None, nan, nan)
-    se = math.sqrt(max(est.var, 0.0))
+    se = math.sqrt(est.null_var if math.isfinite(est.null_var) and est.null_var > 0 else max(est.var, 0.0))
     if se > 0:
         z = est.diff / se
         p = float(2 * stats.norm.sf(abs(z)))
