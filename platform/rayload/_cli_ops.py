@@ -142,12 +142,15 @@ def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: in
 
 
 def print_summary(result, report_path: str) -> None:
+    from .report import baseline_label, baseline_of
+
     by_kind = {s.kind: s.outputs for s in result.stages}
-    prep, base, search, decided = (by_kind.get(k, {}) for k in ("prepare", "train", "tune", "decide"))
+    prep, search, decided = (by_kind.get(k, {}) for k in ("prepare", "tune", "decide"))
+    base_name, base = baseline_of([{"name": s.name, "kind": s.kind, "outcome": s.outcome, "outputs": s.outputs} for s in result.stages])
     best = search.get("best") or {}
     console.rule("[bold]summary")
     console.print(f"data: {prep.get('input_rows')} ratings, {prep.get('good_rows')} good, {prep.get('quarantined_rows')} quarantined")
-    console.print(f"baseline: val AUC {_g((base.get('val') or {}).get('val_auc'))}; test AUC {_g((base.get('test') or {}).get('auc'))}")
+    console.print(f"{escape(baseline_label(base_name))}: val AUC {_g((base.get('val') or {}).get('val_auc'))}; test AUC {_g((base.get('test') or {}).get('auc'))}")
     console.print(f"best tuned (trial {best.get('number')} of {search.get('trials')}): {search.get('metric', 'val_auc')} {_g(best.get('value'))}; "
                   f"test AUC {_g((best.get('test') or {}).get('auc'))}; configuration {best.get('spec')}")
     if decided:

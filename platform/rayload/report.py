@@ -30,6 +30,19 @@ def _outputs(manifest: dict, kind: str) -> dict:
     return found[-1] if found else {}
 
 
+def baseline_of(stages: list[dict]) -> tuple[str, dict]:
+    """(name, outputs) of a pipeline's baseline training: its finished train stage named
+    `baseline`, else its first one. The last was taken, so a pipeline training two models (a
+    champion and a challenger) reported the second's figures as the baseline's."""
+    trains = [s for s in stages if s["kind"] == "train" and s["outcome"] in ("ok", "skipped")]
+    chosen = next((s for s in trains if s["name"] == "baseline"), trains[0] if trains else None)
+    return (chosen["name"], chosen["outputs"]) if chosen else ("baseline", {})
+
+
+def baseline_label(name: str) -> str:
+    return "baseline" if name == "baseline" else f"baseline ({name})"
+
+
 def _num(value, fmt: str = ".4f") -> str:
     """A figure, or "-" where there is none (None, or NaN: an arm with no exposures yet)."""
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
@@ -139,10 +152,12 @@ def _ab_section(ab: dict, decided: dict) -> str:
 
 
 def render(manifest: dict) -> str:
-    base, search, ab, decided = (_outputs(manifest, k) for k in ("train", "tune", "ab", "decide"))
+    search, ab, decided = (_outputs(manifest, k) for k in ("tune", "ab", "decide"))
+    base_name, base = baseline_of(manifest["stages"])
     best = search.get("best") or {}
-    baseline_history = _history(base)
-    curves = {"baseline": baseline_history, f"best trial {best.get('number')}": _best_trial_history(best)}
+    # every training stage by its name (the others were left out), then the best trial
+    curves = {s["name"]: _history(s["outputs"]) for s in manifest["stages"] if s["kind"] == "train" and s["outcome"] in ("ok", "skipped")}
+    curves[f"best trial {best.get('number')}"] = _best_trial_history(best)
     metric = search.get("metric", "val_auc")
     mode = search.get("mode") or _metric_mode(metric)
     base_val = (base.get("val") or {}).get(metric)  # the baseline on the search's own metric
@@ -156,7 +171,7 @@ def render(manifest: dict) -> str:
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}} td,th{{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}}
 .key{{font-size:1.2em}} img{{max-width:100%}}</style></head><body>
 <h1>rayload run {html.escape(manifest['run_id'])} ({html.escape(manifest['pipeline'])})</h1>
-<p class="key">baseline test AUC <b id="baseline-auc">{_num((base.get('test') or {}).get('auc'))}</b> ·
+<p class="key">{html.escape(baseline_label(base_name))} test AUC <b id="baseline-auc">{_num((base.get('test') or {}).get('auc'))}</b> ·
 best tuned test AUC <b id="best-auc">{_num((best.get('test') or {}).get('auc'))}</b> ({html.escape(metric)} {_num(best.get('value'))}, trial {best.get('number')}) ·
 A/B decision <b id="decision">{html.escape(decision)}</b></p>
 <p>{reasons}{' · ' + html.escape(decided['action']) if decided.get('action') else ''}</p>

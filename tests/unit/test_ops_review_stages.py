@@ -123,8 +123,32 @@ def test_the_demo_summary_names_the_searchs_metric(monkeypatch):
     monkeypatch.setattr(_cli_ops.console, "print", lambda text, *a, **kw: out.append(str(text)))
     monkeypatch.setattr(_cli_ops.console, "rule", lambda *a, **kw: None)
     search = {"metric": "val_logloss", "trials": 4, "best": {"number": 2, "value": 0.4123, "test": {"auc": 0.7}, "spec": "best.yaml"}}
-    result = types.SimpleNamespace(stages=[types.SimpleNamespace(kind="tune", outputs=search)])
+    result = types.SimpleNamespace(stages=[types.SimpleNamespace(name="s", kind="tune", outcome="ok", outputs=search)])
     _cli_ops.print_summary(result, "report.html")
     line = next(line for line in out if line.startswith("best tuned"))
     assert "val_logloss 0.4123" in line and "val AUC" not in line
 
+
+
+def test_the_report_and_the_summary_take_the_first_train_stage_as_the_baseline_and_plot_every_one(monkeypatch):
+    """With two train stages (a champion and a challenger) the last was called the baseline, and
+    the other was left out of the training curves."""
+    from rayload import _cli_ops, report
+
+    curves = {}
+    monkeypatch.setattr(report, "training_plot", lambda c: curves.update(c))
+    monkeypatch.setattr(report, "_history", lambda outputs: [{"epoch": 0, "val_auc": outputs["val"]["val_auc"]}])
+    monkeypatch.setattr(report, "_best_trial_history", lambda best: [])
+    stages = [{"name": "champion", "kind": "train", "outcome": "skipped", "seconds": 0.0,
+               "outputs": {"val": {"val_auc": 0.55}, "test": {"auc": 0.3178}}},
+              {"name": "second", "kind": "train", "outcome": "ok", "seconds": 1.0, "outputs": {"val": {"val_auc": 0.42}, "test": {"auc": 0.527}}}]
+    page = report.render({"run_id": "r", "pipeline": "p", "stages": stages})
+    assert 'baseline (champion) test AUC <b id="baseline-auc">0.3178</b>' in page
+    assert set(curves) == {"champion", "second", "best trial None"}
+    named = [dict(s, name="baseline") if s["name"] == "second" else s for s in stages]  # a stage named baseline is the baseline
+    assert 'baseline test AUC <b id="baseline-auc">0.5270</b>' in report.render({"run_id": "r", "pipeline": "p", "stages": named})
+    out = []
+    monkeypatch.setattr(_cli_ops.console, "print", lambda text, *a, **kw: out.append(str(text)))
+    monkeypatch.setattr(_cli_ops.console, "rule", lambda *a, **kw: None)
+    _cli_ops.print_summary(types.SimpleNamespace(stages=[types.SimpleNamespace(**s) for s in stages]), "report.html")
+    assert any(line.startswith("baseline (champion): val AUC") and "test AUC 0.3178" in line for line in out), out
