@@ -177,9 +177,13 @@ def train(
 
 
 def print_training(result) -> None:
-    table = Table("epoch", "train loss", "val auc", "val logloss", "samples/s", title=f"run {result.run_name}")
+    # The task's own validation metrics: a regression run is ranked by val_rmse, which the table
+    # (val auc and val logloss, empty for it) never showed.
+    shown = [k for k in ("val_auc", "val_logloss", "val_rmse") if any(h.get(k) is not None for h in result.history)]
+    shown = shown or ["val_auc", "val_logloss"]
+    table = Table("epoch", "train loss", *(k.replace("_", " ") for k in shown), "samples/s", title=f"run {result.run_name}")
     for h in result.history:
-        table.add_row(str(h["epoch"]), _g(h.get("train_loss")), _g(h.get("val_auc")), _g(h.get("val_logloss")), _g(h.get("samples_per_s")))
+        table.add_row(str(h["epoch"]), _g(h.get("train_loss")), *(_g(h.get(k)) for k in shown), _g(h.get("samples_per_s")))
     console.print(table)
     if result.test:
         console.print(metrics_table(result.test, "test metrics (best checkpoint)"))

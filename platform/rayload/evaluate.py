@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .data.synthetic import weighted_auc
+from .errors import RayloadError
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,16 @@ def paired_auc_difference(labels: np.ndarray, base: np.ndarray, other: np.ndarra
     return diff, (float(diff - z * se), float(diff + z * se)), float(2 * norm.sf(abs(diff) / se))
 
 
+class NonFiniteOutputs(RayloadError, ValueError):
+    """A model's outputs hold NaN or infinite values: no metric is defined for them."""
+
+
 def _refuse_non_finite(outputs: np.ndarray) -> None:
     """NaN or infinite outputs have no metric (an infinite logit made logloss NaN, a NaN
     prediction made RMSE NaN), and a NaN score ranked a diverged epoch as best."""
     bad = int((~np.isfinite(outputs)).sum())
     if bad:
-        raise ValueError(f"the model's outputs hold {bad} NaN or infinite value(s) of {len(outputs)}: no metric is defined "
+        raise NonFiniteOutputs(f"the model's outputs hold {bad} NaN or infinite value(s) of {len(outputs)}: no metric is defined "
                          "for them (a diverged model: lower the learning rate, or clip gradients)")
 
 

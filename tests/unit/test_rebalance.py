@@ -62,3 +62,15 @@ def test_decisions_are_deterministic_per_row():
     a = rb.multiplicity(y, u, plan)
     b = np.concatenate([rb.multiplicity(y[:4000], u[:4000], plan), rb.multiplicity(y[4000:], u[4000:], plan)])
     np.testing.assert_array_equal(a, b)
+
+
+def test_downsampling_that_would_keep_a_handful_of_rows_is_refused_naming_the_counts():
+    """One positive among 342 negatives: downsampling kept each negative with probability 1/342, so
+    with seed 6 none was kept, and the model trained on one row of one class without a word."""
+    from rayload.errors import DataError
+
+    with pytest.raises(DataError, match=r"rebalance.method downsample: the training split has 1 row\(s\) of label 1 and 342 of "
+                                        r"label 0; .* keeps about 1.0 \(none at all with probability 37%\)"):
+        rb.plan_rebalance("downsample", 1.0, {1.0: 1, 0.0: 342})
+    assert rb.plan_rebalance("downsample", 1.0, {1.0: 10, 0.0: 342}).method == "downsample"  # 10 kept on average
+    assert rb.plan_rebalance("class_weights", 1.0, {1.0: 1, 0.0: 342}).method == "class_weights"

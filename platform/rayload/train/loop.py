@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..evaluate import metrics_for_outputs
+from ..evaluate import NonFiniteOutputs, metrics_for_outputs
 from ..features import FittedFeatures
 from ..models._inputs import FieldEmbeddings
 from ..spec import JobSpec
 from . import checkpoint as ckpt
-from . import identity, prior, transfer
+from . import guards, identity, prior, transfer
 from .batch import Batch, Layout
 from .sparse_sync import SparseGradSync, clip_grad_norm_
 from .session import RaySession, Session, scratch_dir
@@ -140,6 +140,8 @@ class Trainer:
                 loss = self.loss(batch.to(self.session.device)) * (len(batch) / rows)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
+        if self.scaler is None:  # a loss that is not a number: stop before stepping the weights with it
+            guards.check_loss(total, self.state.epoch + 1, self.state.step + 1, self.state.history)
         self._apply()
         return total
 
@@ -321,24 +323,6 @@ def _resume_point(context: dict) -> str | None:
     return localize(context["resume_from"])
 
 
-def _check_scored(spec: JobSpec, features: FittedFeatures, context: dict, metrics: dict) -> None:
-    """A validation split with rows but without the metric that ranks checkpoints (or
-    early-stops) ends the run at its first epoch: AUC needs both classes, and without it every
-    epoch trained on, nothing counted as better, each checkpoint but the last was deleted as
-    unscored, and the run failed only at the end, unresumable with another metric."""
-    if not metrics.get("val_rows"):
-        return
-    own = f"val_{score_name(spec, features.label.task)}"
-    needed = {context.get("score") or own} | ({own} if spec.train.early_stopping else set())
-    if missing := sorted(m for m in needed if metrics.get(m) is None):
-        from .trainer import TrainingError
-
-        hint = ("; AUC needs both classes: early-stop on logloss (train.early_stopping.metric: logloss), or split "
-                "stratified" if any(m.endswith("_auc") for m in missing) else "")
-        raise TrainingError(f"the validation split ({metrics['val_rows']} rows) gives no {', '.join(missing)}, which ranks "
-                            f"this run's checkpoints{' and early-stops it' if own in missing and spec.train.early_stopping else ''}{hint}")
-
-
 def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict) -> dict:
     """Train for spec.train.epochs (or until early stopping), resuming from the latest checkpoint."""
     micro = max(1, spec.train.batch_size // spec.train.accumulation)
@@ -381,8 +365,11 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
         metrics = {"epoch": epoch, **trainer.train_epoch(epoch, fault)}
         trainer.state.cached = session.cached
         trainer.state.cached_bytes, trainer.state.cached_world = (session.cache_bytes, session.world_size) if session.cached else (None, None)
-        metrics.update(trainer.validate())
-        _check_scored(spec, features, context, metrics)
+        try:
+            metrics.update(trainer.validate())
+        except NonFiniteOutputs as exc:  # fp16 (its scaler skips non-finite steps) or a loss finite by luck
+            raise guards.diverged(f"epoch {epoch}'s validation outputs: {exc}", trainer.state.history) from None
+        guards.check_scored(spec, features.label.task, context, metrics)
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch
         metrics.update(step=trainer.state.step, epochs_done=epoch + 1, world_size=session.world_size, early_stopped=stop,

@@ -266,6 +266,26 @@ def check_storage(storage_path: str, what: str = "train.storage_path", fix: str 
         )
 
 
+def check_writable(storage_path: str, what: str = "train.storage_path") -> None:
+    """A local checkpoint folder this process can write, made if missing: before the data is
+    prepared. A read-only mount or a file there failed only when the first checkpoint was
+    written, with a bare OSError (a traceback), after the whole preprocessing."""
+    from ..errors import RayloadError
+    from ..paths import is_remote, local_path
+
+    if is_remote(storage_path):
+        return
+    path = local_path(storage_path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise RayloadError(f"{what} {storage_path!r}: cannot make the checkpoint folder there ({exc.strerror or exc}); "
+                           "give a folder this user can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RayloadError(f"{what} {storage_path!r}: this user cannot write there (a read-only mount, or another owner's "
+                           "folder); give a folder this user can write")
+
+
 def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
     """On a shared filesystem by /proc/mounts (`mounts_file`, a table in its format), or under a
     folder listed in RAYLOAD_SHARED_PATHS (os.pathsep-separated: mounts the table cannot tell,

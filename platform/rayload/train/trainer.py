@@ -20,8 +20,8 @@ from ..spec import JobSpec
 from . import checkpoint as ckpt
 from . import identity, record, transfer
 from .loop import LOWER_IS_BETTER, loader_options, run, score_name, worker_entry
-from .resources import (START_TIMEOUT_ENV, alive_nodes, check_resources, check_storage, elastic_max, elastic_wait_bound,
-                        placement_timed_out, requested, start_timeout)
+from .resources import (START_TIMEOUT_ENV, alive_nodes, check_resources, check_storage, check_writable, elastic_max,
+                        elastic_wait_bound, placement_timed_out, requested, start_timeout)
 from .local_session import LocalSession, best_of
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     transfer.check_before_training(spec)  # a checkpoint the model does not fit: before Ray and the data, in the driver
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
+    check_writable(storage)
     name = run_name_for(spec)
     # One driver per run: two launches of one run name each took the other's checkpoints for their
     # own (top-k removed one's best, the index named the other's metrics).
@@ -396,5 +397,4 @@ def _failure_message(exc, spec: JobSpec) -> str:
     return f"training could not run: {type(cause).__name__}: {cause}"
 
 
-# k-fold cross-validation (train/kfold.py), re-exported: callers name it as train.trainer's
-from .kfold import KFoldResult, kfold  # noqa: E402,F401
+from .kfold import KFoldResult, kfold  # noqa: E402,F401  k-fold cross-validation, re-exported: callers name it as train.trainer's
