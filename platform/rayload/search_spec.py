@@ -244,6 +244,20 @@ def mode_issues(spec: SearchSpec) -> list[SpecIssue]:
                       "train_); pass mode='min' or mode='max'", spec.mode, True)]
 
 
+def ignored_settings(spec: SearchSpec, total: int) -> list[str]:
+    """Settings the search will not use, said when it starts (not refused: a search started with
+    them, resumed, must run the spec it was started with): startup_trials outside bayes (random
+    and grid draw every trial alike), and a Bayesian search whose startup covers every trial."""
+    if spec.startup_trials is not None and spec.strategy != "bayes":
+        return [f"startup_trials {spec.startup_trials} is for strategy bayes; a {spec.strategy} search draws every trial alike "
+                "and ignores it"]
+    startup = spec.startup_trials or min(10, max(3, total // 4))
+    if spec.strategy == "bayes" and startup >= total:
+        return [f"startup_trials {startup} >= the search's {total} trials: every trial is drawn at random, none by the "
+                f"{(spec.sampler or 'tpe').upper()} model"]
+    return []
+
+
 def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
     """Problems of the space itself and of the strategy with this space."""
     issues = [SpecIssue(f"space.{path}", msg) for path, p in spec.space.items() for msg in p.problems()]
@@ -261,9 +275,6 @@ def strategy_issues(spec: SearchSpec) -> list[SpecIssue]:
                                         "samples, so write it as {choice: [...]}"))
     if spec.sampler and spec.strategy != "bayes":
         issues.append(SpecIssue("sampler", f"sampler is for strategy: bayes, not {spec.strategy}", spec.sampler, True))
-    if spec.startup_trials is not None and spec.strategy != "bayes":  # random and grid draw every trial alike
-        issues.append(SpecIssue("startup_trials", f"startup_trials (random trials before TPE or GP model the space) is for "
-                                f"strategy: bayes, not {spec.strategy}; remove it", spec.startup_trials, True))
     if spec.strategy == "grid" and grid_size(spec) > MAX_GRID:
         issues.append(SpecIssue("space", f"the grid has {grid_size(spec):,} points, each a trial; a grid search runs every one "
                                 f"(at most {MAX_GRID:,}): list fewer values, or sample the space with strategy random or bayes"))

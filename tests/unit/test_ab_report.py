@@ -83,3 +83,4 @@ def test_interval_headings_follow_analysis_alpha(run):
     assert result.ci_label == "90% CI" and result.to_dict()["confidence"] == pytest.approx(0.9)
     assert "<th>90% CI</th>" in report._ab_section({"run_dir": run_dir}, {}) and "95% CI" not in report._ab_section({"run_dir": run_dir}, {})
     assert "<th>90% CI</th>" in render(result, control.events_of(run_dir))
+    assert [type(result)("e", "A", None, {}, [], confidence=1 - a).ci_label for a in (5e-5, 0.025)] == ["99.995% CI", "97.5% CI"]

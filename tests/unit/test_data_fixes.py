@@ -285,6 +285,11 @@ def test_a_csv_row_longer_than_arrows_block_is_read(tmp_path):
     data = b"user,price,y\n" + b"".join(b"u%d,%d,1\n" % (i, i) for i in range(1000)) + b"x" * 3_000_000 + b",5,0\nu,6,1\n"
     table, bad = parse_csv(data, NAMES, "a.csv")
     assert table.num_rows == 1002 and bad == [] and len(table.column("user")[1000].as_py()) == 3_000_000
+    # quoted, spanning lines, beside a bad row: read record by record, past the csv module's field limit
+    data = b"user,price,y\nu1,1,0\n\"" + b"x" * 1_500_000 + b"\n" + b"y" * 1_500_000 + b'",5,0\nshort,1\nu,6,1\n'
+    table, bad = parse_csv(data, NAMES, "a.csv")
+    assert table.num_rows == 3 and len(table.column("user")[1].as_py()) == 3_000_001
+    assert [reason for _, reason in bad] == ["malformed CSV line 5: expected 3 columns, got 2"]
 
 
 def test_the_bad_fraction_stop_names_each_examples_file_and_quarantined_rows_are_valid_json(tmp_path, monkeypatch):

@@ -70,7 +70,12 @@ def test_downsampling_that_would_keep_a_handful_of_rows_is_refused_naming_the_co
     from rayload.errors import DataError
 
     with pytest.raises(DataError, match=r"rebalance.method downsample: the training split has 1 row\(s\) of label 1 and 342 of "
-                                        r"label 0; .* keeps about 1.0 \(none at all with probability 37%\)"):
+                                        r"label 0; keeping 1 / target_ratio 1 of the latter, .* keeps about 1.0, and none at all "
+                                        r"with probability 36.7"):
         rb.plan_rebalance("downsample", 1.0, {1.0: 1, 0.0: 342})
+    with pytest.raises(DataError, match=r"keeping 3 / target_ratio 0.5 of the latter, .* keeps about 6.0, and none at all with "
+                                        r"probability 0.2"):
+        rb.plan_rebalance("downsample", 0.5, {1.0: 3, 0.0: 342})
     assert rb.plan_rebalance("downsample", 1.0, {1.0: 10, 0.0: 342}).method == "downsample"  # 10 kept on average
+    assert rb.plan_rebalance("downsample", 1.0, {1.0: 9, 0.0: 10}).method == "downsample"  # small but nearly balanced
     assert rb.plan_rebalance("class_weights", 1.0, {1.0: 1, 0.0: 342}).method == "class_weights"

@@ -203,11 +203,20 @@ def test_true_and_one_stay_two_values_of_a_choice(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["random", "grid"])
-def test_startup_trials_outside_bayes_is_refused(tmp_path, strategy):
-    """It was accepted and ignored: random and grid draw every trial alike."""
+def test_startup_trials_outside_bayes_is_said_when_the_search_starts_and_a_resume_still_takes_it(tmp_path, strategy):
+    """It was ignored without a word. Refusing it instead left a search started with it unresumable
+    (its spec refused, or else differing from the stored one), so the search says it ignores it."""
+    from rayload.search_spec import ignored_settings
+
     space = {"train.lr": [0.001, 0.01]} if strategy == "grid" else {"train.lr": {"loguniform": [1e-4, 1e-2]}}
-    assert "startup_trials: startup_trials (random trials before TPE or GP model the space) is for strategy: bayes" in \
-        _problems(tmp_path, space=space, strategy=strategy, startup_trials=3)
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": BASE, "space": space, "strategy": strategy, "startup_trials": 3}))
+    spec = load_search_spec(str(path))
+    assert ignored_settings(spec, 8) == [f"startup_trials 3 is for strategy bayes; a {strategy} search draws every trial alike "
+                                         "and ignores it"]
+    bayes = spec.model_copy(update={"strategy": "bayes", "space": {"train.lr": spec.space["train.lr"]}})
+    assert ignored_settings(bayes, 3) == ["startup_trials 3 >= the search's 3 trials: every trial is drawn at random, none by the TPE model"]
+    assert ignored_settings(bayes, 8) == []
 
 
 def test_fixed_null_turns_an_optional_section_off(tmp_path):

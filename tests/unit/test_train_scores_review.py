@@ -72,7 +72,7 @@ def test_a_diverged_loss_stops_the_run_at_its_step_naming_it_and_the_kept_epochs
     stopped at the validation with a bare ValueError (a traceback, no epoch or step named)."""
     session = _Corrupt(table(2048, 0), table(512, 1), str(tmp_path))
     with pytest.raises(TrainingError, match=r"the model diverged: the training loss became nan at optimizer step 17 \(epoch 2\)"
-                                            r".*checkpoints of epochs 0-1 .* are kept"):
+                                            r".*the run folder keeps the best 2 by validation of epochs 0-1's checkpoints"):
         run(job(epochs=4), features(), session, {"train_rows": 2048, "manifest": {}})
     assert [m["epoch"] for m, _ in session.reports] == [0, 1]
 
@@ -105,6 +105,9 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_ray_and_the_d
     monkeypatch.setattr(trainer, "ensure_ray", lambda *a, **k: pytest.fail("Ray was started"))
     with pytest.raises(RayloadError, match=r"train.storage_path '.*a_file.*': cannot make the checkpoint folder there"):
         trainer.fit(job(epochs=1, storage_path=str(tmp_path / where)))
+    monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "a_file"))  # not given: named by where it came from
+    with pytest.raises(RayloadError, match=r"^the run folder \(RAYLOAD_HOME\) '.*a_file.*': cannot make"):
+        trainer.fit(job(epochs=1))
 
 
 def test_the_training_table_shows_the_metric_a_regression_run_is_ranked_by(monkeypatch):

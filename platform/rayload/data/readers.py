@@ -241,6 +241,8 @@ def _fields(record: bytes, strict: bool) -> tuple[list[str], str | None]:
     text = record.rstrip(b"\r").decode("utf-8", errors="replace")
     if b'"' not in record:
         return text.split(","), None
+    if len(text) >= csv.field_size_limit():  # the csv module refuses a field past 131,072 characters by default
+        csv.field_size_limit(len(text) + 1)  # process-wide, and only ever raised: a longer record is a row like any other
     try:
         return next(csv.reader([text], strict=strict), [""]), None
     except csv.Error as exc:

@@ -14,10 +14,11 @@ import pyarrow as pa
 from ..hashing import to_unit
 
 
-# Downsampling that would keep fewer majority rows than this is refused: the rows are kept one by
-# one with a probability, so a handful expected can be none (400 rows, one positive: the 399
-# negatives were all dropped 37% of the time, and the model trained on one row of one class).
-MIN_DOWNSAMPLED_ROWS = 10
+# Downsampling whose chance of keeping no majority row at all is above this is refused: the rows
+# are kept one by one with a probability, so a handful expected can be none (343 rows, one
+# positive: the 342 negatives were all dropped 37% of the time, and the model trained on one row
+# of one class). About 7 rows expected, or more, pass.
+MAX_EMPTY_CHANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ def plan_rebalance(method: str, target_ratio: float, counts: dict[float, int], s
         return RebalancePlan("none", seed)  # already at least as balanced as asked
     if method == "downsample":
         rate = n_min / (target_ratio * n_maj)
-        if rate * n_maj < MIN_DOWNSAMPLED_ROWS:  # kept row by row: the class could be left empty, without a word
+        if (1 - rate) ** n_maj > MAX_EMPTY_CHANCE:  # kept row by row: the class could be left empty, without a word
             from ..errors import DataError
 
             raise DataError(f"rebalance.method downsample: the training split has {n_min} row(s) of label {minority:g} and "
-                            f"{n_maj} of label {majority:g}; keeping {target_ratio:g} x {n_min} of the latter, each row drawn on "
-                            f"its own, keeps about {rate * n_maj:.1f} (none at all with probability {(1 - rate) ** n_maj:.0%}): too "
-                            "few to train on. Use rebalance.method: class_weights or upsample, or more data")
+                            f"{n_maj} of label {majority:g}; keeping {n_min} / target_ratio {target_ratio:g} of the latter, each "
+                            f"row drawn on its own, keeps about {rate * n_maj:.1f}, and none at all with probability "
+                            f"{(1 - rate) ** n_maj:.2%}. Use rebalance.method: class_weights or upsample, or more data")
         return RebalancePlan(method, seed, majority, rate)
     return RebalancePlan(method, seed, minority, target_ratio * n_maj / n_min)
 

@@ -28,7 +28,7 @@ def check_scored(spec: JobSpec, task: str, context: dict, metrics: dict) -> None
                             f"this run's checkpoints{' and early-stops it' if own in missing and spec.train.early_stopping else ''}{hint}")
 
 
-def check_loss(loss: float, epoch: int, step: int, history: list[dict]) -> None:
+def check_loss(loss: float, epoch: int, step: int, history: list[dict], keep: int) -> None:
     """A training loss that is not a number (NaN, infinite) means the weights the step just
     took are not either: every later step and the epoch's validation only spread it. The run
     stopped at that validation with a bare ValueError (a traceback, no epoch or step named)
@@ -36,13 +36,17 @@ def check_loss(loss: float, epoch: int, step: int, history: list[dict]) -> None:
     such steps and keeps the weights, so fp16 runs are not checked here.)"""
     if math.isfinite(loss):
         return
-    raise diverged(f"the training loss became {loss} at optimizer step {step} (epoch {epoch})", history)
+    raise diverged(f"the training loss became {loss} at optimizer step {step} (epoch {epoch})", history, keep)
 
 
-def diverged(what: str, history: list[dict]):
+def diverged(what: str, history: list[dict], keep: int):
+    """The error, naming what went wrong and the checkpoints the run kept before it: the best
+    `keep` (train.keep_checkpoints) by validation of the epochs it finished."""
     from .trainer import TrainingError
 
-    kept = (f"; the checkpoints of epochs {history[0]['epoch']}-{history[-1]['epoch']} (best by validation) are kept in the run "
-            "folder" if history else "")
+    first, last = (history[0]["epoch"], history[-1]["epoch"]) if history else (None, None)
+    kept = "" if not history else (f"; the run folder keeps the checkpoint of epoch {first}" if first == last else
+                                   f"; the run folder keeps the best {min(keep, last - first + 1)} by validation of epochs "
+                                   f"{first}-{last}'s checkpoints (train.keep_checkpoints)")
     return TrainingError(f"the model diverged: {what}. Lower train.lr, set train.grad_clip, or scale or clip the numeric "
                          f"features (features.numeric.<name>.scale / clip){kept}")

@@ -141,7 +141,7 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += float(loss.detach())
         if self.scaler is None:  # a loss that is not a number: stop before stepping the weights with it
-            guards.check_loss(total, self.state.epoch + 1, self.state.step + 1, self.state.history)
+            guards.check_loss(total, self.state.epoch + 1, self.state.step + 1, self.state.history, self.spec.train.keep_checkpoints)
         self._apply()
         return total
 
@@ -368,7 +368,7 @@ def run(spec: JobSpec, features: FittedFeatures, session: Session, context: dict
         try:
             metrics.update(trainer.validate())
         except NonFiniteOutputs as exc:  # fp16 (its scaler skips non-finite steps) or a loss finite by luck
-            raise guards.diverged(f"epoch {epoch}'s validation outputs: {exc}", trainer.state.history) from None
+            raise guards.diverged(f"epoch {epoch}'s validation outputs: {exc}", trainer.state.history, spec.train.keep_checkpoints) from None
         guards.check_scored(spec, features.label.task, context, metrics)
         stop = trainer.early_stop(metrics)
         trainer.state.epoch = epoch

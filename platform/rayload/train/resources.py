@@ -266,12 +266,16 @@ def check_storage(storage_path: str, what: str = "train.storage_path", fix: str 
         )
 
 
-def check_writable(storage_path: str, what: str = "train.storage_path") -> None:
+def check_writable(storage_path: str, given: str | None) -> None:
     """A local checkpoint folder this process can write, made if missing: before the data is
     prepared. A read-only mount or a file there failed only when the first checkpoint was
-    written, with a bare OSError (a traceback), after the whole preprocessing."""
+    written, with a bare OSError (a traceback), after the whole preprocessing. `given`: the
+    job's train.storage_path; without it the folder came from the environment, named so."""
     from ..errors import RayloadError
     from ..paths import is_remote, local_path
+
+    what = ("train.storage_path" if given else "RAYLOAD_STORAGE_PATH" if os.environ.get("RAYLOAD_STORAGE_PATH")
+            else "the run folder (RAYLOAD_HOME)")
 
     if is_remote(storage_path):
         return
