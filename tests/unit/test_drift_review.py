@@ -92,7 +92,7 @@ def test_a_non_ascii_feature_name_is_exported_to_prometheus_and_shown_by_ab_stat
         flusher._stop.set()
     drift_rows = [{"arm": "A", "feature": name, "rows": 900, "psi": 0.31, "flagged": True, "judged": True}
                   for name in ("price[usd]", "weird[/]", "âge")]
-    result = SimpleNamespace(experiment="e", live_champion=None, champion="A", arms=[], weights={}, diff=None, srm_p=0.5,
+    result = SimpleNamespace(experiment="e", live_champion=None, champion="A", arms=[], weights={}, diff=None, srm_p=0.5, ci_label="95% CI",
                              srm_flagged=False, sequential_mde_now=None, shadow_scores=None, decision="continue", reasons=[],
                              drift=drift_rows)
     with console.capture() as shown:

@@ -61,7 +61,6 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     transfer.check_before_training(spec)  # a checkpoint the model does not fit: before Ray and the data, in the driver
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
-    check_writable(storage, spec.train.storage_path)
     name = run_name_for(spec)
     # One driver per run: two launches of one run name each took the other's checkpoints for their
     # own (top-k removed one's best, the index named the other's metrics).
@@ -76,6 +75,7 @@ def run_lock(storage: str, name: str) -> str:
 
 
 def _fit(spec: JobSpec, address: str | None, evaluate_test: bool, storage: str, name: str) -> TrainResult:
+    check_writable(storage, spec.train.storage_path)  # once the run is ours: a second launch makes nothing
     ensure_ray(address)
     in_process = address is None and not os.environ.get("RAY_ADDRESS") and spec.resources.workers == 1
     # Cheap, so before preprocessing: a request that can never run is refused first. In-process
