@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import os
 
 import optuna
@@ -23,9 +24,14 @@ def trial_rows(study: optuna.Study) -> list[dict]:
     for t in study.get_trials(deepcopy=False):
         summary = t.user_attrs.get("rayload", {})
         value = t.value if t.state == TrialState.COMPLETE else summary.get("best_value", t.value)
+        epochs = summary.get("epochs_done")
+        if not summary and t.intermediate_values:  # a running trial: its epochs so far (its summary comes when it ends)
+            reported = [v for v in t.intermediate_values.values() if math.isfinite(v)]
+            value = (max if sign < 0 else min)(reported) if reported else value
+            epochs = max(t.intermediate_values)
         duration = t.duration.total_seconds() if t.duration else None
         rows.append({"number": t.number, "state": t.state.name.lower(), "value": value,
-                     "epochs": summary.get("epochs_done"), "seconds": duration,
+                     "epochs": epochs, "seconds": duration,
                      "params": {k: decode(v) for k, v in t.params.items()}, "checkpoint": summary.get("checkpoint")})
     # Within a state, trials without a value (pruned before their first result) come last in either mode.
     return sorted(rows, key=lambda r: (_ORDER.get(TrialState[r["state"].upper()], 5), r["value"] is None,

@@ -250,6 +250,9 @@ def tune(
     if result.best:
         console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
                       f"[bold]rayload train {_e(result.best_spec)}[/]")
+    else:  # it said nothing: no best line, no best.yaml, exit 0
+        console.print(f"[bold red]no trial finished with a {_e(result.metric)} value[/]: no best.yaml written; see trials.csv "
+                      f"and Ray Tune's error files in {_e(result.run_dir)}")
     for path in result.plots:
         console.print(f"plot: {_e(path)}")
 
@@ -278,7 +281,8 @@ def print_search_status(state: dict) -> None:
     if state.get("ended"):
         console.print(f"ended: {_e(state['ended'])}" + (f" after {state['spent_s']:.0f} s" if state.get("spent_s") is not None else ""))
     if state["best"]:
-        so_far = " so far" if state["state"] in ("running", "preparing", "interrupted") else ""
+        # "interrupted (driver gone; ...)" too: a search that can still be resumed has a best so far
+        so_far = " so far" if state["state"].startswith(("running", "preparing", "interrupted")) else ""
         console.print(f"best{so_far}: trial {state['best']['number']} {state['metric']}={_g(state['best']['value'])}")
 
 

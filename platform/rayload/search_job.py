@@ -61,9 +61,9 @@ def job_issues(spec: SearchSpec, spec_file: str | None) -> list[SpecIssue]:
         base = job_from(raw, {})
     except SpecError as exc:
         return issues + [SpecIssue("base", f"{where}: {i.render()}") for i in exc.issues]
-    reported = _reported_metrics(base.data.label.task)
+    reported = _reported_metrics(base.data.resolved_label().task)
     if spec.metric not in reported:
-        issues.append(SpecIssue("metric", f"a {base.data.label.task} job's epochs report {', '.join(reported)}; "
+        issues.append(SpecIssue("metric", f"a {base.data.resolved_label().task} job's epochs report {', '.join(reported)}; "
                                 "pick one of them", spec.metric, True))
     elif spec.mode is None and metric_mode(spec.metric) is None:
         issues.append(SpecIssue("mode", f"{spec.metric} has no better direction (neither higher nor lower is better "

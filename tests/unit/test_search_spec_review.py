@@ -227,3 +227,12 @@ def test_fixed_null_turns_an_optional_section_off(tmp_path):
                                     "fixed": {"train.early_stopping": None}}))
     spec = load_search_spec(str(path))
     assert job_from(base_raw(spec, str(path)), {"train.lr": 0.001}).train.early_stopping is None
+
+
+def test_a_job_whose_built_in_source_gives_the_label_can_be_searched(tmp_path):
+    """data.label left out (synthetic-ctr names its own): the search's metric check read
+    base.data.label.task and raised AttributeError, a traceback before anything ran."""
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": os.path.join(ROOT, "jobs", "synthetic_dlrm.yaml"), "strategy": "random",
+                                    "space": {"train.lr": {"loguniform": [1e-3, 1e-2]}}, "num_samples": 2, "metric": "val_auc"}))
+    assert load_search_spec(str(path)).metric == "val_auc"

@@ -138,3 +138,34 @@ def test_the_run_report_shows_a_failed_stages_error():
                             "error": "SpecError: space.train.lr: <bad>"}], "versions": {}, "run_id": "r", "pipeline": "p"}
     page = render(manifest)
     assert "<td>failed</td><td>2.0</td><td>SpecError: space.train.lr: &lt;bad&gt;</td>" in page
+
+
+def test_a_running_trials_epochs_so_far_show_in_the_table():
+    """A running trial showed '-' for its value and epochs: they came only from the summary its end writes."""
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    for step, value in ((1, 0.70), (2, 0.74), (3, float("nan")), (4, 0.72)):
+        trial.report(value, step)
+    row = trial_rows(study)[0]
+    assert (row["state"], row["value"], row["epochs"]) == ("running", 0.74, 4)
+
+
+def test_tune_says_when_no_trial_finished_and_status_says_so_far_for_an_interrupted_search(monkeypatch):
+    """`rayload tune` exited 0 with no best line and no word on the missing best.yaml; `tune status`
+    called a dead driver's best final ("interrupted (driver gone; ...)" missed the "so far")."""
+    from typer.testing import CliRunner
+
+    from rayload import cli
+
+    rows = [{"number": 0, "state": "fail", "value": None, "epochs": None, "seconds": 1.0, "params": {"x": 0.1}, "checkpoint": None},
+            {"number": 1, "state": "pruned", "value": 0.7, "epochs": 2, "seconds": 1.0, "params": {"x": 0.2}, "checkpoint": None}]
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: tuning.TuneResult("r", "/tmp/r", "sqlite://", "val_auc", "max", rows, None, None,
+                                                                          [], "all trials finished"))
+    out = CliRunner().invoke(cli.app, ["tune", "x.yaml"]).output
+    assert "no trial finished with a val_auc value: no best.yaml written; see trials.csv and Ray Tune's error files in /tmp/r" in \
+        " ".join(out.split())
+    printed = []
+    monkeypatch.setattr(cli.console, "print", lambda text, *a, **k: printed.append(str(text)))
+    cli.print_search_status({"run_dir": "/r", "state": "interrupted (driver gone; continue with --resume)", "total": 4, "metric": "v",
+                             "trials": rows, "best": {"number": 1, "value": 0.7}})
+    assert printed[-1].startswith("best so far: trial 1")
