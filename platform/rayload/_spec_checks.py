@@ -17,6 +17,23 @@ def check_job(spec: JobSpec) -> list[SpecIssue]:
             + check_early_stopping(spec))
 
 
+# Model settings only some models read (models/zoo.py): given for another model they change nothing.
+_MODEL_ONLY = {"bottom": ("dlrm",), "cross_layers": ("dcn",), "cross_rank": ("dcn",)}
+
+
+def warn_ignored_model_settings(spec: JobSpec) -> list[str]:
+    """The model fields the spec sets that its model does not read, logged when it trains (not
+    refused: a search over model.name draws models that read different ones)."""
+    import logging
+
+    given = spec.model.model_fields_set
+    notes = [f"model.{name} is read only by model {' or '.join(models)}; model {spec.model.name} ignores it"
+             for name, models in _MODEL_ONLY.items() if name in given and spec.model.name not in models]
+    for note in notes:
+        logging.getLogger("rayload.train").warning("%s", note)
+    return notes
+
+
 def check_early_stopping(spec: JobSpec) -> list[SpecIssue]:
     """A rule on a metric the task's epochs do not report would never stop the run, and no
     checkpoint would carry the score the best one is picked by."""

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -124,3 +126,28 @@ def test_embedding_l2_counts_each_row_a_bag_uses_not_the_bags_mean():
     fe.eval()
     fe(torch.tensor([[3]]), [torch.tensor([1])], [torch.tensor([0])])
     assert fe.last_sq is None  # outside training
+
+
+def test_settings_another_model_reads_are_said_when_training_and_a_rank_that_saves_nothing_too(caplog):
+    """model.cross_rank on deepfm (or bottom on dcn) changed nothing without a word; a cross_rank of at
+    least half the cross width built more weights than the full matrix it is meant to shrink."""
+    import logging
+
+    from rayload._spec_checks import warn_ignored_model_settings
+    from rayload.spec import load_spec
+
+    job = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "movielens_deepfm.yaml")
+    with caplog.at_level(logging.WARNING):
+        notes = warn_ignored_model_settings(load_spec(job, ["model.cross_rank=4", "model.bottom=[7]"]))
+    assert notes == ["model.bottom is read only by model dlrm; model deepfm ignores it",
+                     "model.cross_rank is read only by model dcn; model deepfm ignores it"]
+    assert warn_ignored_model_settings(load_spec(job, ["model.name=dcn", "model.cross_rank=4"])) == []
+    assert warn_ignored_model_settings(load_spec(job)) == []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_model(ModelSpec(name="dcn", cross_rank=1000).model_dump(), InputShape(3, (6, 5), (7,)))
+    assert "model.cross_rank 1000 is at least half the cross layers' input width 56" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_model(ModelSpec(name="dcn", cross_rank=4).model_dump(), InputShape(3, (6, 5), (7,)))
+    assert "cross_rank" not in caplog.text

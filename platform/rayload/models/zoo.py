@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -128,6 +130,11 @@ class DCN(_Base):
     def __init__(self, shape: InputShape, cfg: dict):
         super().__init__(shape, cfg)
         self.cross_in = aligned(shape.fields * cfg["embedding_dim"] + shape.dense, self.align)
+        rank = int(cfg.get("cross_rank", 0))
+        if 2 * rank >= self.cross_in:  # U and V hold 2 d r weights: at r >= d / 2 as many as W's d^2, or more
+            logging.getLogger(__name__).warning(
+                "model.cross_rank %d is at least half the cross layers' input width %d: the low-rank layers hold %d weights "
+                "each, a full one %d (cross_rank 0)", rank, self.cross_in, 2 * self.cross_in * rank, self.cross_in ** 2)
         self.cross = nn.ModuleList(CrossLayer(self.cross_in, int(cfg.get("cross_rank", 0)))
                                    for _ in range(int(cfg.get("cross_layers", 2))))
         self.deep = self._deep(self.cross_in)

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field, replace as _replace
 
 from .._ray import embedded, ensure_ray
-from .._spec_checks import check_job
+from .._spec_checks import check_job, warn_ignored_model_settings
 from ..data.pipeline import PreprocessResult, preprocess
 from ..errors import RayloadError, SpecError
 from ..paths import exclusive, is_remote, join_uri, local_path, lock_file, remote_scratch, runs_root, shared_storage
@@ -59,11 +59,11 @@ def fit(spec: JobSpec, address: str | None = None, evaluate_test: bool = True) -
     if issues := check_job(spec):  # load_spec's checks, for a spec built in code too (sparse tables on GPUs were let through)
         raise SpecError(issues)
     transfer.check_before_training(spec)  # a checkpoint the model does not fit: before Ray and the data, in the driver
+    warn_ignored_model_settings(spec)
     # A cluster sets RAYLOAD_STORAGE_PATH (cluster.yaml: s3://bucket/...) so every node reaches the checkpoints.
     storage = shared_storage(spec.train.storage_path) or os.path.join(runs_root(), "train")
     name = run_name_for(spec)
-    # One driver per run: two launches of one run name each took the other's checkpoints for their
-    # own (top-k removed one's best, the index named the other's metrics).
+    # One driver per run: two launches of one run name took each other's checkpoints (top-k removed one's best)
     with exclusive(run_lock(storage, name), f"run {name!r} is being trained by another process (train.run_name); wait for it, "
                    "or give another run name"):
         return _fit(spec, address, evaluate_test, storage, name)
