@@ -95,7 +95,8 @@ def test_non_finite_validation_outputs_are_a_training_error_naming_the_epoch(tmp
 @pytest.mark.parametrize("where", ["a_file", "a_file/runs"])
 def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_ray_and_the_data(tmp_path, monkeypatch, where):
     """A file in the way (or a read-only mount) failed with a bare OSError at the first checkpoint,
-    after the whole preprocessing."""
+    after the whole preprocessing. The check makes nothing (a multi-node refusal after it found the
+    folder made)."""
     from rayload import _ray
     from rayload.errors import RayloadError
     from rayload.train import trainer
@@ -103,10 +104,14 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_ray_and_the_d
     (tmp_path / "a_file").write_text("not a folder")
     monkeypatch.setattr(_ray, "ensure_ray", lambda *a, **k: pytest.fail("Ray was started"))
     monkeypatch.setattr(trainer, "ensure_ray", lambda *a, **k: pytest.fail("Ray was started"))
-    with pytest.raises(RayloadError, match=r"train.storage_path '.*a_file.*': cannot make the checkpoint folder there"):
+    with pytest.raises(RayloadError, match=r"train.storage_path '.*a_file.*': .*a_file is a file, not a folder"):
         trainer.fit(job(epochs=1, storage_path=str(tmp_path / where)))
+    from rayload.train.resources import check_writable
+
+    check_writable(str(tmp_path / "new" / "deep"), "given")  # can be made: fine, and nothing is made yet
+    assert not (tmp_path / "new").exists()
     monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "a_file"))  # not given: named by where it came from
-    with pytest.raises(RayloadError, match=r"^the run folder \(RAYLOAD_HOME\) '.*a_file.*': cannot make"):
+    with pytest.raises(RayloadError, match=r"^the run folder \(RAYLOAD_HOME\) '.*a_file.*': .*a_file is a file, not a folder"):
         trainer.fit(job(epochs=1))
 
 

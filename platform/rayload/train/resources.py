@@ -267,27 +267,27 @@ def check_storage(storage_path: str, what: str = "train.storage_path", fix: str 
 
 
 def check_writable(storage_path: str, given: str | None) -> None:
-    """A local checkpoint folder this process can write, made if missing: before the data is
-    prepared. A read-only mount or a file there failed only when the first checkpoint was
-    written, with a bare OSError (a traceback), after the whole preprocessing. `given`: the
-    job's train.storage_path; without it the folder came from the environment, named so."""
+    """A local checkpoint folder this process can write (or make): before Ray and the data,
+    making nothing (a refused launch leaves no folder behind). A read-only mount or a file
+    there failed only when the first checkpoint was written, with a bare OSError (a
+    traceback), after the whole preprocessing. `given`: the job's train.storage_path; without
+    it the folder came from the environment, named so."""
     from ..errors import RayloadError
     from ..paths import is_remote, local_path
 
-    what = ("train.storage_path" if given else "RAYLOAD_STORAGE_PATH" if os.environ.get("RAYLOAD_STORAGE_PATH")
-            else "the run folder (RAYLOAD_HOME)")
-
     if is_remote(storage_path):
         return
-    path = local_path(storage_path)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise RayloadError(f"{what} {storage_path!r}: cannot make the checkpoint folder there ({exc.strerror or exc}); "
-                           "give a folder this user can write") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise RayloadError(f"{what} {storage_path!r}: this user cannot write there (a read-only mount, or another owner's "
-                           "folder); give a folder this user can write")
+    what = ("train.storage_path" if given else "RAYLOAD_STORAGE_PATH" if os.environ.get("RAYLOAD_STORAGE_PATH")
+            else "the run folder (RAYLOAD_HOME)")
+    path = os.path.abspath(local_path(storage_path))
+    existing = path
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)  # the folder the missing ones would be made in
+    if not os.path.isdir(existing):
+        raise RayloadError(f"{what} {storage_path!r}: {existing} is a file, not a folder; give a folder this user can write")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RayloadError(f"{what} {storage_path!r}: this user cannot write in {existing} (a read-only mount, or another "
+                           "owner's folder); give a folder this user can write")
 
 
 def is_shared(path: str, mounts_file: str = "/proc/mounts") -> bool:
