@@ -134,7 +134,7 @@ def demo_sets(spec: str, port: int, trials: int | None = None, search_epochs: in
         sets += [f"{name}.serving.port={port}"] + ([f"{name}.simulate.requests={ab_requests}"] if ab_requests is not None else [])
     for stage in (s for s in stages if s.kind == "tune"):
         name = stage.name
-        if trials is not None:  # startup_trials is for Bayesian searches only (a random or grid search refuses it)
+        if trials is not None:  # startup_trials is for Bayesian searches only (a random or grid search ignores it, saying so)
             bayes = _search(pipeline, stage).strategy == "bayes"
             sets += [f"{name}.num_samples={trials}"] + ([f"{name}.startup_trials={max(2, trials // 2)}"] if bayes else [])
         sets += [f"{name}.scheduler.max_epochs={search_epochs}"] if search_epochs is not None else []

@@ -26,9 +26,11 @@ def warn_ignored_model_settings(spec: JobSpec) -> list[str]:
     refused: a search over model.name draws models that read different ones)."""
     import logging
 
-    given = spec.model.model_fields_set
+    # Set away from its default, not merely written: retraining copies a champion's whole model.json
+    default = type(spec.model)()
     notes = [f"model.{name} is read only by model {' or '.join(models)}; model {spec.model.name} ignores it"
-             for name, models in _MODEL_ONLY.items() if name in given and spec.model.name not in models]
+             for name, models in _MODEL_ONLY.items()
+             if getattr(spec.model, name) != getattr(default, name) and spec.model.name not in models]
     for note in notes:
         logging.getLogger("rayload.train").warning("%s", note)
     return notes

@@ -250,11 +250,14 @@ def tune(
     if result.best:
         console.print(f"best: trial {result.best['number']} {result.metric}={_g(result.best_value)}; train it with "
                       f"[bold]rayload train {_e(result.best_spec)}[/]")
-    else:  # it said nothing: no best line, no best.yaml, exit 0
-        console.print(f"[bold red]no trial finished with a {_e(result.metric)} value[/]: no best.yaml written; see trials.csv "
-                      f"and Ray Tune's error files in {_e(result.run_dir)}")
     for path in result.plots:
         console.print(f"plot: {_e(path)}")
+    if not result.best:  # it said nothing and exited 0: no best line, no best.yaml (a pipeline's tune stage fails)
+        failed = any(r["state"] == "fail" for r in result.trials)
+        console.print(f"[bold red]no trial finished with a {_e(result.metric)} value[/]: no best.yaml written; see trials.csv"
+                      + (f" and Ray Tune's error files in {_e(result.run_dir)}" if failed else
+                         f" in {_e(result.run_dir)} (every trial was stopped before it finished)"))
+        raise typer.Exit(1)
 
 
 def print_trials(rows: list[dict], metric: str, title: str, limit: int = 30) -> None:

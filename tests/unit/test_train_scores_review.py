@@ -110,6 +110,9 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_ray_and_the_d
 
     check_writable(str(tmp_path / "new" / "deep"), "given")  # can be made: fine, and nothing is made yet
     assert not (tmp_path / "new").exists()
+    (tmp_path / "store").symlink_to(tmp_path / "not_mounted")  # a link to nothing: the check climbed past it
+    with pytest.raises(RayloadError, match=r"store is a link to .*not_mounted, which does not exist"):
+        check_writable(str(tmp_path / "store" / "run"), "given")
     monkeypatch.setenv("RAYLOAD_HOME", str(tmp_path / "a_file"))  # not given: named by where it came from
     with pytest.raises(RayloadError, match=r"^the run folder \(RAYLOAD_HOME\) '.*a_file.*': .*a_file is a file, not a folder"):
         trainer.fit(job(epochs=1))

@@ -161,9 +161,14 @@ def test_tune_says_when_no_trial_finished_and_status_says_so_far_for_an_interrup
             {"number": 1, "state": "pruned", "value": 0.7, "epochs": 2, "seconds": 1.0, "params": {"x": 0.2}, "checkpoint": None}]
     monkeypatch.setattr(tuning, "tune", lambda *a, **k: tuning.TuneResult("r", "/tmp/r", "sqlite://", "val_auc", "max", rows, None, None,
                                                                           [], "all trials finished"))
-    out = CliRunner().invoke(cli.app, ["tune", "x.yaml"]).output
+    done = CliRunner().invoke(cli.app, ["tune", "x.yaml"])
     assert "no trial finished with a val_auc value: no best.yaml written; see trials.csv and Ray Tune's error files in /tmp/r" in \
-        " ".join(out.split())
+        " ".join(done.output.split())
+    assert done.exit_code == 1  # as a pipeline's tune stage fails on it: a script can tell
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: tuning.TuneResult("r", "/tmp/r", "sqlite://", "val_auc", "max", rows[1:], None,
+                                                                          None, [], "time budget of 60 s spent"))
+    done = CliRunner().invoke(cli.app, ["tune", "x.yaml"])
+    assert "see trials.csv in /tmp/r (every trial was stopped before it finished)" in " ".join(done.output.split())
     printed = []
     monkeypatch.setattr(cli.console, "print", lambda text, *a, **k: printed.append(str(text)))
     cli.print_search_status({"run_dir": "/r", "state": "interrupted (driver gone; continue with --resume)", "total": 4, "metric": "v",

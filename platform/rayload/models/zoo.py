@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
@@ -122,6 +120,16 @@ class CrossLayer(nn.Module):
         return x0 * self.up(self.down(x) if self.down is not None else x) + x
 
 
+def rank_saves_nothing(model: nn.Module, rank: int) -> str | None:
+    """Why a DCN's cross_rank is no low rank, or None: U and V hold 2 d r weights, at r >= d / 2
+    as many as the full matrix's d^2, or more (said once where a job trains, with its real width)."""
+    width = getattr(model, "cross_in", None)
+    if not isinstance(model, DCN) or width is None or 2 * rank < width:
+        return None
+    return (f"model.cross_rank {rank} is at least half the cross layers' input width {width}: the low-rank layers hold "
+            f"{2 * width * rank} weights each, a full one {width ** 2} (cross_rank 0)")
+
+
 class DCN(_Base):
     """DCN-v2 (Wang et al., 2021), stacked: cross layers over the concatenated embeddings and
     dense features, then the deep MLP. Zero-padded input columns stay zero through every cross
@@ -130,11 +138,6 @@ class DCN(_Base):
     def __init__(self, shape: InputShape, cfg: dict):
         super().__init__(shape, cfg)
         self.cross_in = aligned(shape.fields * cfg["embedding_dim"] + shape.dense, self.align)
-        rank = int(cfg.get("cross_rank", 0))
-        if 2 * rank >= self.cross_in:  # U and V hold 2 d r weights: at r >= d / 2 as many as W's d^2, or more
-            logging.getLogger(__name__).warning(
-                "model.cross_rank %d is at least half the cross layers' input width %d: the low-rank layers hold %d weights "
-                "each, a full one %d (cross_rank 0)", rank, self.cross_in, 2 * self.cross_in * rank, self.cross_in ** 2)
         self.cross = nn.ModuleList(CrossLayer(self.cross_in, int(cfg.get("cross_rank", 0)))
                                    for _ in range(int(cfg.get("cross_layers", 2))))
         self.deep = self._deep(self.cross_in)

@@ -281,8 +281,11 @@ def check_writable(storage_path: str, given: str | None) -> None:
             else "the run folder (RAYLOAD_HOME)")
     path = os.path.abspath(local_path(storage_path))
     existing = path
-    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)  # the folder the missing ones would be made in
+    if os.path.islink(existing) and not os.path.exists(existing):  # a link to an unmounted volume, say
+        raise RayloadError(f"{what} {storage_path!r}: {existing} is a link to {os.readlink(existing)}, which does not exist; "
+                           "give a folder this user can write")
     if not os.path.isdir(existing):
         raise RayloadError(f"{what} {storage_path!r}: {existing} is a file, not a folder; give a folder this user can write")
     if not os.access(existing, os.W_OK | os.X_OK):

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..features import FittedFeatures
 from ..models import InputShape, build_model
+from ..models.zoo import rank_saves_nothing
 from ..spec import JobSpec
 from . import transfer
 from .session import Session
@@ -63,6 +64,8 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
     it returns with this rank's own random streams seeded for training (`seed_rank`)."""
     seed_everything(spec.train.seed)  # the same initial weights on every rank
     model = build_model(spec.model.model_dump(), InputShape.from_features(features))
+    if session.rank == 0 and (note := rank_saves_nothing(model, spec.model.cross_rank)):
+        log.warning("%s", note)
     if spec.train.init_from:
         transfer.init_weights(model, spec.train.init_from, spec.model.model_dump(mode="json"))
         transfer.freeze(model, spec.train.freeze)
