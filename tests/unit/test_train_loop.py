@@ -791,3 +791,23 @@ def test_the_epochs_train_loss_is_the_mean_over_its_rows_with_a_short_last_step(
     with torch.no_grad():
         over_rows = binary_loss(trainer.model(*batch.inputs()).float(), batch.label, None).item()
     assert reported == pytest.approx(over_rows, rel=1e-5)
+
+
+def test_with_several_ranks_the_held_back_last_batch_is_cached_and_dealt_out_in_later_epochs(monkeypatch):
+    """Each of several ranks drops its short last micro-batch; the cache kept only the batches
+    trained on, so the same rows (80 of 2,000 here) were left out of every epoch of the run."""
+    from rayload.train import session as session_module
+
+    monkeypatch.setattr(session_module.dist, "all_reduce", lambda tensor, op=None: None)  # this rank alone agrees
+    t = table(2000, 0)  # 15 full batches of 128 and a short one of 80
+    session = StreamSession(t, cache_bytes=2**20)
+    session.world_size = 2
+    epochs = [list(session.train_batches(e, 128)) for e in range(4)]
+    assert session.reads == 1 and session.cached
+    assert all([len(b) for b in batches] == [128] * 15 for batches in epochs)  # the same steps every epoch, the tail held back
+    all_rows = set(_rows([collate(t, session.loader["layout"])]))
+    first = set(_rows(epochs[0]))
+    assert len(all_rows - first) == 80  # epoch 0 streams: its tail is not trained on
+    later = set().union(*(set(_rows(b)) for b in epochs[1:]))
+    assert all_rows - first <= later  # ... but dealt out with the other rows afterwards
+    assert len({frozenset(set(_rows(b))) for b in epochs[1:]}) == 3  # a different subset left out each epoch

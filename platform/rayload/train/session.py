@@ -65,19 +65,25 @@ class Session:
         cached = getattr(self, "_train_cache", None)
         if cached is not None and cached[0] == batch_size:
             return cached[1].batches(seed)
-        stream = self._iter(self._train_source(), batch_size, seed, drop_last=self.world_size > 1)
+        # With several ranks each drops its short last micro-batch (every rank must take as many
+        # steps). A stream that may become the cache reads it all the same: kept, not trained on,
+        # so that later epochs deal every row out (the same rows were left out of the whole run).
+        hold_tail = self.world_size > 1
         budget = self.loader.get("cache_bytes", 0)
-        if not budget or self.cached is False:
+        keeping = bool(budget) and self.cached is not False
+        stream = self._iter(self._train_source(), batch_size, seed, drop_last=hold_tail and not keeping)
+        if not keeping:
             return stream
         if epoch > 0 and self.cached is None and self.cached_before and self._fits_as_before(budget):
             # A run resumed in this process (after a restart): the cache it had is gone. Read it
             # again before training on it (it fit in this budget before: the same rows on as many
             # ranks), then train in this epoch's seeded order, the one the run would have had
             # uninterrupted.
-            self._train_cache = (batch_size, _Rows(list(stream)))
+            batches = list(stream)
+            self._train_cache = (batch_size, _Rows(batches, _dealt(batches, batch_size, hold_tail)))
             self.cache_bytes = self.cached_before_bytes
             return self._train_cache[1].batches(seed)
-        return self._keeping(stream, batch_size, budget)
+        return self._keeping(stream, batch_size, budget, hold_tail)
 
     # Set by the loop from a restored checkpoint: whether the run kept its training batches in
     # the cache before it stopped (None: not known, a checkpoint written before this was kept),
@@ -103,9 +109,10 @@ class Session:
             return True
         return False if getattr(self, "_streaming", False) else None
 
-    def _keeping(self, stream, batch_size: int, budget: int):
+    def _keeping(self, stream, batch_size: int, budget: int, hold_tail: bool):
         """Yield the stream's batches, keeping them while their tensors fit in `budget` bytes;
-        an epoch read to the end and kept whole becomes the cache."""
+        an epoch read to the end and kept whole becomes the cache. With `hold_tail`, a short
+        last batch is kept but not yielded (see train_batches)."""
         kept, size = [], 0
         for batch in stream:
             if kept is not None:
@@ -114,7 +121,8 @@ class Session:
                     kept.append(batch)
                 else:
                     kept = None
-            yield batch
+            if not (hold_tail and len(batch) < batch_size):
+                yield batch
         whole = bool(kept)
         if self.world_size > 1:
             # Every rank caches or none does: a rank that streams alone would wait forever at
@@ -124,7 +132,7 @@ class Session:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             whole, size = bool(flag[0].item()), -int(flag[1].item())
         if whole:
-            self._train_cache = (batch_size, _Rows(kept))
+            self._train_cache = (batch_size, _Rows(kept, _dealt(kept, batch_size, hold_tail)))
             self.cache_bytes = size
         else:
             self._streaming = True  # every later epoch streams, without trying to keep it again
@@ -259,14 +267,21 @@ def scratch_dir() -> str:
     return tempfile.mkdtemp(prefix="rayload-ckpt-")
 
 
+def _dealt(batches: list[Batch], batch_size: int, hold_tail: bool) -> list[int]:
+    """The batch sizes an epoch trains on: all of them, less a short last one with `hold_tail`."""
+    return [len(b) for b in batches if not (hold_tail and len(b) < batch_size)]
+
+
 class _Rows:
     """One epoch of a rank's training batches, kept as one set of row tensors, dealt out again
-    every epoch as batches of the same sizes in a row order drawn from the epoch's seed. Batches
+    every epoch as batches of the given sizes in a row order drawn from the epoch's seed. Batches
     kept as they were read would hold the same rows together in every epoch (only their order
-    would change), so rows that sit side by side in the shards would share every update."""
+    would change), so rows that sit side by side in the shards would share every update. Sizes
+    summing to fewer than the rows (a rank's short last batch held back) leave out other rows,
+    drawn anew, each epoch."""
 
-    def __init__(self, batches: list[Batch]):
-        self.sizes = [len(b) for b in batches]
+    def __init__(self, batches: list[Batch], sizes: list[int] | None = None):
+        self.sizes = [len(b) for b in batches] if sizes is None else sizes
         if not batches:  # a rank without training rows: nothing to deal out
             batches = [Batch(torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.int64), [], [], None)]
         self.dense = torch.cat([b.dense for b in batches])
