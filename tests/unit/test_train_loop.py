@@ -811,3 +811,33 @@ def test_with_several_ranks_the_held_back_last_batch_is_cached_and_dealt_out_in_
     later = set().union(*(set(_rows(b)) for b in epochs[1:]))
     assert all_rows - first <= later  # ... but dealt out with the other rows afterwards
     assert len({frozenset(set(_rows(b))) for b in epochs[1:]}) == 3  # a different subset left out each epoch
+
+
+def _norms_on_mixed_devices(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from rayload.train.setup import make_model
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    spec = JobSpec.model_validate({**job(sync_bn=True).model_dump(),
+                                   "model": {"name": "deepfm", "embedding_dim": 4, "hidden": [16], "dropout": 0.0, "batch_norm": True},
+                                   "resources": {"workers": 2, "gpus_per_worker": 1, "cpu_fallback": True}})
+
+    class Rank(Session):
+        def __init__(self):
+            super().__init__({})
+            # rank 1: the node whose GPU CUDA cannot see, fallen back to its CPU
+            self.rank, self.world_size, self.device = rank, 2, torch.device("cuda:0" if rank == 0 else "cpu")
+
+        def prepare(self, model):
+            return model
+
+    model = make_model(spec, features(), Rank())
+    out.put((rank, sorted({type(m).__name__ for m in model.modules() if "Norm" in type(m).__name__})))
+    dist.destroy_process_group()
+
+
+def test_sync_bn_is_decided_by_every_rank_together_when_one_fell_back_to_its_cpu():
+    """Each rank decided alone: the GPU ranks took SyncBatchNorm, the fallen-back rank plain batch
+    norm, and their collectives differed (a deadlock)."""
+    assert spawn_two(_norms_on_mixed_devices) == [["BatchNorm1d"], ["BatchNorm1d"]]

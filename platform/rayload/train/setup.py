@@ -59,6 +59,20 @@ def seed_rank(seed: int, rank: int, epoch: int = 0) -> None:
     random.seed(int(state[3]))
 
 
+def _every_rank_on_a_gpu(spec: JobSpec, session: Session) -> bool:
+    """Whether every rank computes on a GPU, agreed by all of them: each deciding alone, the GPU
+    ranks took SyncBatchNorm and a CPU-fallback rank plain batch norm, so their collectives
+    differed (SyncBatchNorm's gather on some ranks, the shared statistics' broadcast on the
+    others) and the group deadlocked. Only resources.cpu_fallback lets a rank be on its CPU,
+    and it runs gloo, which reduces CPU tensors."""
+    on_gpu = session.device.type == "cuda"
+    if not spec.resources.cpu_fallback or not torch.distributed.is_initialized():
+        return on_gpu
+    flag = torch.tensor([int(on_gpu)])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.Module:
     """The model, initialised alike on every rank (the same seed), prepared by the session (DDP);
     it returns with this rank's own random streams seeded for training (`seed_rank`)."""
@@ -70,9 +84,9 @@ def make_model(spec: JobSpec, features: FittedFeatures, session: Session) -> nn.
         transfer.init_weights(model, spec.train.init_from, spec.model.model_dump(mode="json"))
         transfer.freeze(model, spec.train.freeze)
     if spec.train.sync_bn and session.world_size > 1:
-        if session.device.type == "cpu":  # a GPU worker fallen back to its CPU: SyncBatchNorm runs on GPUs only
-            log.warning("train.sync_bn: this worker fell back to the CPU (resources.cpu_fallback), where PyTorch cannot "
-                        "synchronise batch norm; plain batch norm, with rank 0's statistics shared before validation")
+        if not _every_rank_on_a_gpu(spec, session):  # a GPU worker fallen back to its CPU: SyncBatchNorm runs on GPUs only
+            log.warning("train.sync_bn: a worker fell back to the CPU (resources.cpu_fallback), where PyTorch cannot "
+                        "synchronise batch norm; plain batch norm on every rank, with rank 0's statistics shared before validation")
         else:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     transfer.check_trainable(model, spec.train.freeze)
