@@ -841,3 +841,32 @@ def test_sync_bn_is_decided_by_every_rank_together_when_one_fell_back_to_its_cpu
     """Each rank decided alone: the GPU ranks took SyncBatchNorm, the fallen-back rank plain batch
     norm, and their collectives differed (a deadlock)."""
     assert spawn_two(_norms_on_mixed_devices) == [["BatchNorm1d"], ["BatchNorm1d"]]
+
+
+class _ShufflingSource:
+    """Stands in for a rank's Ray Data stream under a shuffle buffer: Ray 2.60's shuffling batcher
+    gives short batches in the middle of a stream, by block layout (review: 2,000 rows as blocks
+    of 333 came as 17 batches of 128 and 77, as blocks of 1,000 as 15)."""
+
+    def __init__(self, table, sizes):
+        self.table, self.sizes, self.asked = table, sizes, {}
+
+    def iter_batches(self, **kwargs):
+        self.asked = kwargs
+        start = 0
+        for size in self.sizes:
+            yield self.table.slice(start, size)
+            start += size
+
+
+def test_a_shuffled_stream_is_re_cut_to_exact_batches_so_ranks_take_the_planned_steps():
+    t = table(2000, 0)
+    sizes = [128, 77, 128, 77, 128, 77, 128, 77, 128, 77, 128, 128, 128, 128, 128, 128, 128, 77, 2]
+    assert sum(sizes) == 2000
+    session = Session({"layout": Layout(("x",), ("c",), ("b",)), "seed": 0, "prefetch_batches": 0, "shuffle_buffer": 128})
+    source = _ShufflingSource(t, sizes)
+    batches = list(session._iter(source, 128, seed=7, drop_last=True))
+    assert [len(b) for b in batches] == [128] * 15  # 2,000 // 128, as steps_per_epoch plans, on every rank
+    assert source.asked["local_shuffle_buffer_size"] == 128 and source.asked["local_shuffle_seed"] == 7
+    assert _rows(batches) == _rows([collate(t.slice(0, 1920), session.loader["layout"])])  # every row in its order, none twice
+    assert [len(b) for b in session._iter(_ShufflingSource(t, sizes), 128, seed=7, drop_last=False)] == [128] * 15 + [80]

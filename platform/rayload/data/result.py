@@ -104,14 +104,7 @@ class LocalShards:
     def exact_batches(self, batch_size: int):
         """Tables of exactly batch_size rows across file boundaries (the last may be short):
         the batches Ray Data's iter_batches gives over the same files in order."""
-        pending = None
-        for table in self.iter_batches(batch_size):
-            pending = table if pending is None else pa.concat_tables([pending, table])
-            while pending.num_rows >= batch_size:
-                yield pending.slice(0, batch_size)
-                pending = pending.slice(batch_size)
-        if pending is not None and pending.num_rows:
-            yield pending
+        return exact_tables(self.iter_batches(batch_size), batch_size)
 
     @classmethod
     def on_this_machine(cls, files: list[str] | None) -> "LocalShards | None":
@@ -120,6 +113,18 @@ class LocalShards:
         if not files or any("://" in f or not os.path.isfile(f) for f in files):
             return None
         return cls(list(files))
+
+
+def exact_tables(tables, batch_size: int):
+    """The rows of `tables` re-cut into tables of exactly batch_size rows (the last may be short)."""
+    pending = None
+    for table in tables:
+        pending = table if pending is None else pa.concat_tables([pending, table])
+        while pending.num_rows >= batch_size:
+            yield pending.slice(0, batch_size)
+            pending = pending.slice(batch_size)
+    if pending is not None and pending.num_rows:
+        yield pending
 
 
 def content_digest(out_dir: str, files: dict[str, list[str]], features_json: str) -> str:

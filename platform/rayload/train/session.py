@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.pipeline import LocalShards
+from ..data.result import exact_tables
 from .batch import Batch, Layout, collate
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ class Session:
             return (collate(t, opts["layout"]) for t in source.exact_batches(batch_size)
                     if not (drop_last and t.num_rows < batch_size))
         shuffle = opts["shuffle_buffer"] if seed is not None else 0  # validation (no seed): every rank, the same order
+        if shuffle:
+            # Ray's shuffling batcher gives short batches mid-stream (a buffer up to about twice the
+            # batch): ranks of equal rows took different numbers of steps by their block layout
+            # (unmatched DDP collectives) and the LR plan miscounted. Re-cut to exact sizes, here.
+            tables = source.iter_batches(batch_size=batch_size, batch_format="pyarrow", prefetch_batches=opts["prefetch_batches"],
+                                         local_shuffle_buffer_size=shuffle, local_shuffle_seed=seed)
+            return (collate(t, opts["layout"]) for t in exact_tables(tables, batch_size) if not (drop_last and t.num_rows < batch_size))
         return source.iter_torch_batches(
             batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
             drop_last=drop_last, local_shuffle_buffer_size=shuffle or None, local_shuffle_seed=seed if shuffle else None, device="cpu",
