@@ -275,3 +275,26 @@ def test_a_rerun_stopped_part_way_leaves_no_old_truth_and_lists_and_constant_par
     with pytest.raises(DataError, match="the synthetic features carry no signal"):
         synthetic.write_synthetic(str(tmp_path / "c"), synthetic.SynthParams(rows=100, numeric=0, categorical=2,
                                                                             cardinalities=(1, 1), missing_rate=0.0))
+
+
+def test_a_failing_synth_leaves_the_folder_it_would_have_replaced_and_bad_counts_and_uris_are_named(tmp_path):
+    """A model without signal (or rows=1e4's TypeError deep in numpy) failed after the earlier data
+    set's shards and synthetic.json were deleted; a count of 2.5 passed construction; an unknown URI
+    scheme was a traceback; shards numbered past 99,999 survived a rerun."""
+    from rayload.errors import DataError, RayloadError
+
+    out = tmp_path / "o"
+    write_synthetic(str(out), SynthParams(rows=1000, numeric=2, categorical=2, shard_rows=500, seed=1))
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(DataError, match="carry no signal"):
+        write_synthetic(str(out), SynthParams(rows=100, numeric=0, categorical=1, cardinalities=(1,), missing_rate=0.0))
+    assert sorted(p.name for p in out.iterdir()) == before == ["part-00000.parquet", "part-00001.parquet", "synthetic.json"]
+    for field, value in (("rows", 2.5), ("numeric", "2"), ("shard_rows", True), ("seed", 1.5)):
+        with pytest.raises(ValueError, match=rf"^{field} must be a whole number, got {field}="):
+            SynthParams(**{field: value})
+    assert SynthParams(rows=1e4).rows == 10_000 and isinstance(SynthParams(rows=1e4).rows, int)
+    with pytest.raises(RayloadError, match=r"cannot write the synthetic data to bogus://x/y"):
+        write_synthetic("bogus://x/y", SynthParams(rows=10, numeric=2, categorical=1))
+    (out / "part-100000.parquet").write_bytes((out / "part-00000.parquet").read_bytes())
+    write_synthetic(str(out), SynthParams(rows=100, numeric=2, categorical=2, seed=2))
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "synthetic.json"]

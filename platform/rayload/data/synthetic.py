@@ -46,6 +46,14 @@ class SynthParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        import numbers
+
+        for name in ("rows", "numeric", "categorical", "shard_rows", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value):
+                # rows=1e4 passed and failed deep in numpy as a TypeError, after the output folder was emptied
+                raise ValueError(f"{name} must be a whole number, got {name}={value!r}")
+            object.__setattr__(self, name, int(value))
         cards = self.cardinalities
         for ok, msg in [(self.rows > 0, "rows must be > 0"), (self.numeric >= 0, "numeric must be >= 0"),
                         (self.categorical >= 0, "categorical must be >= 0"),

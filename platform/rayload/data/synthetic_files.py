@@ -11,10 +11,11 @@ import os
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .synthetic import CHUNK_ROWS, SynthParams, SynthResult, cardinalities, generate_table_with_truth
+from .synthetic import CHUNK_ROWS, SynthParams, SynthResult, _model, cardinalities, generate_table_with_truth
 
 log = logging.getLogger(__name__)
 
@@ -45,22 +46,24 @@ def _filesystem(out_dir: str) -> tuple[pafs.FileSystem, str]:
 
 def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
     """Write part-NNNNN.parquet shards of shard_rows rows plus synthetic.json (params and truth)."""
-    (fs, root), base = _filesystem(out_dir), out_dir.rstrip("/")
+    from ..errors import RayloadError
+
+    _model(params)  # a model without signal is refused before anything in the folder is touched
+    base = out_dir.rstrip("/")
     try:
+        fs, root = _filesystem(out_dir)  # an unknown scheme (bogus://, s4://) or a missing driver was a traceback
         fs.create_dir(root, recursive=True)
         if fs.get_file_info(root).type != pafs.FileType.Directory:
             raise NotADirectoryError(20, "not a folder")
-    except OSError as exc:  # a file there, or no permission: was a traceback
-        from ..errors import RayloadError
-
-        raise RayloadError(f"cannot write the synthetic data to {out_dir}: {exc.strerror or exc}") from None
+    except (OSError, pa.ArrowInvalid) as exc:  # a file there, or no permission: was a traceback
+        raise RayloadError(f"cannot write the synthetic data to {out_dir}: {getattr(exc, 'strerror', None) or exc}") from None
     # Shards of an earlier run into this folder go first: left there, a reader of the folder took
     # them with the new ones, two generations that synthetic.json does not describe. Its
     # synthetic.json before them: a rerun stopped part-way left the old truth beside new shards.
     if fs.get_file_info(f"{root}/synthetic.json").type == pafs.FileType.File:
         fs.delete_file(f"{root}/synthetic.json")
     for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        if info.type == pafs.FileType.File and re.fullmatch(r"part-\d{5}\.parquet", info.base_name):
+        if info.type == pafs.FileType.File and re.fullmatch(r"part-\d{5,}\.parquet", info.base_name):
             fs.delete_file(info.path)
     files, probs, positives = [], [], 0
     for k, start in enumerate(range(0, params.rows, params.shard_rows)):
