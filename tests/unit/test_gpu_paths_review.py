@@ -37,7 +37,7 @@ def test_sync_bn_on_fallback_cpu_workers_keeps_plain_batch_norm(caplog):
     model = make_model(spec, features(), session)
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert norms and not any(isinstance(m, nn.SyncBatchNorm) for m in norms)
-    assert "train.sync_bn: this worker fell back to the CPU" in caplog.text
+    assert "train.sync_bn: a worker fell back to the CPU" in caplog.text
     on_gpu = types.SimpleNamespace(world_size=2, rank=0, device=torch.device("meta"), prepare=lambda m: m)  # any non-CPU device
     assert any(isinstance(m, nn.SyncBatchNorm) for m in make_model(spec, features(), on_gpu).modules())
 

@@ -65,7 +65,7 @@ def _every_rank_on_a_gpu(spec: JobSpec, session: Session) -> bool:
     differed (SyncBatchNorm's gather on some ranks, the shared statistics' broadcast on the
     others) and the group deadlocked. Only resources.cpu_fallback lets a rank be on its CPU,
     and it runs gloo, which reduces CPU tensors."""
-    on_gpu = session.device.type == "cuda"
+    on_gpu = session.device.type != "cpu"
     if not spec.resources.cpu_fallback or not torch.distributed.is_initialized():
         return on_gpu
     flag = torch.tensor([int(on_gpu)])
