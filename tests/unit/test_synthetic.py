@@ -289,9 +289,13 @@ def test_a_failing_synth_leaves_the_folder_it_would_have_replaced_and_bad_counts
     with pytest.raises(DataError, match="carry no signal"):
         write_synthetic(str(out), SynthParams(rows=100, numeric=0, categorical=1, cardinalities=(1,), missing_rate=0.0))
     assert sorted(p.name for p in out.iterdir()) == before == ["part-00000.parquet", "part-00001.parquet", "synthetic.json"]
-    for field, value in (("rows", 2.5), ("numeric", "2"), ("shard_rows", True), ("seed", 1.5)):
+    for field, value in (("rows", 2.5), ("numeric", "2"), ("shard_rows", True), ("seed", 1.5), ("rows", float("inf")),
+                         ("rows", float("nan"))):
         with pytest.raises(ValueError, match=rf"^{field} must be a whole number, got {field}="):
             SynthParams(**{field: value})
+    for card in (2.5, "7", float("nan")):
+        with pytest.raises(ValueError, match=r"^cardinalities must be a whole number"):
+            SynthParams(numeric=1, categorical=1, cardinalities=(card,))
     assert SynthParams(rows=1e4).rows == 10_000 and isinstance(SynthParams(rows=1e4).rows, int)
     with pytest.raises(RayloadError, match=r"cannot write the synthetic data to bogus://x/y"):
         write_synthetic("bogus://x/y", SynthParams(rows=10, numeric=2, categorical=1))

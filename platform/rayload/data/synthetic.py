@@ -48,12 +48,16 @@ class SynthParams:
     def __post_init__(self) -> None:
         import numbers
 
-        for name in ("rows", "numeric", "categorical", "shard_rows", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value):
-                # rows=1e4 passed and failed deep in numpy as a TypeError, after the output folder was emptied
+        def whole(name: str, value):
+            # rows=2.5 passed and failed deep in numpy as a TypeError, after the output folder was emptied
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value != int(value):
                 raise ValueError(f"{name} must be a whole number, got {name}={value!r}")
-            object.__setattr__(self, name, int(value))
+            return int(value)
+
+        for name in ("rows", "numeric", "categorical", "shard_rows", "seed"):
+            object.__setattr__(self, name, whole(name, getattr(self, name)))
+        if self.cardinalities is not None:  # counts too (2.5 was cut to 2, "7" taken)
+            object.__setattr__(self, "cardinalities", tuple(whole("cardinalities", c) for c in self.cardinalities))
         cards = self.cardinalities
         for ok, msg in [(self.rows > 0, "rows must be > 0"), (self.numeric >= 0, "numeric must be >= 0"),
                         (self.categorical >= 0, "categorical must be >= 0"),

@@ -55,7 +55,7 @@ def write_synthetic(out_dir: str, params: SynthParams) -> SynthResult:
         fs.create_dir(root, recursive=True)
         if fs.get_file_info(root).type != pafs.FileType.Directory:
             raise NotADirectoryError(20, "not a folder")
-    except (OSError, pa.ArrowInvalid) as exc:  # a file there, or no permission: was a traceback
+    except (OSError, pa.ArrowException) as exc:  # a file there, no permission, an unknown scheme, no credentials: was a traceback
         raise RayloadError(f"cannot write the synthetic data to {out_dir}: {getattr(exc, 'strerror', None) or exc}") from None
     # Shards of an earlier run into this folder go first: left there, a reader of the folder took
     # them with the new ones, two generations that synthetic.json does not describe. Its
