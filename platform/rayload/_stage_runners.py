@@ -260,14 +260,18 @@ def decide(spec, stage, folder, outputs, address, progress) -> dict:
     exp = outputs[stage.experiment]
     result = control.analysis_for(exp["run_dir"])
     _, state = control.load_state(exp["run_dir"])
-    applied = [d["decision"] for d in state.get("decisions", []) if d["decision"] in ("promote", "rollback")]
+    # The decision in force (serve.json's final), not the log's last: weights set by hand after a
+    # rollback undo it (the controller decides again), and the log still ended with it.
+    in_force = (state.get("final") or {}).get("decision")
     action = "recorded"
     if result.decision in ("promote", "rollback"):
-        if applied and applied[-1] == result.decision:
+        if in_force == result.decision:
             action = f"applied during the experiment ({result.decision})"
         elif stage.act and exp.get("serving"):
             (control.promote if result.decision == "promote" else control.rollback)(exp["run_dir"], "; ".join(result.reasons))
             action = f"applied now ({result.decision})"
+        elif not stage.act:
+            action = "recorded (act: false, not applied)"
         else:
             action = "recorded (the experiment is no longer deployed)"
     arms = {a.arm: {"units": a.units, "exposures": a.exposures, "clicks": a.clicks, "ctr": a.ctr, "ctr_ci": list(a.ctr_ci)}

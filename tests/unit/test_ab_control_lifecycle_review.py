@@ -274,3 +274,54 @@ def test_a_failed_controller_look_is_retried_and_the_serve_loop_goes_on(monkeypa
     assert res.exit_code == 0, res.output
     assert len(looks) == 4 and stopped == ["t"]
     assert "the controller's look failed (RuntimeError: could not connect to server)" in " ".join(res.output.split())
+
+
+def _decide(run_dir, act: bool, serving: bool, tmp_path):
+    from rayload import _stage_runners as runners
+
+    stage = types.SimpleNamespace(experiment="ab", act=act)
+    folder = tmp_path / f"decide-{act}-{serving}"
+    folder.mkdir(exist_ok=True)
+    return runners.decide(None, stage, str(folder), {"ab": {"run_dir": run_dir, "serving": serving}}, None, lambda f: None)
+
+
+def test_decide_reads_the_decision_in_force_and_says_why_it_did_not_act(run, tmp_path):
+    """A rollback by the controller, then weights set by hand (which undo it: the controller decides
+    again): decide took the log's last rollback for applied and left the hand-set weights. And
+    act: false on a deployed experiment said 'no longer deployed'."""
+    frame = events(4_000, {"A": 0.30, "B": 0.15}, {"A": 0.5, "B": 0.5})
+    run_dir = run(spec_of(0.5), frame)
+    assert _decide(run_dir, act=False, serving=True, tmp_path=tmp_path)["action"] == "recorded (act: false, not applied)"
+    assert _decide(run_dir, act=True, serving=False, tmp_path=tmp_path)["action"] == "recorded (the experiment is no longer deployed)"
+    assert control.step(run_dir)[0] == "rollback" and user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+    assert _decide(run_dir, act=True, serving=True, tmp_path=tmp_path)["action"] == "applied during the experiment (rollback)"
+    control.set_weights(run_dir, {"A": 0.9, "B": 0.1})
+    out = _decide(run_dir, act=True, serving=True, tmp_path=tmp_path)
+    assert (out["decision"], out["action"]) == ("rollback", "applied now (rollback)") and user(run_dir)["weights"] == {"A": 1.0, "B": 0.0}
+
+
+def test_the_simulator_posts_the_outcome_the_analysis_counts(run, monkeypatch):
+    """It always posted event 'click': an experiment with analysis.event: conversion read no outcome at all."""
+    from rayload.serve import simulate as sim
+
+    run_dir = run(spec_of(0.5, analysis={"min_units": 200, "event": "conversion"}), events(10, {"A": 0.1, "B": 0.1}, {"A": 0.5, "B": 0.5}))
+    asked = []
+
+    def fake(url, world, users, requests, concurrency, seed, api_key, on_progress=None, event="click"):
+        asked.append(event)
+        return sim.SimResult(requests, requests, 0, status={200: requests})
+
+    monkeypatch.setattr(sim, "simulate", fake)
+    sim.simulate_and_decide(run_dir, "http://x", None, users=10, requests=20, auto=False, chunks=2)
+    assert asked == ["conversion", "conversion"]
+    posted = []
+
+    class Client:
+        async def post(self, url, json, headers):
+            posted.append(json)
+            return types.SimpleNamespace(status_code=200)
+
+    import asyncio
+
+    assert asyncio.run(sim._feedback(Client(), "http://x", "r1", {}, "conversion")) == 200
+    assert posted == [{"request_id": "r1", "event": "conversion"}]

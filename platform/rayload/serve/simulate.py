@@ -105,7 +105,8 @@ class MovieLensWorld:
         return truth >= 1.0
 
 
-async def _one(client, url: str, world, unit: int, rng: np.random.Generator, headers: dict, result: SimResult) -> None:
+async def _one(client, url: str, world, unit: int, rng: np.random.Generator, headers: dict, result: SimResult,
+               event: str = "click") -> None:
     rows, truth = world.request(unit, rng)
     unit_id = world.unit_id(unit) if hasattr(world, "unit_id") else f"u{unit}"
     r = await client.post(f"{url}/predict", json={"unit_id": unit_id, "candidates": rows}, headers=headers)
@@ -117,20 +118,21 @@ async def _one(client, url: str, world, unit: int, rng: np.random.Generator, hea
     result.status[200] = result.status.get(200, 0) + 1
     result.ok += 1
     if world.click(shown, rng):
-        code = await _feedback(client, url, body["request_id"], headers)
+        code = await _feedback(client, url, body["request_id"], headers, event)
         result.feedback[code] = result.feedback.get(code, 0) + 1
         if 200 <= code < 300:
             result.clicks += 1
 
 
-async def _feedback(client, url: str, request_id: str, headers: dict) -> int:
+async def _feedback(client, url: str, request_id: str, headers: dict, event: str = "click") -> int:
     """A click's /feedback, sent again after a 5xx or no answer (feedback is idempotent by
     request_id): a lost click would read as a non-click in the analysis. The last status (-1:
-    no answer)."""
+    no answer). `event`: the outcome the experiment's analysis counts (analysis.event; clicks
+    sent to a conversion experiment were accepted and never counted)."""
     code = -1
     for attempt in range(FEEDBACK_TRIES):
         try:
-            code = (await client.post(f"{url}/feedback", json={"request_id": request_id, "event": "click"}, headers=headers)).status_code
+            code = (await client.post(f"{url}/feedback", json={"request_id": request_id, "event": event}, headers=headers)).status_code
         except Exception as exc:  # noqa: BLE001 - a timeout or refused connection: try again
             code = -1
             log.debug("feedback for %s failed: %r", request_id, exc)
@@ -142,7 +144,7 @@ async def _feedback(client, url: str, request_id: str, headers: dict) -> int:
 
 
 async def _drive(url: str | list[str], world, users: int, requests: int, concurrency: int, seed: int, api_key: str | None,
-                 on_progress=None) -> SimResult:
+                 on_progress=None, event: str = "click") -> SimResult:
     import httpx
 
     if world.max_units is not None and users > world.max_units:
@@ -163,7 +165,7 @@ async def _drive(url: str | list[str], world, users: int, requests: int, concurr
         while not queue.empty():
             index, unit = queue.get_nowait()
             try:
-                await _one(client, url, world, unit, request_rng(world.seed, seed, index), headers, result)
+                await _one(client, url, world, unit, request_rng(world.seed, seed, index), headers, result, event)
             except Exception as exc:  # a refused connection counts as a failure, the run goes on
                 result.status[-1] = result.status.get(-1, 0) + 1
                 log.debug("request failed: %r", exc)
@@ -177,8 +179,8 @@ async def _drive(url: str | list[str], world, users: int, requests: int, concurr
 
 
 def simulate(url: str | list[str], world, users: int, requests: int, concurrency: int = 8, seed: int = 0, api_key: str | None = None,
-             on_progress=None) -> SimResult:
-    return asyncio.run(_drive(url, world, users, requests, concurrency, seed, api_key, on_progress))
+             on_progress=None, event: str = "click") -> SimResult:
+    return asyncio.run(_drive(url, world, users, requests, concurrency, seed, api_key, on_progress, event))
 
 
 @dataclass
@@ -200,12 +202,13 @@ def simulate_and_decide(run_dir: str, url: str | list[str] | Callable[[], str | 
     that Serve replaced answers at a new port: control.live_urls reads them again)."""
     from . import control
 
+    event = control.parts(control.load_state(run_dir)[1]["config"])[0]["spec"].get("analysis", {}).get("event", "click")
     done, status, feedback, steps = 0, {}, {}, []
     decision, reasons = "continue", []
     size = max(1, -(-requests // chunks))
     while done < requests:
         n = min(size, requests - done)
-        out = simulate(url() if callable(url) else url, world, users, n, concurrency, seed + done, api_key)
+        out = simulate(url() if callable(url) else url, world, users, n, concurrency, seed + done, api_key, event=event)
         done += n
         for code, count in out.status.items():
             status[code] = status.get(code, 0) + count
