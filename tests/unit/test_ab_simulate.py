@@ -13,7 +13,7 @@ def test_each_slice_asks_the_url_provider_again_so_a_replaced_replicas_new_port_
         asked.append(f"http://h:{next(ports)}")
         return [asked[-1]]
 
-    monkeypatch.setattr(simulate, "simulate", lambda url, world, users, n, *a: sent.append(url) or simulate.SimResult(n, n, 0, {200: n}))
+    monkeypatch.setattr(simulate, "simulate", lambda url, world, users, n, *a, **k: sent.append(url) or simulate.SimResult(n, n, 0, {200: n}))
     monkeypatch.setattr(control, "analysis_for", lambda run: SimpleNamespace(decision="continue", reasons=[]))
     out = simulate.simulate_and_decide("run", live_urls, None, users=10, requests=30, auto=False, chunks=3)
     assert out.requests == 30 and sent == [["http://h:30000"], ["http://h:30001"], ["http://h:30002"]]

@@ -193,6 +193,16 @@ class Outcome:
     feedback: dict[int, int] = field(default_factory=dict)  # /feedback answers by status code
 
 
+def _outcome_event(run_dir: str) -> str:
+    """The outcome the experiment's analysis counts (analysis.event), which its simulated users post."""
+    from . import control
+
+    try:
+        return control.parts(control.load_state(run_dir)[1]["config"])[0]["spec"]["analysis"]["event"]
+    except (RayloadError, KeyError, TypeError):  # no readable run: its first analysis names that; clicks meanwhile
+        return "click"
+
+
 def simulate_and_decide(run_dir: str, url: str | list[str] | Callable[[], str | list[str]], world, users: int, requests: int,
                         concurrency: int = 8, seed: int = 0, api_key: str | None = None, auto: bool = True, chunks: int = 10,
                         on_chunk=None) -> Outcome:
@@ -202,7 +212,7 @@ def simulate_and_decide(run_dir: str, url: str | list[str] | Callable[[], str | 
     that Serve replaced answers at a new port: control.live_urls reads them again)."""
     from . import control
 
-    event = control.parts(control.load_state(run_dir)[1]["config"])[0]["spec"].get("analysis", {}).get("event", "click")
+    event = _outcome_event(run_dir)
     done, status, feedback, steps = 0, {}, {}, []
     decision, reasons = "continue", []
     size = max(1, -(-requests // chunks))
