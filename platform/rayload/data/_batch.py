@@ -27,7 +27,8 @@ from . import rebalance as rb
 from .readers import parse_csv, parse_jsonl
 from .sources import PATH_COLUMN
 from .split import SPLITS, TRAIN, SplitPlan, assign, row_hash, split_keys
-from .validate import QUARANTINE_SCHEMA, Schema, malformed_rows, row_text, validate_table
+from .quarantine import QUARANTINE_SCHEMA, malformed_rows, quarantine_rows
+from .validate import Schema, validate_table
 
 EXAMPLES = 3
 
@@ -164,8 +165,7 @@ def _without_far_rows(out: pa.Table, rows: pa.Table, found: dict, source: str, f
     idx = sorted(found)
     raw = rows.take(pa.array(idx)).to_pylist()
     reasons = [far_reason(found[j]) for j in idx]
-    far.append(pa.table({"row": [row_text(r) for r in raw], "reason": reasons, "source": [source] * len(idx)},
-                        schema=QUARANTINE_SCHEMA))
+    far.append(quarantine_rows(raw, reasons, source))
     keep = np.ones(out.num_rows, bool)
     keep[idx] = False
     counts: dict[str, int] = {}

@@ -77,7 +77,8 @@ def _read_csv(data: bytes, names: list[str], source: str) -> tuple[pa.Table, lis
         return "skip"
 
     def read(block_size: int | None) -> pa.Table:
-        malformed.clear(), spanned.clear()
+        malformed.clear()  # a retry reads the file again from its start
+        spanned.clear()
         return pacsv.read_csv(
             io.BytesIO(data),
             read_options=pacsv.ReadOptions(block_size=block_size) if block_size else None,

@@ -7,8 +7,6 @@ cannot become its type sends the whole row to quarantine; `good + bad == input` 
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,10 +16,10 @@ import pyarrow.compute as pc
 
 from ..errors import DataError
 from ..hashing import as_array, kept_lists, value_text
+from .quarantine import quarantine_rows
 from .json_values import bag_values, json_texts, python_array, read_values  # noqa: F401  (readers and serving name them here)
 
 RAW_LABEL = "__label_raw"  # the label before thresholding (target statistics may use it)
-QUARANTINE_SCHEMA = pa.schema([("row", pa.string()), ("reason", pa.string()), ("source", pa.string())])
 _STRING_ROLES = ("categorical", "multi_categorical", "id")
 
 
@@ -66,7 +64,8 @@ class _Reasons:
 def validate_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[pa.Table, pa.Table]:
     """Split a raw batch into (good rows with canonical types, quarantine rows)."""
     checked, good_mask, reasons = check_table(table, schema, source)
-    return checked.filter(pa.array(good_mask)), _quarantine(table, reasons, source)
+    idx = np.flatnonzero(reasons.bad)
+    return checked.filter(pa.array(good_mask)), quarantine_rows(table.take(pa.array(idx)).to_pylist(), list(reasons.values[idx]), source)
 
 
 def check_table(table: pa.Table, schema: Schema, source: str = "") -> tuple[pa.Table, np.ndarray, "_Reasons"]:
@@ -332,49 +331,6 @@ def _validate_label(column, label: dict, reasons: _Reasons) -> tuple[pa.Array, p
         low, high = label["domain"]
         reasons.add((y < low) | (y > high), f"{name}: label outside the domain [{low}, {high}]")
     return pa.array(y, pa.float64()), raw
-
-
-def row_text(row: dict) -> str:
-    """A quarantined row as JSON text, valid JSON: a non-finite number is written as the text
-    "nan", "inf" or "-inf" (json.dumps wrote NaN and Infinity, which JSON parsers other than
-    Python's refuse, and jq read as 1.8e308)."""
-    try:
-        return json.dumps(row, default=str, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(row), default=str)
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _quarantine(table: pa.Table, reasons: _Reasons, source: str) -> pa.Table:
-    idx = np.flatnonzero(reasons.bad)
-    if len(idx) == 0:
-        return QUARANTINE_SCHEMA.empty_table()
-    rows = table.take(pa.array(idx)).to_pylist()
-    return pa.table(
-        {
-            "row": [row_text(r) for r in rows],
-            "reason": list(reasons.values[idx]),
-            "source": [source] * len(idx),
-        },
-        schema=QUARANTINE_SCHEMA,
-    )
-
-
-def malformed_rows(items: list[tuple[str, str]], source: str) -> pa.Table:
-    """Rows a parser could not even split into columns: (raw text, reason)."""
-    return pa.table(
-        {"row": [t for t, _ in items], "reason": [r for _, r in items], "source": [source] * len(items)},
-        schema=QUARANTINE_SCHEMA,
-    )
 
 
 def request_columns(columns: list[dict], needed=frozenset()) -> list[dict]:

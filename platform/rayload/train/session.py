@@ -47,9 +47,12 @@ class Session:
 
     def _iter(self, source, batch_size: int, seed: int | None, drop_last: bool):
         opts = self.loader
+
+        def collated(tables):  # exact tables of batch_size rows, the last short one dropped with drop_last
+            return (collate(t, opts["layout"]) for t in tables if not (drop_last and t.num_rows < batch_size))
+
         if isinstance(source, LocalShards):
-            return (collate(t, opts["layout"]) for t in source.exact_batches(batch_size)
-                    if not (drop_last and t.num_rows < batch_size))
+            return collated(source.exact_batches(batch_size))
         shuffle = opts["shuffle_buffer"] if seed is not None else 0  # validation (no seed): every rank, the same order
         if shuffle:
             # Ray's shuffling batcher gives short batches mid-stream (a buffer up to about twice the
@@ -57,11 +60,9 @@ class Session:
             # (unmatched DDP collectives) and the LR plan miscounted. Re-cut to exact sizes, here.
             tables = source.iter_batches(batch_size=batch_size, batch_format="pyarrow", prefetch_batches=opts["prefetch_batches"],
                                          local_shuffle_buffer_size=shuffle, local_shuffle_seed=seed)
-            return (collate(t, opts["layout"]) for t in exact_tables(tables, batch_size) if not (drop_last and t.num_rows < batch_size))
-        return source.iter_torch_batches(
-            batch_size=batch_size, prefetch_batches=opts["prefetch_batches"], collate_fn=ArrowCollate(opts["layout"]),
-            drop_last=drop_last, local_shuffle_buffer_size=shuffle or None, local_shuffle_seed=seed if shuffle else None, device="cpu",
-        )
+            return collated(exact_tables(tables, batch_size))
+        return source.iter_torch_batches(batch_size=batch_size, prefetch_batches=opts["prefetch_batches"],
+                                         collate_fn=ArrowCollate(opts["layout"]), drop_last=drop_last, device="cpu")
 
     def train_batches(self, epoch: int, batch_size: int):
         """This rank's training batches for `epoch`: streamed from Ray Data (the shards'
