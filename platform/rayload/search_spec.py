@@ -244,6 +244,11 @@ def mode_issues(spec: SearchSpec) -> list[SpecIssue]:
                       "train_); pass mode='min' or mode='max'", spec.mode, True)]
 
 
+def startup_for(spec: SearchSpec, total: int) -> int:
+    """Random trials before TPE or GP model the space: the spec's, else a quarter of the search (3 to 10)."""
+    return spec.startup_trials or min(10, max(3, total // 4))
+
+
 def ignored_settings(spec: SearchSpec, total: int) -> list[str]:
     """Settings the search will not use, said when it starts (not refused: a search started with
     them, resumed, must run the spec it was started with): startup_trials outside bayes (random
@@ -251,7 +256,7 @@ def ignored_settings(spec: SearchSpec, total: int) -> list[str]:
     if spec.startup_trials is not None and spec.strategy != "bayes":
         return [f"startup_trials {spec.startup_trials} is for strategy bayes; a {spec.strategy} search draws every trial alike "
                 "and ignores it"]
-    startup = spec.startup_trials or min(10, max(3, total // 4))
+    startup = startup_for(spec, total)
     if spec.strategy == "bayes" and startup >= total:
         return [f"startup_trials {startup} >= the search's {total} trials: every trial is drawn at random, none by the "
                 f"{(spec.sampler or 'tpe').upper()} model"]

@@ -27,7 +27,7 @@ from .paths import is_remote, join_uri, runs_root, shared_storage
 from ._tune_runs import (ResumeSpecError, SearchRunningError, check_resumed_spec, driving, find_run, now, preparing,  # noqa: F401
                          read_state, status, study_url, write_state)  # status and the errors: public here
 from .search_job import base_raw, check_init_from, job_from, job_issues, load_search_spec
-from .search_spec import PREPROCESSING, SearchSpec, ignored_settings, mode_issues, strategy_issues, trials_wanted
+from .search_spec import PREPROCESSING, SearchSpec, ignored_settings, mode_issues, startup_for, strategy_issues, trials_wanted
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def _run(plan: _Plan, trainable, parameters: dict, resume: bool):
 
     spec = plan.spec
     total = trials_wanted(spec)
-    startup = spec.startup_trials or min(10, max(3, total // 4))
+    startup = startup_for(spec, total)
     for note in ignored_settings(spec, total):
         log.warning("%s", note)
     sampler = functools.partial(make_sampler, spec.strategy, spec.sampler, spec.space, spec.seed, startup, plan.concurrency > 1)

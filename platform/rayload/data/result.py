@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DataError
 from ..features import FittedFeatures
+from ..paths import is_remote
 from ._batch import filesystem
 from .sources import read_parquet
 
@@ -60,7 +61,7 @@ class PreprocessResult:
         if not self.files.get(split):
             raise DataError(f"split '{split}' has no rows in {self.out_dir}")
         extra = {"num_cpus": 0, "concurrency": read_concurrency()} if for_training else {}
-        if _remote(self.out_dir):  # Ray takes one file system from the first URI and kept its query in the later keys
+        if is_remote(self.out_dir):  # Ray takes one file system from the first URI and kept its query in the later keys
             fs, base = filesystem(self.out_dir)
             names = [uri.split("?", 1)[0].rsplit("/", 1)[-1] for uri in self.files[split]]
             return read_parquet([f"{base}/{split}/{name}" for name in names], filesystem=fs, **extra)
@@ -160,7 +161,7 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
             features_json = f.read().decode()
         features = FittedFeatures.from_json(features_json)
         files, counts = _in_entry(out_dir, summary["files"]), dict(summary["counts"])
-        where = summary["files"] if _remote(out_dir) else files  # as the entry's file system names them
+        where = summary["files"] if is_remote(out_dir) else files  # as the entry's file system names them
         missing = _gone(fs, base, [p for split in where.values() for p in split])
     except FileNotFoundError:
         return None
@@ -183,10 +184,6 @@ def load_result(out_dir: str, expect_key: str | None = None) -> PreprocessResult
     return PreprocessResult(out_dir, features, counts, key, cached=True, files=files, data_hash=summary["data_hash"])
 
 
-def _remote(out_dir: str) -> bool:
-    return "://" in out_dir and not out_dir.startswith("file://")
-
-
 def _gone(fs: pafs.FileSystem, base: str, paths: list[str]) -> list[str]:
     """The shards among `paths` that are not there: one listing of the entry's folder (one
     request per shard took minutes on object storage for thousands of shards), a look of its
@@ -205,7 +202,7 @@ def _in_entry(out_dir: str, files: dict[str, list[str]]) -> dict[str, list[str]]
     local files)."""
     from ..paths import join_uri, local_path
 
-    if _remote(out_dir):
+    if is_remote(out_dir):
         return {split: [join_uri(out_dir, split, path.rsplit("/", 1)[-1]) for path in paths] for split, paths in files.items()}
     root = os.path.abspath(local_path(out_dir))
     return {split: [os.path.join(root, split, path.rsplit("/", 1)[-1]) for path in paths] for split, paths in files.items()}
